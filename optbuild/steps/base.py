@@ -1,0 +1,163 @@
+"""The contract between optbuild and a step kind.
+
+A step kind is a class: a pydantic ``Params`` model (validated when the project loads),
+the tools and host fingerprint fields its output depends on (they enter its action key),
+and ``run``, which executes in a worker process and writes files into ``ctx.out_dir``.
+Step modules must import nothing heavy at module level: the CLI imports them to validate
+recipes, and a no-op build must stay instant. Import torch/onnx/tensorrt inside ``run``.
+"""
+
+from __future__ import annotations
+
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+if typing.TYPE_CHECKING:
+    from optbuild.fingerprint import Fingerprint
+
+
+class _Marker:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+STEP_REF = _Marker("step-ref")
+INPUT_PATH = _Marker("input-path")
+CALLABLE_REF = _Marker("callable-ref")
+
+
+def _check_callable(value: str) -> str:
+    path, sep, attr = value.rpartition(":")
+    if not sep or not path.endswith(".py") or not attr.replace(".", "_").isidentifier():
+        raise ValueError(f"expected 'path/to/file.py:callable', got {value!r}")
+    return value
+
+
+def _check_ref(value: str) -> str:
+    parts = value.split(":")
+    if len(parts) > 2 or not all(parts):
+        raise ValueError(f"expected 'step' or 'recipe:step', got {value!r}")
+    return value
+
+
+# The output of another step: "step" (same recipe) or "recipe:step".
+StepRef = Annotated[str, AfterValidator(_check_ref), STEP_REF]
+# A file whose bytes enter the key; relative paths are relative to the recipe file.
+InputPath = Annotated[str, INPUT_PATH]
+# "path/to/file.py:callable"; the file (and what it imports locally) enters the key.
+CallableRef = Annotated[str, AfterValidator(_check_callable), CALLABLE_REF]
+
+
+class StepParams(BaseModel):
+    """Base of every step's parameters: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _has_marker(annotation: Any, marker: _Marker) -> bool:
+    if typing.get_origin(annotation) is Annotated:
+        if any(m is marker for m in annotation.__metadata__):
+            return True
+        return _has_marker(typing.get_args(annotation)[0], marker)
+    return any(_has_marker(arg, marker) for arg in typing.get_args(annotation))
+
+
+def fields_with(params_cls: type[StepParams], marker: _Marker) -> list[str]:
+    """Names of the fields of ``params_cls`` annotated with ``marker`` (also inside Optional)."""
+    hints = typing.get_type_hints(params_cls, include_extras=True)
+    return [name for name in params_cls.model_fields if _has_marker(hints.get(name), marker)]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """The materialized output of an upstream step, as a downstream step sees it."""
+
+    step: str
+    dir: Path
+    files: dict[str, Path]
+    primary: Path | None
+
+
+@dataclass
+class StepContext:
+    """What ``Step.run`` gets inside the worker process."""
+
+    step_id: str
+    base_dir: Path
+    project_root: Path
+    out_dir: Path
+    inputs: dict[str, Artifact]
+    host: Fingerprint
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def path(self, relative: str) -> Path:
+        """Resolve a recipe-relative path (an ``InputPath`` field) to an absolute one."""
+        return (self.base_dir / relative).resolve()
+
+    def log(self, message: str) -> None:
+        """A line for the step's log (stored with its action entry)."""
+        print(message, file=sys.stderr, flush=True)
+
+
+class Step:
+    """Base class of step kinds. Subclasses set the class attributes and implement run()."""
+
+    kind: ClassVar[str]
+    # Bump when the implementation changes what it produces: every earlier entry is disowned.
+    version: ClassVar[str] = "1"
+    Params: ClassVar[type[StepParams]]
+    # Python distributions whose versions change the output (their versions enter the key).
+    tools: ClassVar[tuple[str, ...]] = ()
+    # Host fingerprint fields the output depends on (see optbuild.fingerprint).
+    host_fields: ClassVar[tuple[str, ...]] = ()
+    # Name of the main output file inside out_dir, handed to downstream steps as `primary`.
+    primary_output: ClassVar[str | None] = "model.onnx"
+
+    def __init__(self, params: StepParams, base_dir: Path, project_root: Path):
+        self.params = params
+        self.base_dir = base_dir
+        self.project_root = project_root
+
+    # --- what the key covers -------------------------------------------------------
+    def step_refs(self) -> dict[str, str]:
+        """Field name -> referenced step, for every StepRef field that is set."""
+        return {
+            name: value
+            for name in fields_with(type(self.params), STEP_REF)
+            if (value := getattr(self.params, name)) is not None
+        }
+
+    def key_files(self) -> list[Path]:
+        """Absolute paths of the files whose bytes enter the key.
+
+        Default: every InputPath field and the file of every CallableRef field.
+        """
+        files = []
+        for name in fields_with(type(self.params), INPUT_PATH):
+            if (value := getattr(self.params, name)) is not None:
+                files.append((self.base_dir / value).resolve())
+        for name in fields_with(type(self.params), CALLABLE_REF):
+            if (value := getattr(self.params, name)) is not None:
+                files.append((self.base_dir / value.rpartition(":")[0]).resolve())
+        return files
+
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        """The part of the host fingerprint that enters the key."""
+        return {name: host.get(name) for name in self.host_fields}
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        """None when this step can run on ``host``; else what it needs, in words."""
+        return None
+
+    # --- execution (worker process) ------------------------------------------------
+    def run(self, ctx: StepContext) -> None:
+        """Write the outputs into ``ctx.out_dir``; record figures in ``ctx.metrics``."""
+        raise NotImplementedError
