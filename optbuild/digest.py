@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -50,8 +51,8 @@ def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
 class FileHasher:
     """Digests files, remembering them by stat signature in an sqlite database.
 
-    Safe for concurrent processes (sqlite WAL); a database that cannot be opened or written
-    only costs re-reading files, never a wrong digest.
+    Safe for concurrent processes (sqlite WAL) and threads; a database that cannot be
+    opened or written only costs re-reading files, never a wrong digest.
     """
 
     def __init__(self, db_path: Path | None):
@@ -60,12 +61,14 @@ class FileHasher:
         self._db: sqlite3.Connection | None = None
         self._db_path = db_path
         self._pending: list[tuple] = []
+        self._lock = threading.RLock()
 
     def _connect(self) -> sqlite3.Connection | None:
         if self._db is None and self._db_path is not None:
             try:
                 self._db_path.parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
+                db = sqlite3.connect(self._db_path, timeout=30, isolation_level=None,
+                                     check_same_thread=False)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.execute(
@@ -83,47 +86,52 @@ class FileHasher:
         st = os.stat(path)
         sig = _signature(st)
         key = str(path.absolute())
-        db = self._connect()
-        if db is not None:
-            row = db.execute(
-                "SELECT dev, ino, size, mtime, ctime, digest FROM stat WHERE path=?", (key,)
-            ).fetchone()
-            if row is not None and tuple(row[:5]) == sig:
-                return row[5]
+        with self._lock:
+            db = self._connect()
+            if db is not None:
+                row = db.execute(
+                    "SELECT dev, ino, size, mtime, ctime, digest FROM stat WHERE path=?", (key,)
+                ).fetchone()
+                if row is not None and tuple(row[:5]) == sig:
+                    return row[5]
         digest, read = hash_file(path)
-        self.bytes_read += read
-        self.files_hashed += 1
         # Record only if the file did not change while we read it and is not too fresh.
         after = os.stat(path)
-        if _signature(after) == sig and time.time() - st.st_mtime_ns / 1e9 > RACY_SECONDS:
-            self._pending.append((key, *sig, digest))
-            if len(self._pending) >= 256:
-                self.flush()
+        with self._lock:
+            self.bytes_read += read
+            self.files_hashed += 1
+            if _signature(after) == sig and time.time() - st.st_mtime_ns / 1e9 > RACY_SECONDS:
+                self._pending.append((key, *sig, digest))
+                if len(self._pending) >= 256:
+                    self.flush()
         return digest
 
     def forget(self, path: Path) -> None:
         """Drop the recorded digest of ``path`` (after finding it corrupt, say)."""
-        db = self._connect()
-        if db is not None:
-            try:
-                db.execute("DELETE FROM stat WHERE path=?", (str(Path(path).absolute()),))
-            except sqlite3.Error:
-                pass
+        key = str(Path(path).absolute())
+        with self._lock:
+            self._pending = [p for p in self._pending if p[0] != key]
+            db = self._connect()
+            if db is not None:
+                try:
+                    db.execute("DELETE FROM stat WHERE path=?", (key,))
+                except sqlite3.Error:
+                    pass
 
     def flush(self) -> None:
         """Write recorded signatures; called at the end of a run (and every 256 files)."""
-        db = self._connect()
-        if db is None or not self._pending:
+        with self._lock:
+            db = self._connect() if self._pending else None
+            if db is not None:
+                try:
+                    db.executemany("INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?,?,?)", self._pending)
+                except sqlite3.Error:
+                    pass
             self._pending.clear()
-            return
-        try:
-            db.executemany("INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?,?,?)", self._pending)
-        except sqlite3.Error:
-            pass
-        self._pending.clear()
 
     def close(self) -> None:
         self.flush()
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None

@@ -89,3 +89,8 @@ class Fingerprint:
         for section in PROBES:
             self.get(section + ".")
         return dict(sorted(self._fields.items()))
+
+
+def describe_change(field: str, old: Any, new: Any) -> str:
+    """Human wording of a changed fingerprint field."""
+    return f"host {field}: {old} -> {new}"

@@ -96,6 +96,9 @@ class StepContext:
     out_dir: Path
     inputs: dict[str, Artifact]
     host: Fingerprint
+    # Persistent, mutable per-tool state that is not an output (e.g. TensorRT timing
+    # caches): under the cache root, shared by builds on this machine. Update atomically.
+    state_dir: Path | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
     def path(self, relative: str) -> Path:
@@ -127,6 +130,10 @@ class Step:
         self.project_root = project_root
 
     # --- what the key covers -------------------------------------------------------
+    def tool_names(self) -> tuple[str, ...]:
+        """Distributions whose versions enter the key; override when params choose a tool."""
+        return self.tools
+
     def step_refs(self) -> dict[str, str]:
         """Field name -> referenced step, for every StepRef field that is set."""
         return {

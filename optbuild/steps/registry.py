@@ -1,10 +1,14 @@
-"""Step kinds by name: the built-ins, and third-party kinds from the entry point group
-``optbuild.steps`` (name -> ``module:Class``). Modules are imported only when used."""
+"""Step kinds by name: the built-ins, third-party kinds from the entry point group
+``optbuild.steps`` (name -> ``module:Class``), and project-local kinds that optbuild.toml
+maps to ``path/to/file.py:Class``. Modules are imported only when used."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from functools import cache
+from pathlib import Path
 
 from optbuild.steps.base import Step
 
@@ -25,27 +29,56 @@ def _plugins() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def registry_name(kind: str, backend: str | None) -> str:
-    return f"{kind}/{backend}" if backend else kind
+def known_kinds(local: dict[str, str] | None = None) -> list[str]:
+    return sorted({name.split("/")[0] for name in (*BUILTIN, *(local or {}), *_plugins())})
 
 
-def known_kinds() -> list[str]:
-    return sorted({name.split("/")[0] for name in (*BUILTIN, *_plugins())})
-
-
-def backends(kind: str) -> list[str]:
+def backends(kind: str, local: dict[str, str] | None = None) -> list[str]:
     prefix = f"{kind}/"
-    return sorted(name[len(prefix):] for name in (*BUILTIN, *_plugins()) if name.startswith(prefix))
+    names = (*BUILTIN, *(local or {}), *_plugins())
+    return sorted(name[len(prefix):] for name in names if name.startswith(prefix))
+
+
+def resolve(kind: str, backend: str | None, local: dict[str, str] | None = None) -> str | None:
+    """Registry name of a step's kind ("kind" or "kind/backend"), or None if unknown.
+
+    Built-in and project-local kinds are found without scanning installed entry points
+    (that scan costs more than the rest of a no-op build's lookups).
+    """
+    local = local or {}
+    for name in (f"{kind}/{backend}" if backend else None, kind):
+        if name and (name in BUILTIN or name in local):
+            return name
+    plugins = _plugins()
+    for name in (f"{kind}/{backend}" if backend else None, kind):
+        if name and name in plugins:
+            return name
+    return None
+
+
+def target_of(name: str, local: dict[str, str] | None = None) -> str:
+    """Where kind ``name`` is implemented ("module:Class"); KeyError if nowhere."""
+    target = (local or {}).get(name) or BUILTIN.get(name) or _plugins().get(name)
+    if target is None:
+        raise KeyError(name)
+    return target
 
 
 @cache
-def step_class(name: str) -> type[Step]:
-    """The Step class registered as ``name`` ("kind" or "kind/backend"); KeyError if none."""
-    target = BUILTIN.get(name) or _plugins().get(name)
-    if target is None:
-        raise KeyError(name)
-    module_name, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
+def step_class(target: str) -> type[Step]:
+    """Load a Step class from "module:Class" or "/abs/path/file.py:Class"."""
+    module_name, _, attr = target.rpartition(":")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        spec = importlib.util.spec_from_file_location(f"optbuild_local_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    cls = getattr(module, attr)
     if not (isinstance(cls, type) and issubclass(cls, Step)):
         raise TypeError(f"{target} is not an optbuild Step subclass")
     return cls

@@ -1,0 +1,145 @@
+"""Speed figures of optbuild's own machinery (not of the models it builds).
+
+    python benchmarks/bench.py [--steps 1000] [--hash-gib 1] [--skip-examples]
+
+Prints:
+  1. no-op `optbuild build` on the example project (wall time, median of runs) and
+     whether the CLI imported torch / onnx / onnxruntime / tensorrt on that path;
+  2. no-op `optbuild plan` over a synthetic project of N steps;
+  3. first hash of a large file (GB/s) and bytes read on the next build (goal: 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxsim", "onnxslim")
+KINDS = REPO / "tests" / "fixtures" / "kinds.py"
+
+
+def optbuild(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "optbuild", *args], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def wall(*args: str, cwd: Path, runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = optbuild(*args, cwd=cwd)
+        times.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            sys.exit(f"optbuild {' '.join(args)} failed:\n{proc.stderr}")
+    return times
+
+
+def heavy_imports(cwd: Path) -> list[str]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "optbuild", "build"],
+                          cwd=cwd, capture_output=True, text=True)
+    names = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    return sorted(n for n in names if n.split(".")[0] in HEAVY)
+
+
+def bench_examples(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "examples"
+        root.mkdir()
+        shutil.copy(REPO / "optbuild.toml", root)
+        shutil.copytree(REPO / "recipes", root / "recipes")
+        start = time.perf_counter()
+        proc = optbuild("build", cwd=root)
+        if proc.returncode != 0:
+            sys.exit(f"example build failed:\n{proc.stderr}")
+        first = time.perf_counter() - start
+        times = wall("build", cwd=root, runs=runs)
+        heavy = heavy_imports(root)
+    print(f"[examples] first build:            {first:8.2f} s")
+    print(f"[examples] no-op build (median/{runs}): {statistics.median(times):8.3f} s  (goal < 0.3 s)")
+    print(f"[examples] heavy modules imported on the no-op path: {heavy or 'none'}")
+
+
+def synthetic_project(root: Path, steps: int) -> None:
+    """steps/10 chains of 10 steps each: a text source and nine joins."""
+    root.mkdir()
+    shutil.copy(KINDS, root / "kinds.py")
+    (root / "optbuild.toml").write_text(
+        '[project]\nrecipes = ["recipes/*.toml"]\n[kinds]\ntext = "kinds.py:Text"\n'
+        'join = "kinds.py:Join"\n[build]\njobs = 2\n')
+    (root / "recipes").mkdir()
+    (root / "data").mkdir()
+    for chain in range(steps // 10):
+        (root / "data" / f"in{chain}.txt").write_text(f"input {chain}")
+        lines = [f'[steps.s0]\nkind = "text"\npath = "../data/in{chain}.txt"\n']
+        for i in range(1, 10):
+            lines.append(f'[steps.s{i}]\nkind = "join"\ninput = "s{i - 1}"\nsuffix = "-{i}"\n')
+        (root / "recipes" / f"chain{chain}.toml").write_text("\n".join(lines))
+
+
+def bench_synthetic(steps: int, runs: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "synthetic"
+        synthetic_project(root, steps)
+        start = time.perf_counter()
+        proc = optbuild("build", "-j", str(os.cpu_count() or 2), cwd=root)
+        if proc.returncode != 0:
+            sys.exit(f"synthetic build failed:\n{proc.stderr[-2000:]}")
+        first = time.perf_counter() - start
+        plan = wall("plan", cwd=root, runs=runs)
+        build = wall("build", cwd=root, runs=runs)
+    print(f"[synthetic {steps} steps] first build:      {first:8.2f} s  ({first / steps * 1000:.0f} ms/step, worker process each)")
+    print(f"[synthetic {steps} steps] no-op plan:       {statistics.median(plan):8.3f} s  (goal < 1.5 s)")
+    print(f"[synthetic {steps} steps] no-op build:      {statistics.median(build):8.3f} s")
+
+
+def bench_hash(gib: float) -> None:
+    from optbuild.digest import FileHasher
+
+    with tempfile.TemporaryDirectory() as tmp:
+        big = Path(tmp) / "big.bin"
+        size = int(gib * (1 << 30))
+        with open(big, "wb") as f:
+            chunk = os.urandom(1 << 24)
+            for _ in range(size // len(chunk)):
+                f.write(chunk)
+        old = time.time() - 10  # older than the racy-timestamp guard
+        os.utime(big, (old, old))
+        with open(big, "rb") as f:  # bring it into the page cache, as a fresh export would be
+            while f.read(1 << 24):
+                pass
+        db = Path(tmp) / "stat.sqlite"
+        hasher = FileHasher(db)
+        start = time.perf_counter()
+        hasher.digest(big)
+        elapsed = time.perf_counter() - start
+        hasher.close()
+        again = FileHasher(db)
+        again.digest(big)
+        again.close()
+    print(f"[hash] first hash of {gib:g} GiB:        {size / elapsed / 1e9:8.2f} GB/s  (goal >= 3)")
+    print(f"[hash] bytes read on the next build:   {again.bytes_read:8d}     (goal 0)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--hash-gib", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--skip-examples", action="store_true")
+    args = parser.parse_args()
+    if not args.skip_examples:
+        bench_examples(args.runs)
+    bench_synthetic(args.steps, max(3, args.runs // 2))
+    bench_hash(args.hash_gib)
+
+
+if __name__ == "__main__":
+    main()

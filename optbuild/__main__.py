@@ -1,0 +1,5 @@
+import sys
+
+from optbuild.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""The Python API behind the CLI: load a project, plan, build, explain, clean.
+
+Everything the CLI does is reachable from here, so tests (and other tools) drive
+optbuild in-process with the same code paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optbuild.digest import FileHasher
+from optbuild.errors import OptbuildError, Problem, ProjectError
+from optbuild.executor import Executor, Options, Outcome
+from optbuild.fingerprint import Fingerprint
+from optbuild.graph import StepGraph
+from optbuild.recipe import Project, load_project
+from optbuild.report import Reporter
+from optbuild.store.local import LocalStore
+from optbuild.toolchain import Toolchain
+
+
+@dataclass
+class Workspace:
+    """A loaded, validated project with its graph and local cache."""
+
+    project: Project
+    graph: StepGraph
+    store: LocalStore
+    hasher: FileHasher
+
+    def close(self) -> None:
+        self.hasher.close()
+
+
+def open_workspace(start: Path | None = None) -> Workspace:
+    project = load_project(start)
+    graph = StepGraph(project.steps)
+    hasher = FileHasher(project.cache_dir / "statcache.sqlite")
+    return Workspace(project, graph, LocalStore(project.cache_dir, hasher), hasher)
+
+
+@dataclass
+class BuildResult:
+    outcomes: dict[str, Outcome]
+    reporter: Reporter
+
+    @property
+    def ok(self) -> bool:
+        done = self.reporter.events[-1] if self.reporter.events else {}
+        return bool(done.get("ok"))
+
+    def steps(self, status: str) -> list[str]:
+        return [sid for sid, o in self.outcomes.items() if o.status == status]
+
+
+def build(
+    ws: Workspace,
+    targets: list[str] | None = None,
+    *,
+    reporter: Reporter | None = None,
+    jobs: int | None = None,
+    keep_going: bool | None = None,
+    dry_run: bool = False,
+    skip_unavailable: bool = False,
+    toolchain: Toolchain | None = None,
+    host: Fingerprint | None = None,
+) -> BuildResult:
+    """Build (or with ``dry_run``, plan) ``targets`` and their ancestors."""
+    config = ws.project.config.build
+    options = Options(
+        jobs=jobs or config.jobs or os.cpu_count() or 1,
+        keep_going=config.keep_going if keep_going is None else keep_going,
+        dry_run=dry_run,
+        skip_unavailable=skip_unavailable,
+    )
+    reporter = reporter or Reporter()
+    selected = ws.graph.select(targets or [])
+    executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, reporter,
+                        toolchain=toolchain, host=host, options=options)
+    try:
+        outcomes = executor.run(selected)
+    finally:
+        reporter.close()
+    return BuildResult(outcomes, reporter)
+
+
+def resolve_step(ws: Workspace, target: str) -> str:
+    if target in ws.project.steps:
+        return target
+    matches = [sid for sid in ws.project.steps if sid.endswith(":" + target)]
+    if len(matches) == 1:
+        return matches[0]
+    raise ProjectError([Problem(f"{target!r} is not a step (use recipe:step)")])
+
+
+def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
+            host: Fingerprint | None = None) -> dict[str, Any]:
+    """The key of ``target`` with its ingredients, and where its cached result came from."""
+    sid = resolve_step(ws, target)
+    selected = ws.graph.select([sid])
+    executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), toolchain=toolchain,
+                        host=host, options=Options(jobs=1, dry_run=True))
+    outcome = executor.run(selected)[sid]
+    info: dict[str, Any] = {"step": sid, "status": outcome.status, "key": outcome.key,
+                            "reasons": outcome.reasons}
+    entry = outcome.entry or (ws.store.get_action(outcome.key) if outcome.key else None)
+    if entry is not None:
+        info["ingredients"] = entry.ingredients
+        info["provenance"] = {
+            "built_on": entry.built_on, "created_at": entry.created_at,
+            "duration_s": entry.duration_s, "metrics": entry.metrics,
+            "outputs": {n: o.model_dump() for n, o in entry.outputs.items()},
+        }
+        if entry.log:
+            try:
+                info["log"] = ws.store.read_blob(entry.log).decode(errors="replace")
+            except OSError:
+                pass
+    return info
+
+
+def clean(ws: Workspace, *, cache: bool = False) -> list[Path]:
+    """Remove build outputs (and with ``cache``, the whole local cache). Returns what went."""
+    removed = []
+    targets = [ws.project.build_dir] + ([ws.project.cache_dir] if cache else [])
+    for path in targets:
+        if path.exists():
+            for sub in path.rglob("*"):
+                if sub.is_dir() and not sub.is_symlink():
+                    sub.chmod(0o755)
+            if path == ws.project.cache_dir:
+                for child in path.iterdir():
+                    if child.name != ".gitkeep":
+                        shutil.rmtree(child) if child.is_dir() else child.unlink()
+            else:
+                shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+__all__ = ["BuildResult", "OptbuildError", "Workspace", "build", "clean", "explain", "open_workspace"]

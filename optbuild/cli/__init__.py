@@ -1,0 +1,54 @@
+"""``optbuild`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
+
+Only argparse and the light core are imported here; subcommand modules are imported when
+chosen, and heavy libraries only inside the steps that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from optbuild import __version__
+
+SUBCOMMANDS = {
+    "build": "build and cache the selected steps",
+    "plan": "dry run: what would build, and why",
+    "graph": "print the step graph (DOT or Mermaid)",
+    "explain": "a step's key ingredients and provenance",
+    "clean": "remove build outputs (and the cache with --cache)",
+    "cache": "inspect and maintain the local cache (ls, verify, gc)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="optbuild", description="Declarative, cached builds of ONNX and TensorRT artifacts.")
+    parser.add_argument("--version", action="version", version=f"optbuild {__version__}")
+    parser.add_argument("-C", "--directory", type=Path, default=None,
+                        help="run as if started in this directory")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary in SUBCOMMANDS.items():
+        module = importlib.import_module(f"optbuild.cli.{name}")
+        module.add_parser(sub.add_parser(name, help=summary, description=summary))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from optbuild.errors import OptbuildError
+
+    args = _parser().parse_args(argv)
+    module = importlib.import_module(f"optbuild.cli.{args.command}")
+    try:
+        return module.run(args)
+    except OptbuildError as exc:
+        for line in str(exc).splitlines():
+            print(f"error: {line}" if line else "", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: no partial results were stored", file=sys.stderr)
+        return 130
+
+

@@ -1,0 +1,51 @@
+"""optbuild explain TARGET: the key's ingredients and the cached result's provenance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="TARGET", help="recipe:step")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--log", action="store_true", help="also print the build log")
+
+
+def run(args: argparse.Namespace) -> int:
+    from optbuild import api
+
+    ws = api.open_workspace(args.directory)
+    try:
+        info = api.explain(ws, args.target)
+    finally:
+        ws.close()
+    if args.json:
+        print(json.dumps(info, indent=1, default=str))
+        return 0
+    print(f"step:   {info['step']}")
+    print(f"status: {info['status']}" + (f"  ({'; '.join(info['reasons'])})" if info["status"] != "cached" else ""))
+    print(f"key:    {info['key'] or 'unknown until upstream steps are built'}")
+    ingredients = info.get("ingredients")
+    if ingredients:
+        print("ingredients:")
+        for section in ("kind", "version", "salt", "hash"):
+            print(f"  {section}: {ingredients.get(section)!r}")
+        for section in ("params", "files", "inputs", "tools", "host"):
+            values = ingredients.get(section) or {}
+            print(f"  {section}:" + ("" if values else " {}"))
+            for name, value in values.items():
+                print(f"    {name} = {json.dumps(value, sort_keys=True)}")
+    prov = info.get("provenance")
+    if prov:
+        built = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(prov["created_at"]))
+        print(f"built:  {built} on {prov['built_on']} in {prov['duration_s']:.2f}s")
+        for name, out in prov["outputs"].items():
+            print(f"  {name}  {out['size']} bytes  {out['digest']}")
+        for name, value in prov["metrics"].items():
+            print(f"  metric {name} = {value}")
+    if args.log and info.get("log"):
+        print("log:")
+        print(info["log"], end="")
+    return 0

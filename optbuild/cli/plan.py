@@ -1,0 +1,24 @@
+"""optbuild plan [TARGET...]: a dry run that says, per step, cached or build and why."""
+
+from __future__ import annotations
+
+import argparse
+
+from optbuild.cli.build import add_common
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    add_common(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from optbuild import api
+    from optbuild.report import make_reporter
+
+    ws = api.open_workspace(args.directory)
+    try:
+        result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=1,
+                           dry_run=True, skip_unavailable=args.skip_unavailable)
+    finally:
+        ws.close()
+    return 0 if result.ok else 1

@@ -1,0 +1,349 @@
+"""Runs the selected steps: key, cache lookup, build in a worker process, store, restore.
+
+Steps run in dependency order, independent ones in parallel (threads that each wait on a
+worker process). A step's key needs its upstream outputs, so keys are computed as the
+graph unfolds. Concurrent builders of one key (threads or other processes) build it once:
+the key's lock is held from the second lookup until the entry is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optbuild import lockfile
+from optbuild.digest import FileHasher, digest_bytes
+from optbuild.errors import OptbuildError, StepError
+from optbuild.fingerprint import Fingerprint
+from optbuild.graph import StepGraph
+from optbuild.keys import action_key, describe_changes, file_digests, step_ingredients
+from optbuild.recipe import Project, StepSpec
+from optbuild.report import Reporter
+from optbuild.store.entry import ActionEntry
+from optbuild.store.local import LocalStore
+from optbuild.toolchain import Toolchain
+
+LOG_TAIL_LINES = 25
+
+
+@dataclass
+class Options:
+    jobs: int = 1
+    keep_going: bool = False
+    dry_run: bool = False
+    skip_unavailable: bool = False
+
+
+@dataclass
+class Outcome:
+    """What happened to one step."""
+
+    status: str  # cached | built | would-build | failed | skipped | unavailable
+    key: str | None = None
+    entry: ActionEntry | None = None
+    reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class Cancelled(Exception):
+    pass
+
+
+class Executor:
+    def __init__(
+        self,
+        project: Project,
+        graph: StepGraph,
+        store: LocalStore,
+        hasher: FileHasher,
+        reporter: Reporter,
+        *,
+        toolchain: Toolchain | None = None,
+        host: Fingerprint | None = None,
+        options: Options | None = None,
+    ):
+        self.project = project
+        self.graph = graph
+        self.store = store
+        self.hasher = hasher
+        self.reporter = reporter
+        self.toolchain = toolchain or Toolchain()
+        self.host = host or Fingerprint()
+        self.options = options or Options()
+        self.last_build = lockfile.read(project.lock_file)
+        self.outcomes: dict[str, Outcome] = {}
+        self._cancel = threading.Event()
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs_lock = threading.Lock()
+
+    # --- scheduling ------------------------------------------------------------------
+    def run(self, selected: list[str]) -> dict[str, Outcome]:
+        started = time.perf_counter()
+        self.store.clean_stale_tmp()
+        self.reporter.emit({"event": "start", "steps": selected, "jobs": self.options.jobs,
+                            "dry_run": self.options.dry_run})
+        pending = list(selected)
+        running: dict[Future, str] = {}
+        stop = False
+        with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
+            try:
+                while pending or running:
+                    for sid in list(pending):
+                        deps = self.graph.deps[sid]
+                        if any(d in pending or d in running.values() for d in deps):
+                            continue
+                        pending.remove(sid)
+                        bad = [d for d in deps if self.outcomes[d].status not in ("cached", "built", "would-build")]
+                        if bad or stop:
+                            why = f"upstream {bad[0]} {self.outcomes[bad[0]].status}" if bad else "build stopped"
+                            self._finish(sid, Outcome("skipped", reasons=[why]))
+                        else:
+                            running[pool.submit(self._process, sid)] = sid
+                    if not running:
+                        continue
+                    done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        sid = running.pop(future)
+                        outcome = future.result()
+                        if outcome.status in ("failed", "unavailable") and not self.options.keep_going:
+                            stop = stop or not (outcome.status == "unavailable" and self.options.skip_unavailable)
+            except BaseException:
+                self._cancel.set()
+                self._kill_workers()
+                raise
+            finally:
+                self.hasher.flush()
+        self._write_lock()
+        counts: dict[str, int] = {}
+        for outcome in self.outcomes.values():
+            counts[outcome.status] = counts.get(outcome.status, 0) + 1
+        ok = not any(o.status == "failed" for o in self.outcomes.values()) and not (
+            any(o.status == "unavailable" for o in self.outcomes.values()) and not self.options.skip_unavailable
+        ) and not any(o.status == "skipped" and not self.options.skip_unavailable for o in self.outcomes.values())
+        self.reporter.emit({"event": "done", "ok": ok, "counts": counts,
+                            "duration_s": time.perf_counter() - started,
+                            "bytes_hashed": self.hasher.bytes_read})
+        return self.outcomes
+
+    def _finish(self, sid: str, outcome: Outcome) -> Outcome:
+        self.outcomes[sid] = outcome
+        event: dict[str, Any] = {"event": "step", "step": sid, "status": outcome.status,
+                                 "key": outcome.key, "reasons": outcome.reasons}
+        if outcome.error:
+            event["error"] = outcome.error
+        if outcome.entry is not None and outcome.status == "built":
+            event["duration_s"] = outcome.entry.duration_s
+        self.reporter.emit(event)
+        return outcome
+
+    def _kill_workers(self) -> None:
+        with self._procs_lock:
+            for proc in self._procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+
+    # --- one step ----------------------------------------------------------------------
+    def _process(self, sid: str) -> Outcome:
+        spec = self.project.steps[sid]
+        try:
+            return self._finish(sid, self._decide_and_build(spec))
+        except Cancelled:
+            return self._finish(sid, Outcome("skipped", reasons=["cancelled"]))
+        except OptbuildError as exc:
+            return self._finish(sid, Outcome("failed", error=str(exc)))
+
+    def _decide_and_build(self, spec: StepSpec) -> Outcome:
+        upstream = {}
+        for field_name, dep in spec.deps.items():
+            outcome = self.outcomes[dep]
+            if outcome.entry is None:  # dry run: upstream will build, key unknown yet
+                return Outcome("would-build", reasons=[f"upstream {dep} will build first"])
+            upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
+        try:
+            ingredients = step_ingredients(
+                spec, upstream, hasher=self.hasher, toolchain=self.toolchain, host=self.host,
+                salt=self.project.config.cache.salt, project_root=self.project.root)
+        except FileNotFoundError as exc:
+            raise StepError(f"input file disappeared: {exc.filename}") from None
+        key = action_key(ingredients)
+        reasons = self._reasons(spec, key, ingredients)
+        dest = self.project.build_dir / spec.recipe / spec.name
+        entry = self.store.get_action(key)
+        if entry is not None:
+            self._restore(entry, dest)
+            return Outcome("cached", key, entry)
+        if self.store.last_miss_reason:
+            reasons.append(self.store.last_miss_reason)
+        if (missing := spec.step.unavailable(self.host)) is not None:
+            return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+        if self.options.dry_run:
+            return Outcome("would-build", key, reasons=reasons)
+        with self.store.shared_gc_lock(), self.store.lock(key):
+            entry = self.store.get_action(key)  # another builder may have finished it
+            if entry is None:
+                self.reporter.emit({"event": "step", "step": spec.id, "status": "running",
+                                    "key": key, "reasons": reasons})
+                entry = self._build(spec, key, ingredients)
+                status = "built"
+            else:
+                status = "cached"
+            self._restore(entry, dest)
+        return Outcome(status, key, entry, reasons=reasons)
+
+    def _reasons(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> list[str]:
+        last = self.last_build.get(spec.id)
+        if last is None:
+            return ["never built"]
+        if last.get("key") == key:
+            return ["not in the cache"]
+        return describe_changes(last.get("ingredients") or {}, ingredients)
+
+    def _restore(self, entry: ActionEntry, dest: Path) -> None:
+        with self.store.lock("dest-" + digest_bytes(str(dest).encode())):
+            if not self.store.is_materialized(entry, dest):
+                self.store.materialize(entry, dest)
+
+    def _artifact(self, dep: str) -> dict[str, Any]:
+        spec = self.project.steps[dep]
+        entry = self.outcomes[dep].entry
+        assert entry is not None
+        directory = self.project.build_dir / spec.recipe / spec.name
+        return {
+            "step": dep,
+            "dir": str(directory),
+            "files": {name: str(directory / name) for name in entry.outputs},
+            "primary": str(directory / entry.primary) if entry.primary else None,
+        }
+
+    def _build(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> ActionEntry:
+        if self._cancel.is_set():
+            raise Cancelled
+        tmp = self.store.new_tmp_dir(prefix=spec.name)
+        try:
+            out_dir = tmp / "out"
+            out_dir.mkdir()
+            log_path = tmp / "step.log"
+            worker_spec = {
+                "kind": spec.target,
+                "step_id": spec.id,
+                "params": spec.step.params.model_dump(mode="json"),
+                "base_dir": str(spec.step.base_dir),
+                "project_root": str(self.project.root),
+                "inputs": {f: self._artifact(dep) for f, dep in spec.deps.items()},
+                "out_dir": str(out_dir),
+                "state_dir": str(self.store.root / "state"),
+                "result": str(tmp / "result.json"),
+                "parent_pid": os.getpid(),
+            }
+            (tmp / "spec.json").write_text(json.dumps(worker_spec))
+            started = time.perf_counter()
+            result = self._run_worker(spec.id, tmp, log_path)
+            duration = time.perf_counter() - started
+            log = log_path.read_bytes()
+            if not result.get("ok"):
+                self._keep_failed_log(spec, log)
+                raise StepError(self._failure_message(spec, result, log))
+            self._check_inputs_unchanged(spec, ingredients)
+            return self._store_outputs(spec, key, ingredients, out_dir, log, result, duration)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _run_worker(self, sid: str, tmp: Path, log_path: Path) -> dict[str, Any]:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "optbuild.worker", str(tmp / "spec.json")],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.project.root,
+            )
+            with self._procs_lock:
+                self._procs[sid] = proc
+            try:
+                while proc.poll() is None:
+                    if self._cancel.wait(0.05):
+                        proc.kill()
+                        proc.wait()
+                        raise Cancelled
+            finally:
+                with self._procs_lock:
+                    self._procs.pop(sid, None)
+        result_path = tmp / "result.json"
+        if proc.returncode != 0 or not result_path.exists():
+            how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+            return {"ok": False, "error": f"worker process died ({how})"}
+        return json.loads(result_path.read_text())
+
+    def _failure_message(self, spec: StepSpec, result: dict[str, Any], log: bytes) -> str:
+        """The step's own message; with the log's tail when the failure was unexpected."""
+        message = result.get("error") or "step failed"
+        lines = log.decode(errors="replace").rstrip().splitlines()[-LOG_TAIL_LINES:]
+        if lines and not result.get("expected"):
+            message += "\n--- log tail ---\n" + "\n".join(lines)
+        log_path = self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log"
+        return message + f"\n(full log: {log_path})"
+
+    def _keep_failed_log(self, spec: StepSpec, log: bytes) -> None:
+        path = self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(log)
+
+    def _check_inputs_unchanged(self, spec: StepSpec, ingredients: dict[str, Any]) -> None:
+        """Inputs edited during the build make its result a guess: do not cache it."""
+        try:
+            now = file_digests(spec, self.hasher, self.project.root)
+        except FileNotFoundError as exc:
+            now = {"(missing)": str(exc.filename)}
+        if now != ingredients["files"]:
+            changed = sorted(n for n in set(now) | set(ingredients["files"])
+                             if now.get(n) != ingredients["files"].get(n))
+            raise StepError(f"input {', '.join(changed)} changed while {spec.id} was building; "
+                            "the result was not cached (run the build again)")
+
+    def _store_outputs(self, spec: StepSpec, key: str, ingredients: dict[str, Any], out_dir: Path,
+                       log: bytes, result: dict[str, Any], duration: float) -> ActionEntry:
+        files = sorted(p for p in out_dir.rglob("*") if p.is_file() or p.is_symlink())
+        if not files:
+            raise StepError(f"{spec.id} produced no output")
+        primary = spec.step.primary_output
+        if primary is not None and not (out_dir / primary).is_file():
+            raise StepError(f"{spec.id} did not write its main output {primary}")
+        outputs = {}
+        for path in files:
+            if path.is_symlink():
+                raise StepError(f"{spec.id} wrote a symbolic link ({path.name}); outputs must be files")
+            outputs[path.relative_to(out_dir).as_posix()] = self.store.put_file(path, move=True)
+        entry = ActionEntry(
+            key=key, step=spec.id, kind=spec.kind, outputs=outputs, primary=primary,
+            ingredients=ingredients, log=self.store.put_bytes(log), metrics=result.get("metrics") or {},
+            duration_s=duration, created_at=time.time(), built_on=socket.gethostname(),
+        )
+        self.store.put_action(entry)
+        return entry
+
+    # --- provenance --------------------------------------------------------------------
+    def _write_lock(self) -> None:
+        if self.options.dry_run:
+            return
+        records = {}
+        for sid, outcome in self.outcomes.items():
+            if outcome.entry is not None and outcome.status in ("cached", "built"):
+                entry = outcome.entry
+                records[sid] = {
+                    "key": entry.key,
+                    "kind": entry.kind,
+                    "outputs": {n: o.digest for n, o in entry.outputs.items()},
+                    "tools": entry.ingredients.get("tools", {}),
+                    "host": entry.ingredients.get("host", {}),
+                    "ingredients": entry.ingredients,
+                }
+        if records:
+            lockfile.update(self.project.lock_file, records)

@@ -1,0 +1,297 @@
+"""The project: ``optbuild.toml`` and the recipes it names, validated as a whole.
+
+Loading collects every problem (file, line, field, message) before failing, so a user
+fixes a broken project in one pass; nothing is built when the project does not validate.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from optbuild.errors import Problem, ProjectError
+from optbuild.steps import registry
+from optbuild.steps.base import Step
+from optbuild.tomlsource import TomlDocument, load_toml
+
+CONFIG_NAME = "optbuild.toml"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProjectSection(_Section):
+    recipes: list[str] = ["recipes/*.toml"]
+    build_dir: str = "build"
+    lock_file: str = "optbuild.lock"
+
+
+class CacheSection(_Section):
+    dir: str = "cache"
+    max_size: str | int = "20 GiB"
+    # Changing the salt disowns every earlier cache entry at once.
+    salt: str = ""
+
+    @field_validator("max_size")
+    @classmethod
+    def _size(cls, value: str | int) -> str | int:
+        from optbuild.store.local import parse_size
+
+        parse_size(str(value))
+        return value
+
+
+class BuildSection(_Section):
+    jobs: int = Field(0, ge=0, description="parallel steps; 0 = number of CPUs")
+    keep_going: bool = False
+
+
+class ProjectConfig(_Section):
+    project: ProjectSection = ProjectSection()
+    # Project-local step kinds: name -> "path/to/file.py:Class" (relative to optbuild.toml).
+    kinds: dict[str, str] = {}
+    cache: CacheSection = CacheSection()
+    build: BuildSection = BuildSection()
+
+
+class RecipeSection(_Section):
+    description: str = ""
+
+
+@dataclass
+class StepSpec:
+    """One step of one recipe, validated; its id is "recipe:step"."""
+
+    id: str
+    recipe: str
+    name: str
+    kind: str  # registry name: "export", "engine/tensorrt-rtx", ...
+    target: str  # where the kind is implemented: "module:Class" or "/path/file.py:Class"
+    step: Step
+    doc: TomlDocument
+    deps: dict[str, str] = field(default_factory=dict)  # param field -> upstream step id
+
+    @property
+    def loc(self) -> tuple[str, ...]:
+        return ("steps", self.name)
+
+    def problem(self, message: str, *fields: str) -> Problem:
+        return self.doc.problem((*self.loc, *fields), message)
+
+
+@dataclass
+class Project:
+    root: Path
+    config_file: Path
+    config: ProjectConfig
+    recipes: dict[str, Path]
+    steps: dict[str, StepSpec]  # in load order: recipe files sorted, steps as written
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / self.config.cache.dir
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / self.config.project.build_dir
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / self.config.project.lock_file
+
+
+def find_config(start: Path) -> Path:
+    """The nearest optbuild.toml at or above ``start``."""
+    start = start.resolve()
+    for directory in (start, *start.parents):
+        candidate = directory / CONFIG_NAME
+        if candidate.is_file():
+            return candidate
+    raise ProjectError([Problem(f"no {CONFIG_NAME} in {start} or any parent directory")])
+
+
+def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError) -> list[Problem]:
+    problems = []
+    for error in exc.errors():
+        loc = (*prefix, *error["loc"])
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif error["type"] == "missing":
+            message = "required key is missing"
+        problems.append(doc.problem(loc, message))
+    return problems
+
+
+def _load_config(path: Path) -> ProjectConfig:
+    doc = load_toml(path)
+    try:
+        return ProjectConfig.model_validate(doc.data)
+    except ValidationError as exc:
+        raise ProjectError(validation_problems(doc, (), exc)) from None
+
+
+def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: list[Problem],
+               root: Path, local: dict[str, str]) -> StepSpec | None:
+    loc = ("steps", name)
+    if not isinstance(raw, dict):
+        problems.append(doc.problem(loc, "a step must be a table ([steps.NAME])"))
+        return None
+    if not _NAME.match(name):
+        problems.append(doc.problem(loc, f"invalid step name {name!r} (letters, digits, _ . -)"))
+        return None
+    kind, backend = raw.get("kind"), raw.get("backend")
+    if not isinstance(kind, str):
+        problems.append(doc.problem((*loc, "kind"), "required key 'kind' is missing or not a string"))
+        return None
+    name_in_registry = registry.resolve(kind, backend if isinstance(backend, str) else None, local)
+    choices = registry.backends(kind, local)
+    if name_in_registry is None or (choices and "/" not in name_in_registry):
+        if choices:
+            what = f"unknown backend {backend!r}" if backend else "'backend' is required"
+            problems.append(doc.problem(
+                (*loc, "backend" if backend else "kind"),
+                f"{what} for kind {kind!r} (one of: {', '.join(choices)})"))
+        else:
+            known = registry.known_kinds(local)
+            hint = difflib.get_close_matches(kind, known, n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            problems.append(doc.problem(
+                (*loc, "kind"), f"unknown step kind {kind!r}{suggestion} (known: {', '.join(known)})"))
+        return None
+    target = registry.target_of(name_in_registry, local)
+    try:
+        cls = registry.step_class(target)
+    except (ImportError, AttributeError, TypeError, SyntaxError, OSError) as exc:
+        problems.append(doc.problem((*loc, "kind"), f"step kind {kind!r} ({target}) cannot load: {exc}"))
+        return None
+    params_raw = {k: v for k, v in raw.items() if k != "kind" and not (k == "backend" and not choices)}
+    try:
+        params = cls.Params.model_validate(params_raw)
+    except ValidationError as exc:
+        problems.extend(validation_problems(doc, loc, exc))
+        return None
+    step = cls(params, doc.path.parent, root)
+    return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, target, step, doc)
+
+
+def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
+                 local: dict[str, str], invalid: set[str]) -> list[StepSpec]:
+    """The valid steps of one recipe; ids of steps that failed validation go to ``invalid``."""
+    try:
+        doc = load_toml(path)
+    except ProjectError as exc:
+        problems.extend(exc.problems)
+        return []
+    for key in doc.data:
+        if key not in ("recipe", "steps"):
+            problems.append(doc.problem((key,), "unknown key (a recipe has [recipe] and [steps.NAME])"))
+    try:
+        RecipeSection.model_validate(doc.data.get("recipe", {}))
+    except ValidationError as exc:
+        problems.extend(validation_problems(doc, ("recipe",), exc))
+    steps = doc.data.get("steps", {})
+    if not isinstance(steps, dict) or not steps:
+        problems.append(doc.problem(("steps",), "a recipe needs at least one [steps.NAME] table"))
+        return []
+    specs = []
+    for name, raw in steps.items():
+        if (spec := _load_step(doc, recipe, name, raw, problems, root, local)) is not None:
+            specs.append(spec)
+        else:
+            invalid.add(f"{recipe}:{name}")
+    return specs
+
+
+def _resolve_refs(steps: dict[str, StepSpec], problems: list[Problem], invalid: set[str]) -> None:
+    for spec in steps.values():
+        for field_name, ref in spec.step.step_refs().items():
+            target = ref if ":" in ref else f"{spec.recipe}:{ref}"
+            if target in invalid:
+                continue  # already reported; a second message would only be noise
+            if target == spec.id:
+                problems.append(spec.problem("a step cannot take its own output", field_name))
+            elif target not in steps:
+                hint = difflib.get_close_matches(target, list(steps), n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                problems.append(spec.problem(f"no step {target!r}{suggestion}", field_name))
+            else:
+                spec.deps[field_name] = target
+
+
+def _check_files(steps: dict[str, StepSpec], problems: list[Problem]) -> None:
+    for spec in steps.values():
+        try:
+            files = spec.step.key_files()
+        except FileNotFoundError as exc:
+            problems.append(spec.problem(f"file not found: {exc.filename}"))
+            continue
+        for path in files:
+            if not path.is_file():
+                field_name = _field_naming(spec, path)
+                problems.append(spec.problem(f"file not found: {path}", *field_name))
+
+
+def _field_naming(spec: StepSpec, path: Path) -> tuple[str, ...]:
+    """The param field whose value names ``path`` (to point at the right line)."""
+    for name, value in spec.step.params:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                candidate = item.rpartition(":")[0] if ".py:" in item else item
+                if (spec.step.base_dir / candidate).resolve() == path:
+                    return (name,)
+    return ()
+
+
+def _local_kinds(config: ProjectConfig, config_file: Path, problems: list[Problem]) -> dict[str, str]:
+    """Project-local kinds with absolute file paths; missing files are problems."""
+    local = {}
+    for kind, target in config.kinds.items():
+        file, sep, attr = target.rpartition(":")
+        path = (config_file.parent / file).resolve()
+        if not sep or not file.endswith(".py") or not attr.isidentifier():
+            problems.append(Problem(f"expected 'path/to/file.py:Class', got {target!r}",
+                                    file=config_file, field=f"kinds.{kind}"))
+        elif not path.is_file():
+            problems.append(Problem(f"file not found: {path}", file=config_file, field=f"kinds.{kind}"))
+        else:
+            local[kind] = f"{path}:{attr}"
+    return local
+
+
+def load_project(start: Path | None = None) -> Project:
+    """Load and validate the project whose optbuild.toml is at or above ``start``."""
+    config_file = find_config(start or Path.cwd())
+    root = config_file.parent
+    config = _load_config(config_file)
+    problems: list[Problem] = []
+    recipe_files: dict[str, Path] = {}
+    for pattern in config.project.recipes:
+        matches = sorted(root.glob(pattern))
+        if not matches:
+            problems.append(Problem(f"pattern {pattern!r} matches no recipe file",
+                                    file=config_file, field="project.recipes"))
+        for path in matches:
+            name = path.stem
+            if name in recipe_files and recipe_files[name] != path:
+                problems.append(Problem(f"recipe name {name!r} is also used by {recipe_files[name]}",
+                                        file=path))
+            recipe_files[name] = path
+    local = _local_kinds(config, config_file, problems)
+    steps: dict[str, StepSpec] = {}
+    invalid: set[str] = set()
+    for name, path in recipe_files.items():
+        for spec in _load_recipe(path, name, root, problems, local, invalid):
+            steps[spec.id] = spec
+    _resolve_refs(steps, problems, invalid)
+    _check_files(steps, problems)
+    if problems:
+        raise ProjectError(problems)
+    return Project(root, config_file, config, recipe_files, steps)

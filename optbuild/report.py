@@ -1,0 +1,136 @@
+"""Reporters: how build events reach a person (rich or plain lines) or a machine (JSON).
+
+The executor emits plain dict events; a reporter only formats them. ``--json`` writes one
+JSON object per line, which tests and CI tooling read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+Event = dict[str, Any]
+
+_STYLE = {
+    "cached": "green", "restored": "green", "built": "bold green", "would-build": "yellow",
+    "running": "cyan", "failed": "bold red", "skipped": "dim", "unavailable": "magenta",
+}
+
+
+class Reporter:
+    """Collects events; subclasses also show them."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        event.setdefault("time", time.time())
+        self.events.append(event)
+        self.show(event)
+
+    def show(self, event: Event) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def steps_with(self, status: str) -> list[str]:
+        return [e["step"] for e in self.events if e.get("event") == "step" and e["status"] == status]
+
+
+class JsonReporter(Reporter):
+    def __init__(self, stream: TextIO = sys.stdout):
+        super().__init__()
+        self.stream = stream
+
+    def show(self, event: Event) -> None:
+        self.stream.write(json.dumps(event, default=str) + "\n")
+        self.stream.flush()
+
+
+def _line(event: Event) -> str | None:
+    kind = event.get("event")
+    if kind == "step":
+        status = event["status"]
+        if status == "running":
+            why = "; ".join(event.get("reasons") or [])
+            return f"  build    {event['step']}" + (f"  ({why})" if why else "")
+        text = f"  {status:<8} {event['step']}"
+        if event.get("duration_s") is not None and status == "built":
+            text += f"  {event['duration_s']:.1f}s"
+        if status == "would-build" and event.get("reasons"):
+            text += "  (" + "; ".join(event["reasons"]) + ")"
+        if event.get("error"):
+            text += "\n" + "\n".join("      " + line for line in str(event["error"]).splitlines())
+        return text
+    if kind == "done":
+        counts = ", ".join(f"{n} {status}" for status, n in event["counts"].items() if n)
+        verdict = "ok" if event["ok"] else "FAILED"
+        return f"{verdict}: {counts or 'nothing to do'} in {event['duration_s']:.2f}s"
+    if kind == "warning":
+        return f"warning: {event['message']}"
+    return None
+
+
+class PlainReporter(Reporter):
+    def __init__(self, stream: TextIO = sys.stderr):
+        super().__init__()
+        self.stream = stream
+
+    def show(self, event: Event) -> None:
+        if (line := _line(event)) is not None:
+            print(line, file=self.stream, flush=True)
+
+
+class RichReporter(Reporter):
+    """Colored lines and a live status of the steps running now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False)
+        self.running: dict[str, float] = {}
+        self.status = None
+
+    def show(self, event: Event) -> None:
+        line = _line(event)
+        if event.get("event") == "step":
+            status, step = event["status"], event["step"]
+            if status == "running":
+                self.running[step] = time.monotonic()
+            else:
+                self.running.pop(step, None)
+            if line is not None:
+                self.console.print(f"[{_STYLE.get(status, '')}]{line}[/]")
+            self._refresh()
+        elif line is not None:
+            style = "bold green" if event.get("ok") else "bold red" if event.get("event") == "done" else "yellow"
+            self.console.print(f"[{style}]{line}[/]")
+
+    def _refresh(self) -> None:
+        if self.running:
+            text = "building " + ", ".join(self.running)
+            if self.status is None:
+                self.status = self.console.status(text)
+                self.status.start()
+            else:
+                self.status.update(text)
+        elif self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+def make_reporter(json_events: bool) -> Reporter:
+    if json_events:
+        return JsonReporter()
+    if sys.stderr.isatty():
+        return RichReporter()
+    return PlainReporter()

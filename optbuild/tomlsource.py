@@ -1,0 +1,96 @@
+"""TOML documents that remember where each key was written, for error messages.
+
+tomllib gives values without positions, so the lines of table headers and keys are found
+by a light scan of the text. It is only used to point at a line; a key it cannot place
+falls back to the line of its nearest enclosing table.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optbuild.errors import Problem, ProjectError
+
+_BARE = r"[A-Za-z0-9_-]+"
+_KEY = rf"(?:{_BARE}|\"(?:[^\"\\]|\\.)*\"|'[^']*')"
+_DOTTED = rf"{_KEY}(?:\s*\.\s*{_KEY})*"
+_HEADER = re.compile(rf"^\s*(\[\[?)\s*({_DOTTED})\s*\]\]?")
+_ASSIGN = re.compile(rf"^\s*({_DOTTED})\s*=")
+_PART = re.compile(_KEY)
+_LINE_IN_ERROR = re.compile(r"at line (\d+)")
+
+
+def _split_key(dotted: str) -> tuple[str, ...]:
+    return tuple(p.strip("\"'") for p in _PART.findall(dotted))
+
+
+@dataclass
+class TomlDocument:
+    path: Path
+    data: dict[str, Any]
+    lines: dict[tuple, int] = field(default_factory=dict)
+
+    def line_of(self, loc: tuple) -> int | None:
+        """Line of the key at ``loc`` (a path of keys and list indices), or of its parent."""
+        loc = tuple(str(part) for part in loc)
+        while loc:
+            if loc in self.lines:
+                return self.lines[loc]
+            loc = loc[:-1]
+        return None
+
+    def problem(self, loc: tuple, message: str) -> Problem:
+        return Problem(
+            message,
+            file=self.path,
+            line=self.line_of(loc),
+            field=".".join(str(p) for p in loc) or None,
+        )
+
+
+def _scan_lines(text: str) -> dict[tuple, int]:
+    lines: dict[tuple, int] = {}
+    table: tuple[str, ...] = ()
+    array_counts: dict[tuple, int] = {}
+    in_multiline: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if in_multiline:
+            if in_multiline in line:
+                in_multiline = None
+            continue
+        if header := _HEADER.match(line):
+            table = _split_key(header.group(2))
+            if header.group(1) == "[[":
+                index = array_counts.get(table, 0)
+                array_counts[table] = index + 1
+                lines.setdefault(table, number)
+                table = (*table, str(index))
+            lines.setdefault(table, number)
+        elif assign := _ASSIGN.match(line):
+            lines.setdefault((*table, *_split_key(assign.group(1))), number)
+            rest = line[assign.end():]
+            for quote in ('"""', "'''"):
+                if rest.count(quote) % 2 == 1:
+                    in_multiline = quote
+    return lines
+
+
+def load_toml(path: Path) -> TomlDocument:
+    """Parse ``path``; a syntax error or unreadable file raises ProjectError with its line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProjectError([Problem("file not found", file=path)]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProjectError([Problem(f"cannot read: {exc}", file=path)]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = _LINE_IN_ERROR.search(str(exc))
+        line = int(match.group(1)) if match else None
+        raise ProjectError([Problem(f"invalid TOML: {exc}", file=path, line=line)]) from None
+    return TomlDocument(path, data, _scan_lines(text))

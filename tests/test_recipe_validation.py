@@ -1,0 +1,107 @@
+"""Bad input: every problem is reported with file, line and field; nothing is built."""
+
+from __future__ import annotations
+
+import pytest
+
+from optbuild.errors import ProjectError
+from optbuild.recipe import load_project
+
+
+def problems(project) -> list[str]:
+    with pytest.raises(ProjectError) as info:
+        load_project(project.root)
+    return [str(p) for p in info.value.problems]
+
+
+def test_invalid_toml_names_file_and_line(project):
+    project.write("recipes/chain.toml", '[steps.src]\nkind = "text"\npath = \n')
+    (message,) = problems(project)
+    assert "recipes/chain.toml:3:" in message and "invalid TOML" in message
+
+
+def test_unknown_key_names_line_and_field(project):
+    project.write("recipes/chain.toml", project.read("recipes/chain.toml").replace('suffix = "-out"', 'sufix = "-out"'))
+    (message,) = problems(project)
+    assert message.endswith("recipes/chain.toml:14: steps.out.sufix: unknown key")
+
+
+def test_unknown_step_kind_suggests_the_closest(project):
+    project.write("recipes/chain.toml", project.read("recipes/chain.toml").replace('kind = "text"', 'kind = "txt"'))
+    (message,) = problems(project)
+    assert "chain.toml:3: steps.src.kind: unknown step kind 'txt'; did you mean 'text'?" in message
+
+
+def test_wrong_type_names_the_field(project):
+    project.write("recipes/chain.toml", project.read("recipes/chain.toml").replace('suffix = "-mid"', "suffix = 3"))
+    (message,) = problems(project)
+    assert "chain.toml:9: steps.mid.suffix: Input should be a valid string" in message
+
+
+def test_reference_to_a_missing_step_also_across_recipes(project):
+    project.write("recipes/other.toml", '[steps.x]\nkind = "join"\ninput = "chain:nope"\n')
+    (message,) = problems(project)
+    assert "other.toml:3: steps.x.input: no step 'chain:nope'" in message
+
+
+def test_cross_recipe_reference_is_resolved(project):
+    project.write("recipes/other.toml", '[steps.x]\nkind = "join"\ninput = "chain:out"\n')
+    loaded = load_project(project.root)
+    assert loaded.steps["other:x"].deps == {"input": "chain:out"}
+
+
+def test_cycle_is_named(project):
+    from optbuild.graph import StepGraph
+
+    project.write("recipes/loop.toml", '[steps.a]\nkind = "join"\ninput = "b"\n\n[steps.b]\nkind = "join"\ninput = "a"\n')
+    with pytest.raises(ProjectError) as info:
+        StepGraph(load_project(project.root).steps)
+    (message,) = [str(p) for p in info.value.problems]
+    assert "dependency cycle: loop:" in message
+    assert "loop:a" in message and "loop:b" in message
+
+
+def test_missing_input_file_names_the_field(project):
+    project.write("recipes/chain.toml", project.read("recipes/chain.toml").replace("input.txt", "absent.txt"))
+    (message,) = problems(project)
+    assert "chain.toml:4: steps.src.path: file not found:" in message and "absent.txt" in message
+
+
+def test_every_problem_is_reported_at_once(project):
+    text = project.read("recipes/chain.toml").replace('suffix = "-mid"', "suffix = 3").replace('kind = "text"', 'kind = "nope"')
+    project.write("recipes/chain.toml", text)
+    assert len(problems(project)) >= 2
+
+
+def test_missing_required_key(project):
+    project.write("recipes/chain.toml", '[steps.src]\nkind = "text"\n')
+    (message,) = problems(project)
+    assert "steps.src.path: required key is missing" in message
+
+
+def test_project_config_errors_name_the_field(project):
+    project.write("optbuild.toml", project.read("optbuild.toml").replace("jobs = 2", 'jobs = "many"'))
+    (message,) = problems(project)
+    assert "optbuild.toml:10: build.jobs:" in message
+
+
+def test_no_config_anywhere(tmp_path):
+    with pytest.raises(ProjectError, match="no optbuild.toml"):
+        load_project(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda t: t.replace('path = "../data/input.txt"', "path = "), "invalid TOML"),
+        (lambda t: t.replace('kind = "text"', 'kind = "bogus"'), "unknown step kind 'bogus'"),
+        (lambda t: t.replace('input = "mid"', 'input = "gone"'), "no step 'chain:gone'"),
+    ],
+)
+def test_cli_prints_a_clear_error_and_exits_nonzero_without_traceback(project, edit, expected):
+    project.write("recipes/chain.toml", edit(project.read("recipes/chain.toml")))
+    run = project.cli("build")
+    assert run.returncode == 2
+    assert expected in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (project.root / "build").exists()
