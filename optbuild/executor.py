@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,7 @@ from optbuild.store.local import LocalStore
 from optbuild.toolchain import Toolchain
 
 LOG_TAIL_LINES = 25
+_USABLE = ("cached", "built", "would-build")
 
 
 @dataclass
@@ -88,35 +91,48 @@ class Executor:
 
     # --- scheduling ------------------------------------------------------------------
     def run(self, selected: list[str]) -> dict[str, Outcome]:
+        """Decide each step in the main thread as soon as its upstream is done; hand only
+        the steps that must build to the pool (a cache hit is cheaper than a thread hop)."""
         started = time.perf_counter()
         self.store.clean_stale_tmp()
         self.reporter.emit({"event": "start", "steps": selected, "jobs": self.options.jobs,
                             "dry_run": self.options.dry_run})
-        pending = list(selected)
-        running: dict[Future, str] = {}
+        chosen = set(selected)
+        waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
+        ready = deque(sid for sid in selected if waiting[sid] == 0)
+        building: dict[Future, str] = {}
         stop = False
+
+        def settle(sid: str, outcome: Outcome) -> None:
+            nonlocal stop
+            if outcome.status in ("failed", "unavailable") and not self.options.keep_going:
+                stop = stop or not (outcome.status == "unavailable" and self.options.skip_unavailable)
+            for child in self.graph.dependents[sid]:
+                if child in waiting:
+                    waiting[child] -= 1
+                    if waiting[child] == 0:
+                        ready.append(child)
+
         with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
             try:
-                while pending or running:
-                    for sid in list(pending):
-                        deps = self.graph.deps[sid]
-                        if any(d in pending or d in running.values() for d in deps):
-                            continue
-                        pending.remove(sid)
-                        bad = [d for d in deps if self.outcomes[d].status not in ("cached", "built", "would-build")]
+                while ready or building:
+                    while ready:
+                        sid = ready.popleft()
+                        bad = [d for d in self.graph.deps[sid] if self.outcomes[d].status not in _USABLE]
                         if bad or stop:
                             why = f"upstream {bad[0]} {self.outcomes[bad[0]].status}" if bad else "build stopped"
-                            self._finish(sid, Outcome("skipped", reasons=[why]))
+                            settle(sid, self._finish(sid, Outcome("skipped", reasons=[why])))
+                            continue
+                        decision = self._process(sid, self._decide)
+                        if isinstance(decision, Outcome):
+                            settle(sid, decision)
                         else:
-                            running[pool.submit(self._process, sid)] = sid
-                    if not running:
-                        continue
-                    done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        sid = running.pop(future)
-                        outcome = future.result()
-                        if outcome.status in ("failed", "unavailable") and not self.options.keep_going:
-                            stop = stop or not (outcome.status == "unavailable" and self.options.skip_unavailable)
+                            building[pool.submit(self._process, sid, decision)] = sid
+                    if building:
+                        done, _ = wait(building, timeout=0.2, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            sid = building.pop(future)
+                            settle(sid, future.result())
             except BaseException:
                 self._cancel.set()
                 self._kill_workers()
@@ -127,9 +143,8 @@ class Executor:
         counts: dict[str, int] = {}
         for outcome in self.outcomes.values():
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
-        ok = not any(o.status == "failed" for o in self.outcomes.values()) and not (
-            any(o.status == "unavailable" for o in self.outcomes.values()) and not self.options.skip_unavailable
-        ) and not any(o.status == "skipped" and not self.options.skip_unavailable for o in self.outcomes.values())
+        tolerated = {"unavailable", "skipped"} if self.options.skip_unavailable else set()
+        ok = all(o.status in _USABLE or o.status in tolerated for o in self.outcomes.values())
         self.reporter.emit({"event": "done", "ok": ok, "counts": counts,
                             "duration_s": time.perf_counter() - started,
                             "bytes_hashed": self.hasher.bytes_read})
@@ -153,16 +168,23 @@ class Executor:
                     proc.kill()
 
     # --- one step ----------------------------------------------------------------------
-    def _process(self, sid: str) -> Outcome:
+    def _process(self, sid: str, action: Callable[[StepSpec], Outcome | Callable]) -> Outcome | Callable:
+        """Run ``action`` for ``sid``, turning errors into a failed outcome.
+
+        ``action`` returns an Outcome when the step is settled, or a callable that builds
+        it (to be run on the pool).
+        """
         spec = self.project.steps[sid]
         try:
-            return self._finish(sid, self._decide_and_build(spec))
+            result = action(spec)
         except Cancelled:
             return self._finish(sid, Outcome("skipped", reasons=["cancelled"]))
         except OptbuildError as exc:
             return self._finish(sid, Outcome("failed", error=str(exc)))
+        return self._finish(sid, result) if isinstance(result, Outcome) else result
 
-    def _decide_and_build(self, spec: StepSpec) -> Outcome:
+    def _decide(self, spec: StepSpec) -> Outcome | Callable[[StepSpec], Outcome]:
+        """Key and cache lookup: an Outcome if settled now, else the build to run."""
         upstream = {}
         for field_name, dep in spec.deps.items():
             outcome = self.outcomes[dep]
@@ -188,8 +210,13 @@ class Executor:
             return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
         if self.options.dry_run:
             return Outcome("would-build", key, reasons=reasons)
+        return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest)
+
+    def _build_locked(self, spec: StepSpec, key: str, ingredients: dict[str, Any], reasons: list[str],
+                      dest: Path) -> Outcome:
+        """Build under the key's lock, unless another builder stored it meanwhile."""
         with self.store.shared_gc_lock(), self.store.lock(key):
-            entry = self.store.get_action(key)  # another builder may have finished it
+            entry = self.store.get_action(key)
             if entry is None:
                 self.reporter.emit({"event": "step", "step": spec.id, "status": "running",
                                     "key": key, "reasons": reasons})
@@ -346,4 +373,4 @@ class Executor:
                     "ingredients": entry.ingredients,
                 }
         if records:
-            lockfile.update(self.project.lock_file, records)
+            lockfile.update(self.project.lock_file, records, self.store.root / "locks" / "lockfile.lock")

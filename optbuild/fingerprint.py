@@ -3,6 +3,13 @@
 Sections are probed lazily, on the first read of one of their fields, so a build whose
 steps declare no GPU field never touches NVML. A fingerprint can also be loaded from a
 JSON file recorded on another host (to plan or fetch for that host).
+
+The GPU sections ("gpu", "cuda") read NVML through nvidia-ml-py (``pynvml``): no CUDA
+context is created, nothing is allocated on a GPU. A host without the library or a driver
+probes fast and completely: ``gpu.count`` is 0 and ``gpu.error`` says why. Tool versions
+("tensorrt", "tensorrt_rtx", "onnxruntime") come from distribution metadata, never from
+importing the tool. "ort_providers" must import onnxruntime (~230 ms): it is a section of its
+own, read by a full dump (``as_dict``, i.e. ``optbuild fingerprint``) and by nothing else.
 """
 
 from __future__ import annotations
@@ -56,11 +63,180 @@ def _probe_cpu() -> dict[str, Any]:
     }
 
 
+# --- GPU and accelerator toolchain -------------------------------------------------------
+# Distributions that install a tool's module, most specific first. The CUDA-flavoured wheel
+# ("tensorrt-cu12") carries the code; the meta-package ("tensorrt") may be absent.
+DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "tensorrt": ("tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11", "tensorrt"),
+    "tensorrt_rtx": ("tensorrt-rtx-cu13", "tensorrt-rtx-cu12", "tensorrt-rtx"),
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"),
+}
+
+
+def installed_distribution(module: str) -> tuple[str | None, str | None]:
+    """(distribution, version) of the first installed distribution providing ``module``.
+
+    Read from package metadata: the module itself is never imported.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in DISTRIBUTIONS.get(module, (module,)):
+        try:
+            return name, version(name)
+        except PackageNotFoundError:
+            continue
+    return None, None
+
+
+def cuda_visible_order(spec: str | None, uuids: list[str],
+                       resolve_mig: Callable[[str], int | None] | None = None) -> list[int]:
+    """NVML indices of the devices CUDA exposes, in CUDA's order, under CUDA_VISIBLE_DEVICES.
+
+    ``uuids`` are the NVML devices' UUIDs in NVML (PCI bus) order. Like CUDA, the list stops
+    at the first entry that names no device. Integer entries are read as NVML indices: that
+    is CUDA's numbering when CUDA_DEVICE_ORDER=PCI_BUS_ID, or when all GPUs are one model
+    (CUDA's default "fastest first" order can differ on mixed hosts; set PCI_BUS_ID there).
+    "GPU-..." entries match a UUID by unique prefix; "MIG-..." entries count as their parent
+    GPU when ``resolve_mig`` can find it (their memory is then the parent's).
+    """
+    if spec is None:
+        return list(range(len(uuids)))
+    order: list[int] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        index: int | None = None
+        if entry.lstrip("-").isdigit():
+            value = int(entry)
+            index = value if 0 <= value < len(uuids) else None
+        elif entry.startswith("GPU-"):
+            matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+            index = matches[0] if len(matches) == 1 else None
+        elif entry.startswith("MIG-") and resolve_mig is not None:
+            index = resolve_mig(entry)
+        if index is None or index in order:
+            break
+        order.append(index)
+    return order
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _nvml_reason(exc: BaseException) -> str:
+    kind = type(exc).__name__
+    if kind == "NVMLError_LibraryNotFound":
+        return "NVML library not found: no NVIDIA driver installed"
+    if kind == "NVMLError_DriverNotLoaded":
+        return "NVIDIA driver not loaded"
+    if kind == "NVMLError_NoPermission":
+        return "no permission to query NVML"
+    return f"NVML: {exc}"
+
+
+def _probe_gpu() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"gpu.count": 0, "gpu.error": "no NVIDIA GPU (nvidia-ml-py is not installed: "
+                                             "pip install 'optbuild[gpu]')"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return {"gpu.count": 0, "gpu.error": f"no NVIDIA GPU ({_nvml_reason(exc)})"}
+    try:
+        fields: dict[str, Any] = {"gpu.driver": _text(pynvml.nvmlSystemGetDriverVersion())}
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+
+        def parent_of_mig(uuid: str) -> int | None:
+            try:
+                mig = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+                return int(pynvml.nvmlDeviceGetIndex(parent))
+            except (pynvml.NVMLError, AttributeError):
+                return None
+
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = cuda_visible_order(spec, uuids, parent_of_mig)
+        fields["gpu.count"] = len(visible)
+        if not handles:
+            fields["gpu.error"] = "no NVIDIA GPU (NVML lists no devices)"
+        elif not visible:
+            fields["gpu.error"] = f"no NVIDIA GPU (CUDA_VISIBLE_DEVICES={spec!r} hides all {len(handles)})"
+        for i, index in enumerate(visible):
+            handle = handles[index]
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            fields[f"gpu.{i}.name"] = _text(pynvml.nvmlDeviceGetName(handle))
+            fields[f"gpu.{i}.compute_capability"] = f"{major}.{minor}"
+            fields[f"gpu.{i}.memory_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // 2**20
+            fields[f"gpu.{i}.uuid"] = uuids[index]
+        return fields
+    except pynvml.NVMLError as exc:
+        return {"gpu.count": 0, "gpu.error": f"no usable NVIDIA GPU ({_nvml_reason(exc)})"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def _probe_cuda() -> dict[str, Any]:
+    """The CUDA version the driver supports, from NVML: no CUDA context is created."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, or pynvml.NVMLError: no library, no driver
+        return {"cuda.driver_version": None}
+    try:
+        version = int(pynvml.nvmlSystemGetCudaDriverVersion())
+        return {"cuda.driver_version": f"{version // 1000}.{version % 1000 // 10}"}
+    except pynvml.NVMLError:
+        return {"cuda.driver_version": None}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def _tool_probe(module: str) -> Callable[[], dict[str, Any]]:
+    def probe() -> dict[str, Any]:
+        distribution, version = installed_distribution(module)
+        return {f"{module}.version": version, f"{module}.distribution": distribution}
+
+    probe.__name__ = f"_probe_{module}"
+    return probe
+
+
+_probe_tensorrt = _tool_probe("tensorrt")
+_probe_tensorrt_rtx = _tool_probe("tensorrt_rtx")
+_probe_onnxruntime = _tool_probe("onnxruntime")
+
+
+def _probe_ort_providers() -> dict[str, Any]:
+    """Execution providers compiled into onnxruntime: costs an import (~230 ms).
+
+    Listed is not usable: onnxruntime-gpu lists CUDA and TensorRT on a host without a GPU.
+    """
+    try:
+        import onnxruntime
+    except ImportError:
+        return {"ort_providers.available": None}
+    return {"ort_providers.available": ",".join(onnxruntime.get_available_providers())}
+
+
 # section name -> probe returning that section's fields
 PROBES: dict[str, Callable[[], dict[str, Any]]] = {
     "os": _probe_os,
     "python": _probe_python,
     "cpu": _probe_cpu,
+    "gpu": _probe_gpu,
+    "cuda": _probe_cuda,
+    "tensorrt": _probe_tensorrt,
+    "tensorrt_rtx": _probe_tensorrt_rtx,
+    "onnxruntime": _probe_onnxruntime,
+    "ort_providers": _probe_ort_providers,
 }
 
 
@@ -91,6 +267,36 @@ class Fingerprint:
         return dict(sorted(self._fields.items()))
 
 
+_FIELD_WORDS = {
+    "gpu.count": "GPU count",
+    "gpu.driver": "NVIDIA driver",
+    "gpu.error": "GPU status",
+    "cuda.driver_version": "CUDA driver version",
+    "tensorrt.version": "TensorRT",
+    "tensorrt.distribution": "TensorRT distribution",
+    "tensorrt_rtx.version": "TensorRT-RTX",
+    "tensorrt_rtx.distribution": "TensorRT-RTX distribution",
+    "onnxruntime.version": "onnxruntime",
+    "onnxruntime.distribution": "onnxruntime distribution",
+    "ort_providers.available": "onnxruntime execution providers",
+}
+_DEVICE_WORDS = {"name": "model", "compute_capability": "compute capability",
+                 "memory_mib": "memory", "uuid": "UUID"}
+
+
+def _shown(value: Any, unit: str = "") -> str:
+    return "none" if value is None else f"{value}{unit}"
+
+
 def describe_change(field: str, old: Any, new: Any) -> str:
-    """Human wording of a changed fingerprint field."""
-    return f"host {field}: {old} -> {new}"
+    """Human wording of a changed fingerprint field ("GPU compute capability 8.0 -> 9.0")."""
+    unit = ""
+    words = _FIELD_WORDS.get(field)
+    parts = field.split(".")
+    if words is None and len(parts) == 3 and parts[0] == "gpu" and parts[1].isdigit():
+        if (what := _DEVICE_WORDS.get(parts[2])) is not None:
+            words = f"GPU {what}" if parts[1] == "0" else f"GPU {parts[1]} {what}"
+            unit = " MiB" if parts[2] == "memory_mib" else ""
+    if words is None:
+        return f"host {field}: {old} -> {new}"
+    return f"{words} {_shown(old, unit)} -> {_shown(new, unit)}"

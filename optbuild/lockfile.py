@@ -29,15 +29,15 @@ def read(path: Path) -> dict[str, dict[str, Any]]:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path.with_name(path.name + ".lck"), "a") as handle:
+def _locked(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 
-def update(path: Path, records: dict[str, dict[str, Any]]) -> bool:
-    """Merge ``records`` into the lock file; returns whether the file changed."""
-    with _locked(path):
+def update(path: Path, records: dict[str, dict[str, Any]], lock_path: Path) -> bool:
+    """Merge ``records`` into the lock file under ``lock_path``; returns whether it changed."""
+    with _locked(lock_path):
         steps = read(path)
         merged = {**steps, **records}
         if merged == steps and path.exists():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import typing
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -70,10 +71,11 @@ def _has_marker(annotation: Any, marker: _Marker) -> bool:
     return any(_has_marker(arg, marker) for arg in typing.get_args(annotation))
 
 
-def fields_with(params_cls: type[StepParams], marker: _Marker) -> list[str]:
+@cache
+def fields_with(params_cls: type[StepParams], marker: _Marker) -> tuple[str, ...]:
     """Names of the fields of ``params_cls`` annotated with ``marker`` (also inside Optional)."""
     hints = typing.get_type_hints(params_cls, include_extras=True)
-    return [name for name in params_cls.model_fields if _has_marker(hints.get(name), marker)]
+    return tuple(name for name in params_cls.model_fields if _has_marker(hints.get(name), marker))
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,13 @@ class Step:
         Default: every InputPath field and the file of every CallableRef field.
         """
         files = []
-        for name in fields_with(type(self.params), INPUT_PATH):
-            if (value := getattr(self.params, name)) is not None:
-                files.append((self.base_dir / value).resolve())
-        for name in fields_with(type(self.params), CALLABLE_REF):
-            if (value := getattr(self.params, name)) is not None:
-                files.append((self.base_dir / value.rpartition(":")[0]).resolve())
+        for marker in (INPUT_PATH, CALLABLE_REF):
+            for name in fields_with(type(self.params), marker):
+                value = getattr(self.params, name)
+                for item in value if isinstance(value, (list, tuple)) else [value]:
+                    if item is not None:
+                        relative = item.rpartition(":")[0] if marker is CALLABLE_REF else item
+                        files.append((self.base_dir / relative).resolve())
         return files
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Numeric checks of ONNX models with onnxruntime (CPU): any rewrite must be compared with
+the model it came from. Imported only inside step runs (it loads numpy and onnxruntime)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def session(path: Path):  # noqa: ANN201 (onnxruntime.InferenceSession, imported lazily)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def random_feeds(path: Path, seed: int, dynamic_size: int = 2) -> dict[str, np.ndarray]:
+    """Seeded inputs of the declared shapes; symbolic dims get ``dynamic_size``."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for arg in session(path).get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else dynamic_size for d in arg.shape]
+        if "int" in arg.type:
+            feeds[arg.name] = rng.integers(0, 8, size=shape).astype(
+                np.int64 if "int64" in arg.type else np.int32)
+        elif "bool" in arg.type:
+            feeds[arg.name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            dtype = np.float16 if "float16" in arg.type else np.float32
+            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return session(path).run(None, feeds)
+
+
+def max_errors(reference: list[np.ndarray], candidate: list[np.ndarray]) -> tuple[float, float]:
+    """(max absolute error, max error relative to the reference's largest magnitude)."""
+    if len(reference) != len(candidate):
+        return float("inf"), float("inf")
+    worst_abs = worst_rel = 0.0
+    for ref, out in zip(reference, candidate):
+        ref, out = np.asarray(ref, dtype=np.float64), np.asarray(out, dtype=np.float64)
+        if ref.shape != out.shape:
+            return float("inf"), float("inf")
+        if ref.size == 0:
+            continue
+        err = float(np.max(np.abs(ref - out)))
+        worst_abs = max(worst_abs, err)
+        worst_rel = max(worst_rel, err / max(float(np.max(np.abs(ref))), 1e-12))
+    return worst_abs, worst_rel
