@@ -19,6 +19,12 @@ BUILTIN: dict[str, str] = {
     "onnx": "optbuild.steps.source:OnnxSource",
     "export": "optbuild.steps.export:Export",
     "simplify": "optbuild.steps.simplify:Simplify",
+    "calibrate": "optbuild.steps.calibrate:Calibrate",
+    "quantize": "optbuild.steps.quantize:Quantize",
+    "verify": "optbuild.steps.verify:Verify",
+    "engine/onnxruntime": "optbuild.steps.engine_ort:OrtEngine",
+    "engine/tensorrt": "optbuild.steps.engine_trt:TensorRTEngine",
+    "engine/tensorrt-rtx": "optbuild.steps.engine_trt:TensorRTRTXEngine",
 }
 
 
