@@ -124,21 +124,17 @@ def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
 
 
 def clean(ws: Workspace, *, cache: bool = False) -> list[Path]:
-    """Remove build outputs (and with ``cache``, the whole local cache). Returns what went."""
+    """Remove build outputs (and with ``cache``, the local cache's contents). Returns what went."""
     removed = []
-    targets = [ws.project.build_dir] + ([ws.project.cache_dir] if cache else [])
-    for path in targets:
-        if path.exists():
-            for sub in path.rglob("*"):
-                if sub.is_dir() and not sub.is_symlink():
-                    sub.chmod(0o755)
-            if path == ws.project.cache_dir:
-                for child in path.iterdir():
-                    if child.name != ".gitkeep":
-                        shutil.rmtree(child) if child.is_dir() else child.unlink()
-            else:
-                shutil.rmtree(path)
-            removed.append(path)
+    if ws.project.build_dir.exists():
+        shutil.rmtree(ws.project.build_dir)
+        removed.append(ws.project.build_dir)
+    if cache and ws.project.cache_dir.exists():
+        ws.close()
+        for child in sorted(ws.project.cache_dir.iterdir()):
+            if child.name != ".gitkeep":  # the folder is part of the repository
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+                removed.append(child)
     return removed
 
 

@@ -22,7 +22,8 @@ import socket
 import stat
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Set
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from decimal import Decimal
@@ -500,7 +501,7 @@ class LocalStore:
         return VerifyReport(entries, blobs, tuple(corrupt_blobs), tuple(corrupt_entries),
                             tuple(dangling), orphan_blobs=len(intact.keys() - named), repaired=repair)
 
-    def gc(self, max_bytes: int, keep: Set[str] = frozenset()) -> GcReport:
+    def gc(self, max_bytes: int, keep: AbstractSet[str] = frozenset()) -> GcReport:
         """Evict least-recently-used entries until the blobs they name fit ``max_bytes``.
 
         Entries whose key is in ``keep`` (what the lock file references) are never evicted,
