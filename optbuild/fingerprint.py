@@ -162,7 +162,8 @@ def _probe_gpu() -> dict[str, Any]:
         if not handles:
             fields["gpu.error"] = "no NVIDIA GPU (NVML lists no devices)"
         elif not visible:
-            fields["gpu.error"] = f"no NVIDIA GPU (CUDA_VISIBLE_DEVICES={spec!r} hides all {len(handles)})"
+            fields["gpu.error"] = (f"no NVIDIA GPU (CUDA_VISIBLE_DEVICES={spec!r} hides "
+                                   f"all {len(handles)} of this host's GPUs)")
         for i, index in enumerate(visible):
             handle = handles[index]
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
@@ -184,9 +185,11 @@ def _probe_cuda() -> dict[str, Any]:
     """The CUDA version the driver supports, from NVML: no CUDA context is created."""
     try:
         import pynvml
-
+    except ImportError:
+        return {"cuda.driver_version": None}
+    try:
         pynvml.nvmlInit()
-    except Exception:  # ImportError, or pynvml.NVMLError: no library, no driver
+    except pynvml.NVMLError:  # no library, no driver
         return {"cuda.driver_version": None}
     try:
         version = int(pynvml.nvmlSystemGetCudaDriverVersion())
@@ -293,10 +296,10 @@ def describe_change(field: str, old: Any, new: Any) -> str:
     unit = ""
     words = _FIELD_WORDS.get(field)
     parts = field.split(".")
-    if words is None and len(parts) == 3 and parts[0] == "gpu" and parts[1].isdigit():
-        if (what := _DEVICE_WORDS.get(parts[2])) is not None:
-            words = f"GPU {what}" if parts[1] == "0" else f"GPU {parts[1]} {what}"
-            unit = " MiB" if parts[2] == "memory_mib" else ""
+    what = _DEVICE_WORDS.get(parts[-1]) if len(parts) == 3 and parts[0] == "gpu" else None
+    if words is None and what is not None and parts[1].isdigit():
+        words = f"GPU {what}" if parts[1] == "0" else f"GPU {parts[1]} {what}"
+        unit = " MiB" if parts[2] == "memory_mib" else ""
     if words is None:
         return f"host {field}: {old} -> {new}"
     return f"{words} {_shown(old, unit)} -> {_shown(new, unit)}"

@@ -80,3 +80,13 @@ def test_noop_build_imports_no_heavy_library(project):
     proc = subprocess.run([sys.executable, "-c", code], cwd=project.root, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_fingerprint_prints_and_records_this_host(project, tmp_path):
+    from optbuild.fingerprint import Fingerprint
+
+    fields = json.loads(project.cli("fingerprint", "--json").stdout)
+    assert fields["os.name"] == "Linux" and "gpu.count" in fields
+    assert project.cli("fingerprint", "-o", str(tmp_path / "host.json")).returncode == 0
+    recorded = Fingerprint.load(tmp_path / "host.json")
+    assert recorded.get("cpu.arch") == fields["cpu.arch"]

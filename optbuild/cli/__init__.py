@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "explain": "a step's key ingredients and provenance",
     "clean": "remove build outputs (and the cache with --cache)",
     "cache": "inspect and maintain the local cache (ls, verify, gc)",
+    "fingerprint": "print this host's fingerprint (GPU, CUDA, TensorRT, CPU, OS)",
 }
 
 

@@ -1,0 +1,725 @@
+"""kind = "engine", backends "tensorrt" and "tensorrt-rtx": a TensorRT engine from an ONNX model.
+
+One implementation serves both: TensorRT (module ``tensorrt``) and TensorRT for RTX (module
+``tensorrt_rtx``) have the same builder API. They differ in what the engine is tied to:
+
+* TensorRT builds on, and for, the GPU of the build host (gpu.0 in CUDA's order): the key
+  holds that GPU as the recipe's ``fingerprint`` policy says, and building needs a GPU.
+* TensorRT-RTX compiles ahead of time with no GPU at all, for the compute capabilities named
+  in ``targets``; the RTX GPU that loads the engine specializes it just in time. Its key holds
+  the targets (parameters) and the TensorRT-RTX version, never the build host.
+
+Networks are strongly typed: precision comes from the ONNX graph (fp16 tensors, Q/DQ nodes
+for INT8). TensorRT 11 knows nothing else; with TensorRT 10, ``precision_flags`` may still ask
+for the old weakly typed FP16/INT8 builder flags.
+
+Nothing heavy is imported at module level: TensorRT is imported inside ``run``, in the worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import statistics
+import tempfile
+import time
+import typing
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from optbuild.errors import StepError
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+
+if typing.TYPE_CHECKING:
+    from optbuild.fingerprint import Fingerprint
+
+
+# --- parameters --------------------------------------------------------------------------
+class ShapeRange(BaseModel):
+    """min / opt / max shapes of one input in one optimization profile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShapeRange:
+        ranks = (len(self.min), len(self.opt), len(self.max))
+        if len(set(ranks)) != 1:
+            raise ValueError(f"min, opt and max must have the same rank, got ranks {ranks[0]}, "
+                             f"{ranks[1]} and {ranks[2]}")
+        if ranks[0] == 0:
+            raise ValueError("a shape needs at least one dimension")
+        for label, dims in (("min", self.min), ("opt", self.opt), ("max", self.max)):
+            if any(d < 1 for d in dims):
+                raise ValueError(f"dimensions must be positive, {label} is {dims}")
+        for axis, (lo, mid, hi) in enumerate(zip(self.min, self.opt, self.max)):
+            if not lo <= mid <= hi:
+                raise ValueError(f"need min <= opt <= max in every dimension; dimension {axis} "
+                                 f"has min {lo}, opt {mid}, max {hi}")
+        return self
+
+
+# One optimization profile: input name -> its shape range.
+Profile = dict[str, ShapeRange]
+
+_TRT_ONLY = ("hardware_compatibility", "version_compatible", "precision_flags", "fingerprint")
+_RTX_ONLY = ("targets",)
+
+
+class EngineParams(StepParams):
+    """Parameters both backends share."""
+
+    input: StepRef
+    # Dynamic-shape optimization profiles; required when the model has dynamic inputs
+    # (checked when the model is parsed, where its inputs are known).
+    profiles: list[Profile] = Field(default_factory=list)
+    # Builder optimization level: 0 (fast build) .. 5 (slowest build, most tactics).
+    optimization_level: int = Field(3, ge=0, le=5)
+    # Workspace memory pool limit in bytes; "1 GiB", "512MB" or an integer. None: TensorRT's.
+    workspace: int | None = None
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles_name_inputs(cls, value: list[Profile]) -> list[Profile]:
+        for index, profile in enumerate(value):
+            if not profile:
+                raise ValueError(f"profile {index} names no input")
+        return value
+
+    @field_validator("workspace", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from optbuild.store.local import parse_size
+
+            value = parse_size(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+            raise ValueError("workspace must be a positive size")
+        return value
+
+
+def _reject_foreign(data: Any, foreign: tuple[str, ...], owner: str) -> Any:
+    if isinstance(data, dict) and (keys := [k for k in foreign if k in data]):
+        raise ValueError(f"{', '.join(map(repr, keys))} only apply to backend {owner!r}")
+    return data
+
+
+class TensorRTParams(EngineParams):
+    backend: Literal["tensorrt"]
+    # Which GPUs the engine may run on besides the build GPU's kind.
+    hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = "none"
+    # Engine loadable by later TensorRT versions of the same major version.
+    version_compatible: bool = False
+    # TensorRT 10 only (weak typing): builder precision flags. TensorRT 11 has none.
+    precision_flags: list[Literal["fp16", "bf16", "int8", "fp8", "int4", "fp4"]] = Field(default_factory=list)
+    # What of the build GPU enters the key: its model and compute capability ("exact"), its
+    # compute capability, or nothing beyond the hardware-compatibility level.
+    fingerprint: Literal["exact", "compute-capability", "hardware-compatibility"] = "compute-capability"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_rtx_keys(cls, data: Any) -> Any:
+        return _reject_foreign(data, _RTX_ONLY, "tensorrt-rtx")
+
+    @field_validator("precision_flags")
+    @classmethod
+    def _canonical_flags(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _policy(self) -> TensorRTParams:
+        if self.fingerprint == "hardware-compatibility" and self.hardware_compatibility == "none":
+            raise ValueError("fingerprint = 'hardware-compatibility' needs hardware_compatibility "
+                             "'ampere+' or 'same-compute-capability' (with 'none' the engine "
+                             "is tied to the build GPU)")
+        return self
+
+
+_TARGET = re.compile(r"^(?:sm_?(\d{2,3})|(\d{1,2})\.(\d))$", re.IGNORECASE)
+
+
+def _target_number(target: str) -> int:
+    return int(target[2:])
+
+
+class TensorRTRTXParams(EngineParams):
+    backend: Literal["tensorrt-rtx"]
+    # Compute capabilities to build for: "sm86", "sm_89" or "8.6". Empty: TensorRT-RTX's
+    # default set (portable across its supported Ampere-and-later RTX GPUs). Which ones
+    # exist is checked against the installed TensorRT-RTX when the step runs.
+    targets: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_trt_keys(cls, data: Any) -> Any:
+        return _reject_foreign(data, _TRT_ONLY, "tensorrt")
+
+    @field_validator("targets")
+    @classmethod
+    def _canonical_targets(cls, value: list[str]) -> list[str]:
+        names = set()
+        for target in value:
+            match = _TARGET.match(target.strip())
+            if match is None:
+                hint = (" ('current' would tie the engine to the build host's GPU, which this key"
+                        " does not cover)" if target.strip().lower() == "current" else "")
+                raise ValueError(f"not a compute capability: {target!r} (write e.g. 'sm86' or "
+                                 f"'8.6'){hint}")
+            sm = match.group(1) or f"{match.group(2)}{match.group(3)}"
+            names.add(f"sm{int(sm)}")
+        return sorted(names, key=_target_number)
+
+
+# --- TensorRT's logger ----------------------------------------------------------------------
+# TensorRT keeps the first logger a process gives it (a later builder's logger is ignored,
+# with a warning), so each module gets one logger for the process, whose messages go to the
+# list of the build under way. Steps run one per worker process; tests build one at a time.
+_LOGGERS: dict[str, Any] = {}
+# Emitted on every first builder of TensorRT-RTX 1.7 as INTERNAL_ERROR, harmless.
+_NOISE = ("Thread context has not been set",)
+
+
+def _logger(trt: Any) -> Any:
+    if trt.__name__ not in _LOGGERS:
+
+        class CaptureLogger(trt.ILogger):
+            def __init__(self) -> None:
+                trt.ILogger.__init__(self)
+                self.messages: list[tuple[int, str]] = []
+
+            def log(self, severity: Any, msg: str) -> None:
+                if int(severity) <= int(trt.ILogger.Severity.WARNING) and not msg.startswith(_NOISE):
+                    self.messages.append((int(severity), msg))
+
+        _LOGGERS[trt.__name__] = CaptureLogger()
+    logger = _LOGGERS[trt.__name__]
+    logger.messages = []
+    return logger
+
+
+def _errors(trt: Any, logger: Any) -> list[str]:
+    limit = int(trt.ILogger.Severity.ERROR)
+    return [msg for severity, msg in logger.messages if severity <= limit]
+
+
+def _warnings(trt: Any, logger: Any) -> list[str]:
+    return [msg for severity, msg in logger.messages
+            if severity == int(trt.ILogger.Severity.WARNING)]
+
+
+def _quote(messages: list[str], limit: int = 12) -> str:
+    shown = [f"  {m}" for m in messages[:limit]]
+    if len(messages) > limit:
+        shown.append(f"  ... and {len(messages) - limit} more")
+    return "\n".join(shown)
+
+
+# --- model inputs and profiles --------------------------------------------------------------
+def _describe_inputs(inputs: list[tuple[str, tuple[int, ...]]]) -> str:
+    return ", ".join(f"{name} {list(shape)}{' (dynamic)' if any(d < 0 for d in shape) else ''}"
+                     for name, shape in inputs)
+
+
+def check_profiles(profiles: list[Profile], inputs: list[tuple[str, tuple[int, ...]]],
+                   model: str) -> None:
+    """StepError unless ``profiles`` fit the network ``inputs`` ((name, shape), -1 = dynamic)."""
+    shapes = dict(inputs)
+    real = _describe_inputs(inputs)
+    dynamic = [name for name, shape in inputs if any(d < 0 for d in shape)]
+    for index, profile in enumerate(profiles):
+        unknown = [name for name in profile if name not in shapes]
+        if unknown:
+            raise StepError(f"profile {index} names input(s) {', '.join(map(repr, unknown))}, which "
+                            f"{model} does not have; its inputs are: {real}")
+    if dynamic and not profiles:
+        example = ", ".join(f"{name} = {{ min = [...], opt = [...], max = [...] }}" for name in dynamic)
+        raise StepError(f"{model} has dynamic inputs ({_describe_inputs([(n, shapes[n]) for n in dynamic])}) "
+                        f"and the step gives no optimization profile: add profiles = [{{ {example} }}]")
+    for index, profile in enumerate(profiles):
+        missing = [name for name in dynamic if name not in profile]
+        if missing:
+            raise StepError(f"profile {index} gives no shapes for dynamic input(s) "
+                            f"{', '.join(map(repr, missing))} of {model} (inputs: {real})")
+        for name, rng in profile.items():
+            shape = shapes[name]
+            if len(rng.min) != len(shape):
+                raise StepError(f"profile {index}, input {name!r}: the model's input has rank "
+                                f"{len(shape)} {list(shape)}, the profile's shapes rank {len(rng.min)}")
+            for axis, fixed in enumerate(shape):
+                if fixed >= 0 and not rng.min[axis] == rng.opt[axis] == rng.max[axis] == fixed:
+                    raise StepError(
+                        f"profile {index}, input {name!r}: dimension {axis} is fixed at {fixed} in "
+                        f"the model, but the profile gives min {rng.min[axis]}, opt {rng.opt[axis]}, "
+                        f"max {rng.max[axis]}")
+
+
+def _parser_errors(parser: Any) -> list[str]:
+    lines = []
+    for i in range(parser.num_errors):
+        error = parser.get_error(i)
+        desc = error.desc()
+        node = error.node() if hasattr(error, "node") else -1
+        name = error.node_name() if hasattr(error, "node_name") else ""
+        op = error.node_operator() if hasattr(error, "node_operator") else ""
+        if node >= 0 or name:
+            where = f"node {name!r}" if name else f"node #{node}"
+            where += f" ({op})" if op else ""
+            lines.append(f"{where}: {desc}")
+        else:
+            lines.append(desc)
+    return lines
+
+
+# --- persistent state -------------------------------------------------------------------------
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_") or "unknown"
+
+
+def timing_cache_file(state_dir: Path, backend: str, version: str, device: str) -> Path:
+    """Where the timing cache of ``backend`` ``version`` for ``device`` lives."""
+    return Path(state_dir) / "tensorrt-timing" / f"{_slug(backend)}-{_slug(version)}-{_slug(device)}.cache"
+
+
+def write_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` (bytes or a buffer) to ``path``: temp file in the same folder + os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cache_entries(cache: Any) -> int | None:
+    try:
+        return len(cache.queryKeys())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+# --- the step ---------------------------------------------------------------------------------
+class _TensorRTBase(Step):
+    """Builds ``model.engine`` from the ONNX primary output of the step named by ``input``."""
+
+    version = "1"
+    primary_output = "model.engine"
+    # The Python module and how to get it; set by the two backends below.
+    module: ClassVar[str]
+    label: ClassVar[str]
+    extra: ClassVar[str]
+    backend: ClassVar[str]
+
+    # --- what the key covers -------------------------------------------------------------
+    def tool_names(self) -> tuple[str, ...]:
+        from optbuild.fingerprint import DISTRIBUTIONS, installed_distribution
+
+        distribution, _ = installed_distribution(self.module)
+        return (distribution or DISTRIBUTIONS[self.module][-1],)
+
+    def _module_missing(self) -> str | None:
+        try:
+            found = importlib.util.find_spec(self.module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return f"{self.label}'s Python module {self.module!r} (pip install 'optbuild[{self.extra}]')"
+        return None
+
+    # --- execution -----------------------------------------------------------------------
+    def run(self, ctx: StepContext) -> None:
+        model = self._model(ctx)
+        trt = importlib.import_module(self.module)
+        version = str(trt.__version__)
+        self._check_api(trt, version)
+        logger = _logger(trt)
+        builder = trt.Builder(logger)
+        network = builder.create_network(self._network_flags(trt))
+        parser = trt.OnnxParser(network, logger)
+        self._configure_parser(trt, parser)
+        if not parser.parse_from_file(str(model)):
+            raise StepError(f"{self.label} {version} cannot parse {model.name}:\n"
+                            + _quote(_parser_errors(parser) or _errors(trt, logger)))
+        if network.num_outputs == 0:  # protobuf reads some junk as an empty ModelProto
+            raise StepError(f"{self.label} {version} read {model.name} as a model with no graph "
+                            "outputs: not an ONNX model, or an empty one")
+        inputs = [(t.name, tuple(t.shape)) for t in (network.get_input(i) for i in range(network.num_inputs))]
+        outputs = [(t.name, tuple(t.shape)) for t in (network.get_output(i) for i in range(network.num_outputs))]
+        check_profiles(list(self.params.profiles), inputs, model.name)
+
+        config = builder.create_builder_config()
+        config.builder_optimization_level = self.params.optimization_level
+        if self.params.workspace is not None:
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.params.workspace)
+        self._configure(trt, config, ctx)
+        for index, profile in enumerate(self.params.profiles):
+            trt_profile = builder.create_optimization_profile()
+            for name, rng in profile.items():
+                trt_profile.set_shape(name, rng.min, rng.opt, rng.max)
+            if config.add_optimization_profile(trt_profile) < 0:
+                raise StepError(f"{self.label} rejected profile {index}:\n" + _quote(_errors(trt, logger)))
+        cache = self._load_timing_cache(trt, config, ctx, version)
+
+        started = time.perf_counter()
+        plan = builder.build_serialized_network(network, config)
+        build_s = time.perf_counter() - started
+        for message in _warnings(trt, logger):
+            ctx.log(f"{self.label}: {message}")
+        if plan is None:
+            errors = _errors(trt, logger) or ["(no error message; run with a verbose logger)"]
+            raise StepError(f"{self.label} {version} could not build an engine from {model.name}:\n"
+                            + _quote(errors))
+        engine_path = ctx.out_dir / "model.engine"
+        engine_path.write_bytes(plan)
+        self._write_manifest(ctx, version, inputs, outputs)
+        ctx.metrics["build_s"] = round(build_s, 3)
+        ctx.metrics["engine_bytes"] = engine_path.stat().st_size
+        self._save_timing_cache(trt, config, cache, ctx)
+        ctx.log(f"{self.label} {version}: {model.name} -> model.engine "
+                f"({ctx.metrics['engine_bytes']} bytes) in {build_s:.2f} s")
+        self._maybe_infer(ctx, trt, logger, plan)
+
+    def _model(self, ctx: StepContext) -> Path:
+        artifact = ctx.inputs.get("input")
+        if artifact is None or artifact.primary is None:
+            raise StepError(f"step {self.params.input!r} has no primary output to build an engine from")
+        if artifact.primary.suffix != ".onnx":
+            raise StepError(f"an engine is built from an ONNX model, but step {artifact.step!r} "
+                            f"produces {artifact.primary.name}")
+        return artifact.primary
+
+    def _network_flags(self, trt: Any) -> int:
+        strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+        if strongly_typed is None or getattr(self.params, "precision_flags", None):
+            return 0
+        return 1 << int(strongly_typed)
+
+    def _check_api(self, trt: Any, version: str) -> None:
+        """Before any work: what the recipe asks of the installed TensorRT exists."""
+
+    def _configure_parser(self, trt: Any, parser: Any) -> None:
+        pass
+
+    def _configure(self, trt: Any, config: Any, ctx: StepContext) -> None:
+        raise NotImplementedError
+
+    def _timing_device(self, ctx: StepContext) -> str | None:
+        """What the timing cache is specific to besides backend and version; None: no cache."""
+        return None
+
+    def _load_timing_cache(self, trt: Any, config: Any, ctx: StepContext, version: str) -> Any:
+        device = self._timing_device(ctx)
+        if device is None or ctx.state_dir is None:
+            ctx.metrics.setdefault("timing_cache", "disabled")
+            return None
+        path = timing_cache_file(ctx.state_dir, self.backend, version, device)
+        data = path.read_bytes() if path.is_file() else b""
+        try:
+            cache = config.create_timing_cache(data)
+            usable = cache is not None and config.set_timing_cache(cache, False)
+        except Exception:  # noqa: BLE001 - a damaged file; TensorRT's error types vary
+            usable = False
+        if not usable:
+            ctx.log(f"timing cache {path.name} is unusable for this build; starting a new one")
+            data, cache = b"", config.create_timing_cache(b"")
+            config.set_timing_cache(cache, False)
+        # The cache object must outlive the build: it travels in the returned state.
+        return {"cache": cache, "path": path, "loaded": len(data), "entries": _cache_entries(cache)}
+
+    def _save_timing_cache(self, trt: Any, config: Any, state: Any, ctx: StepContext) -> None:
+        if state is None:
+            return
+        cache, path = state["cache"], state["path"]
+        after_entries = _cache_entries(cache)
+        serialized = bytes(memoryview(cache.serialize()))
+        if not state["loaded"]:
+            status = "miss"
+        elif after_entries is not None and state["entries"] is not None:
+            status = "hit" if after_entries == state["entries"] else "partial"
+        else:
+            status = "hit" if len(serialized) == state["loaded"] else "partial"
+        ctx.metrics["timing_cache"] = status
+        ctx.metrics["timing_cache_hit"] = status == "hit"
+        if after_entries is not None:
+            ctx.metrics["timing_cache_entries"] = after_entries
+        if status != "hit":
+            # Merge what a concurrent build may have written meanwhile, then replace atomically.
+            if path.is_file():
+                try:
+                    other = config.create_timing_cache(path.read_bytes())
+                    cache.combine(other, False)
+                    serialized = bytes(memoryview(cache.serialize()))
+                except Exception as exc:  # noqa: BLE001 - a foreign or damaged file: ours replaces it
+                    ctx.log(f"timing cache {path.name} not merged: {exc}")
+            write_atomic(path, serialized)
+        ctx.metrics["timing_cache_bytes"] = len(serialized)
+
+    def _write_manifest(self, ctx: StepContext, version: str, inputs: list, outputs: list) -> None:
+        import json
+
+        manifest = {
+            "backend": self.backend,
+            "tensorrt_version": version,
+            "inputs": [{"name": n, "shape": list(s)} for n, s in inputs],
+            "outputs": [{"name": n, "shape": list(s)} for n, s in outputs],
+            "profiles": [{name: rng.model_dump() for name, rng in p.items()} for p in self.params.profiles],
+            **self._manifest_extra(),
+        }
+        (ctx.out_dir / "engine.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+    def _manifest_extra(self) -> dict[str, Any]:
+        return {}
+
+    # --- an inference check, where a suitable GPU is present ------------------------------
+    def _no_run_reason(self, host: Fingerprint) -> str | None:
+        if not host.get("gpu.count"):
+            return host.get("gpu.error") or "no NVIDIA GPU"
+        return None
+
+    def _maybe_infer(self, ctx: StepContext, trt: Any, logger: Any, plan: Any) -> None:
+        # The fingerprint first: a TensorRT runtime created without a GPU can segfault.
+        reason = self._no_run_reason(ctx.host)
+        if reason is None:
+            try:
+                from cuda.bindings import runtime as cudart
+            except ImportError:
+                try:
+                    from cuda import cudart  # cuda-python before 12.6
+                except ImportError:
+                    cudart = None
+            if cudart is None:
+                reason = f"cuda-python is not installed (pip install 'optbuild[{self.extra}]')"
+        if reason is not None:
+            ctx.metrics["inference"] = f"skipped: {reason}"
+            ctx.log(f"inference check skipped: {reason}")
+            return
+        runtime = trt.Runtime(logger)
+        if hasattr(runtime, "get_engine_validity"):
+            validity, diagnostics = runtime.get_engine_validity(plan)
+            if validity == trt.EngineValidity.INVALID:
+                ctx.metrics["inference"] = (f"skipped: the engine is not valid on gpu.0 "
+                                            f"({_diagnostics(trt, diagnostics)})")
+                ctx.log(f"inference check {ctx.metrics['inference']}")
+                return
+        engine = runtime.deserialize_cuda_engine(plan)
+        if engine is None:
+            raise StepError(f"the new engine does not load on gpu.0 ({ctx.host.get('gpu.0.name')}):\n"
+                            + _quote(_errors(trt, logger)))
+        figures = _infer(trt, engine, cudart)
+        if "skipped" in figures:
+            ctx.metrics["inference"] = f"skipped: {figures['skipped']}"
+            ctx.log(f"inference check {ctx.metrics['inference']}")
+            return
+        ctx.metrics.update(figures)
+        ctx.metrics["inference"] = "ok"
+        ctx.log(f"inference on gpu.0: {figures['latency_ms']:.3f} ms (first run "
+                f"{figures['first_run_ms']:.1f} ms)")
+
+
+def _diagnostics(trt: Any, bits: Any) -> str:
+    """Names of the EngineInvalidityDiagnostics flags set in ``bits``."""
+    flags = getattr(trt, "EngineInvalidityDiagnostics", None)
+    members = getattr(flags, "__members__", {})
+    names = [name.lower().replace("_", " ") for name, m in members.items() if int(bits) & int(m)]
+    return ", ".join(names) or f"diagnostics {int(bits)}"
+
+
+def _cuda_check(result: Any, what: str) -> Any:
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise StepError(f"CUDA {what} failed: {err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _infer(trt: Any, engine: Any, cudart: Any, runs: int = 10) -> dict[str, Any]:
+    """Run the engine on random data at each input's opt shape (profile 0); time it."""
+    import numpy as np
+
+    context = engine.create_execution_context()
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+    for name in names:
+        if is_input[name]:
+            shape = tuple(engine.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                shape = tuple(engine.get_tensor_profile_shape(name, 0)[1])
+            context.set_input_shape(name, shape)
+    stream = _cuda_check(cudart.cudaStreamCreate(), "cudaStreamCreate")
+    buffers = []
+    rng = np.random.default_rng(0)
+    try:
+        for name in names:
+            shape = tuple(context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                return {"skipped": f"the shape of {name!r} depends on data"}
+            try:
+                dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
+            except (TypeError, KeyError):
+                return {"skipped": f"no numpy type for {engine.get_tensor_dtype(name)}"}
+            nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+            pointer = _cuda_check(cudart.cudaMalloc(nbytes), "cudaMalloc")
+            buffers.append(pointer)
+            if is_input[name]:
+                data = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
+                host = np.ascontiguousarray(data)
+                _cuda_check(cudart.cudaMemcpy(pointer, host.ctypes.data, host.nbytes,
+                                              cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
+            context.set_tensor_address(name, int(pointer))
+        times = []
+        for _ in range(runs + 1):
+            started = time.perf_counter()
+            if not context.execute_async_v3(int(stream)):
+                raise StepError("the engine failed to run (execute_async_v3 returned False)")
+            _cuda_check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+            times.append((time.perf_counter() - started) * 1000)
+        return {"first_run_ms": round(times[0], 3), "latency_ms": round(statistics.median(times[1:]), 4)}
+    finally:
+        for pointer in buffers:
+            cudart.cudaFree(pointer)
+        cudart.cudaStreamDestroy(stream)
+
+
+_HW_LEVELS = {"ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
+
+
+class TensorRTEngine(_TensorRTBase):
+    """TensorRT (10.x, 11.x): builds on and for this host's GPU; needs an NVIDIA GPU."""
+
+    kind = "engine/tensorrt"
+    Params = TensorRTParams
+    module = "tensorrt"
+    label = "TensorRT"
+    extra = "gpu"
+    backend = "tensorrt"
+
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        policy, level = self.params.fingerprint, self.params.hardware_compatibility
+        if policy == "exact":
+            fields: tuple[str, ...] = ("gpu.0.name", "gpu.0.compute_capability")
+        elif policy == "compute-capability" or level == "same-compute-capability":
+            fields = ("gpu.0.compute_capability",)
+        else:  # hardware-compatibility, ampere+: the level is in the params already
+            fields = ()
+        return {name: host.get(name) for name in fields}
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        needs = []
+        if not host.get("gpu.count"):
+            error = str(host.get("gpu.error") or "none found")
+            if error.startswith("no NVIDIA GPU (") and error.endswith(")"):
+                error = error[len("no NVIDIA GPU ("):-1]
+            needs.append(f"an NVIDIA GPU to build on (here: {error}; backend 'tensorrt-rtx' "
+                         "builds without one)")
+        elif self.params.hardware_compatibility == "ampere+":
+            cc = host.get("gpu.0.compute_capability")
+            if cc and float(cc) < 8.0:
+                needs.append(f"an Ampere or newer GPU for hardware_compatibility = 'ampere+' "
+                             f"(gpu.0 is {host.get('gpu.0.name')}, compute capability {cc})")
+        if (missing := self._module_missing()) is not None:
+            needs.append(missing)
+        return "needs " + " and ".join(needs) if needs else None
+
+    def _check_api(self, trt: Any, version: str) -> None:
+        flags = self.params.precision_flags
+        major = int(version.split(".")[0])
+        absent = [f for f in flags if getattr(trt.BuilderFlag, f.upper(), None) is None]
+        if flags and (major >= 11 or absent):
+            raise StepError(
+                f"TensorRT {version} builds strongly typed networks only: precision_flags "
+                f"{flags} do not exist there. Put the precision in the ONNX graph (fp16 tensors "
+                "for FP16, QuantizeLinear/DequantizeLinear nodes for INT8) and leave "
+                "precision_flags empty.")
+        level = _HW_LEVELS.get(self.params.hardware_compatibility)
+        if level and getattr(getattr(trt, "HardwareCompatibilityLevel", None), level, None) is None:
+            raise StepError(f"TensorRT {version} has no hardware compatibility level {level}")
+
+    def _configure_parser(self, trt: Any, parser: Any) -> None:
+        # Version-compatible engines may not embed the InstanceNormalization plugin.
+        native = getattr(getattr(trt, "OnnxParserFlag", None), "NATIVE_INSTANCENORM", None)
+        if self.params.version_compatible and native is not None:
+            parser.set_flag(native)
+
+    def _configure(self, trt: Any, config: Any, ctx: StepContext) -> None:
+        for flag in self.params.precision_flags:
+            config.set_flag(getattr(trt.BuilderFlag, flag.upper()))
+        if (level := _HW_LEVELS.get(self.params.hardware_compatibility)) is not None:
+            config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
+        if self.params.version_compatible:
+            config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+
+    def _timing_device(self, ctx: StepContext) -> str | None:
+        name = ctx.host.get("gpu.0.name") or "unknown-gpu"
+        cc = str(ctx.host.get("gpu.0.compute_capability") or "").replace(".", "")
+        return f"{name}-sm{cc}"
+
+    def _manifest_extra(self) -> dict[str, Any]:
+        return {"hardware_compatibility": self.params.hardware_compatibility,
+                "version_compatible": self.params.version_compatible}
+
+
+class TensorRTRTXEngine(_TensorRTBase):
+    """TensorRT for RTX: compiles ahead of time, with no GPU, for the named compute capabilities."""
+
+    kind = "engine/tensorrt-rtx"
+    Params = TensorRTRTXParams
+    module = "tensorrt_rtx"
+    label = "TensorRT-RTX"
+    extra = "rtx"
+    backend = "tensorrt-rtx"
+
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        return {}  # the targets (parameters) replace the build host's GPU
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        missing = self._module_missing()
+        return f"needs {missing}" if missing else None
+
+    def _offered_targets(self, trt: Any) -> dict[str, Any]:
+        return {name.lower(): member for name, member in trt.ComputeCapability.__members__.items()
+                if re.fullmatch(r"SM\d+", name)}
+
+    def _check_api(self, trt: Any, version: str) -> None:
+        offered = self._offered_targets(trt)
+        unknown = [t for t in self.params.targets if t not in offered]
+        if unknown:
+            raise StepError(f"TensorRT-RTX {version} cannot build for {', '.join(unknown)}; it "
+                            f"offers {', '.join(sorted(offered, key=_target_number))}")
+
+    def _configure(self, trt: Any, config: Any, ctx: StepContext) -> None:
+        # No timing cache: in TensorRT-RTX the ITimingCache API is a deprecated no-op (1.2+)
+        # that does not change the engine, and using it makes the ahead-of-time build look
+        # for a GPU. Its run-time counterpart (the runtime cache of JIT kernels) belongs to
+        # whoever loads the engine on an RTX GPU. Hardware compatibility levels do not exist
+        # either: the targets are the portability.
+        ctx.metrics["timing_cache"] = "unsupported"
+        targets = self.params.targets
+        if targets:
+            offered = self._offered_targets(trt)
+            config.num_compute_capabilities = len(targets)
+            for index, target in enumerate(targets):
+                if not config.set_compute_capability(offered[target], index):
+                    raise StepError(f"TensorRT-RTX refused target {target}")
+
+    def _manifest_extra(self) -> dict[str, Any]:
+        return {"targets": list(self.params.targets) or "default"}
+
+    def _no_run_reason(self, host: Fingerprint) -> str | None:
+        if (reason := super()._no_run_reason(host)) is not None:
+            return reason
+        cc = str(host.get("gpu.0.compute_capability") or "")
+        sm = "sm" + cc.replace(".", "")
+        if self.params.targets and sm not in self.params.targets:
+            return (f"gpu.0 ({host.get('gpu.0.name')}, compute capability {cc}) is not among the "
+                    f"targets {', '.join(self.params.targets)}")
+        return None
