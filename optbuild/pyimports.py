@@ -2,6 +2,17 @@
 
 The export key covers these files, so editing a model class in an imported module
 rebuilds the export (a cache keyed on the entry file alone would reuse a stale model).
+
+What is found (conservatively: an import that may never run still counts):
+- ``import a.b`` -> ``a/__init__.py``, ``a/b.py``; ``from a import b`` -> ``a``'s file and
+  ``a/b.py`` when ``b`` is a submodule; relative imports (``from . import x``,
+  ``from ..pkg import y``) against the importing file's package;
+  ``importlib.import_module("a.b")`` / ``__import__("a")`` with a literal name.
+- imports anywhere in a file (inside functions, ``try``, ``if TYPE_CHECKING``).
+Absolute imports resolve against the entry's own directory (first on ``sys.path`` when the
+export runs it) and then the project root. Files outside the root (stdlib, site-packages,
+other checkouts) are not ours to track. Not found: names built at run time
+(``import_module(f"models.{name}")``): list such files in the step's ``extra_files``.
 """
 
 from __future__ import annotations
@@ -10,69 +21,103 @@ import ast
 from pathlib import Path
 
 
-def _candidates(module: str, base: Path) -> list[Path]:
-    parts = module.split(".") if module else []
-    target = base.joinpath(*parts)
-    return [target.with_suffix(".py") if parts else base / "__init__.py", target / "__init__.py"]
+def _resolve(parts: list[str], base: Path) -> tuple[list[Path], Path | None] | None:
+    """Files run by importing the dotted module ``parts`` from the directory ``base``, and
+    the package directory it names (None for a plain module); None if ``base`` lacks it.
+
+    Mirrors one sys.path entry's finder: a regular package (dir with ``__init__.py``) wins
+    over ``name.py``, which wins over a namespace package (a dir without ``__init__.py``).
+    """
+    files: list[Path] = []
+    current = base
+    for i, part in enumerate(parts):
+        directory, module = current / part, current / f"{part}.py"
+        if (directory / "__init__.py").is_file():
+            files.append(directory / "__init__.py")
+            current = directory
+        elif module.is_file():
+            files.append(module)
+            return files, None  # a module has no submodules: the rest cannot import
+        elif directory.is_dir():
+            current = directory  # namespace package: no file of its own
+        else:
+            return None if i == 0 else (files, None)
+    return files, current
+
+
+def _absolute(module: str, roots: list[Path]) -> tuple[list[Path], Path | None]:
+    parts = module.split(".")
+    for base in roots:
+        if (found := _resolve(parts, base)) is not None:
+            return found
+    return [], None
+
+
+def _literal_import(node: ast.Call) -> str | None:
+    """The module of ``importlib.import_module("x")`` / ``__import__("x")``, if a literal."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in ("import_module", "__import__") or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value and not arg.value.startswith("."):
+        return arg.value
+    return None
 
 
 def _imported(path: Path, roots: list[Path]) -> list[Path]:
+    """The local files ``path`` imports directly, in source order (may repeat)."""
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (SyntaxError, ValueError):
-        return []
+    except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
+        return []  # the file itself still keys the step; nothing inside it can be followed
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom, ast.Call))]
+    nodes.sort(key=lambda n: (n.lineno, n.col_offset))
     found: list[Path] = []
-
-    def add(module: str, base_dirs: list[Path], names: list[str]) -> None:
-        for base in base_dirs:
-            parts = module.split(".") if module else []
-            # each package on the way contributes its __init__.py
-            for i in range(1, len(parts)):
-                init = base.joinpath(*parts[:i]) / "__init__.py"
-                if init.is_file():
-                    found.append(init)
-            hits = [c for c in _candidates(module, base) if c.is_file()]
-            found.extend(hits[:1])
-            for name in names:  # `from pkg import submodule`
-                sub = base.joinpath(*parts, name)
-                for candidate in (sub.with_suffix(".py"), sub / "__init__.py"):
-                    if candidate.is_file():
-                        found.append(candidate)
-                        break
-            if hits:
-                return
-
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                add(alias.name, roots, [])
-        elif isinstance(node, ast.ImportFrom):
-            names = [a.name for a in node.names if a.name != "*"]
+                found.extend(_absolute(alias.name, roots)[0])
+        elif isinstance(node, ast.Call):
+            if (module := _literal_import(node)) is not None:
+                found.extend(_absolute(module, roots)[0])
+        else:
             if node.level:
-                base = path.parent
+                package = path.parent
                 for _ in range(node.level - 1):
-                    base = base.parent
-                add(node.module or "", [base], names)
+                    package = package.parent
+                init = package / "__init__.py"
+                files, directory = ([init] if init.is_file() else []), package
+                if node.module:
+                    resolved = _resolve(node.module.split("."), package)
+                    inner, directory = resolved if resolved is not None else ([], None)
+                    files += inner
             else:
-                add(node.module or "", roots, names)
+                files, directory = _absolute(node.module or "", roots)
+            found.extend(files)
+            if directory is not None:  # `from pkg import name`: name may be a submodule
+                for alias in node.names:
+                    if alias.name != "*" and (sub := _resolve([alias.name], directory)) is not None:
+                        found.extend(sub[0])
     return found
 
 
 def local_imports(entry: Path, root: Path) -> list[Path]:
-    """Project-local files imported by ``entry``, transitively, in discovery order.
-
-    Modules resolve against the entry's own directory (it is put first on sys.path when
-    the callable runs) and ``root``; anything outside ``root`` is not ours to track.
+    """Project-local ``.py`` files that ``entry`` imports, transitively: absolute paths,
+    in order of discovery (breadth first, source order within a file), each once, without
+    ``entry`` itself. Cycles are harmless. Files with syntax errors are listed but not read
+    further.
     """
     entry, root = entry.resolve(), root.resolve()
-    roots = [entry.parent, root]
+    roots = [entry.parent, root] if entry.parent != root else [root]
     seen: dict[Path, None] = {}
-    stack = [entry]
-    while stack:
-        current = stack.pop()
+    queue = [entry]
+    while queue:
+        current = queue.pop(0)
         for path in _imported(current, roots):
             path = path.resolve()
-            if path != entry and path not in seen and path.is_relative_to(root):
-                seen[path] = None
-                stack.append(path)
+            if path == entry or path in seen or not path.is_relative_to(root):
+                continue
+            seen[path] = None
+            queue.append(path)
     return list(seen)

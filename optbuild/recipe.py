@@ -172,7 +172,7 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
     except (ImportError, AttributeError, TypeError, SyntaxError, OSError) as exc:
         problems.append(doc.problem((*loc, "kind"), f"step kind {kind!r} ({target}) cannot load: {exc}"))
         return None
-    params_raw = {k: v for k, v in raw.items() if k != "kind" and not (k == "backend" and not choices)}
+    params_raw = {k: v for k, v in raw.items() if k != "kind"}
     try:
         params = cls.Params.model_validate(params_raw)
     except ValidationError as exc:

@@ -20,7 +20,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q, k, v = self.qkv(x).reshape(batch, seq, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).reshape(batch, seq, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
         weights = torch.softmax(q @ k.transpose(-2, -1) / (DIM // HEADS) ** 0.5, dim=-1)
         return self.out((weights @ v).transpose(1, 2).reshape(batch, seq, DIM))
 

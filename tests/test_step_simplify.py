@@ -1,0 +1,184 @@
+"""kind = "simplify": onnxsim / onnxslim on real exports, every rewrite checked numerically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest_steps import INPUT_NAME, RECIPES, artifact, context, exported_example, recipe_step
+from pydantic import ValidationError
+
+from optbuild.errors import StepError
+from optbuild.steps.simplify import Simplify, SimplifyParams, literal_session
+
+
+def simplify(tmp_path: Path, model: Path, out: str = "out", **params):
+    step = Simplify(SimplifyParams.model_validate({"input": "export", **params}), RECIPES, RECIPES)
+    ctx = context(tmp_path / out, RECIPES, inputs={"input": artifact(model)}, step_id="r:simplify")
+    step.run(ctx)
+    return ctx
+
+
+def ort_run(model: Path, feeds: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def example_feeds(name: str, batch: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(batch)
+    if name == "cnn":
+        return {"image": rng.standard_normal((batch, 3, 64, 64)).astype(np.float32)}
+    return {"tokens": rng.integers(0, 1000, (batch, 32)).astype(np.int64)}
+
+
+@pytest.mark.parametrize(("name", "backend"), [("cnn", "onnxsim"), ("transformer", "onnxsim"),
+                                               ("transformer", "onnxslim")])
+def test_simplified_examples_agree_with_their_exports_and_stay_dynamic(name, backend, tmp_path, tmp_path_factory):
+    import onnx
+
+    source = exported_example(name, tmp_path_factory).out_dir / "model.onnx"
+    ctx = simplify(tmp_path, source, backend=backend)
+    out = ctx.out_dir / "model.onnx"
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model)
+    assert [p.name for p in ctx.out_dir.iterdir()] == ["model.onnx"]
+    m = ctx.metrics
+    assert m["backend"] == backend and m["checks"] == 3 and m["max_rel_error"] <= 1e-4
+    assert m["nodes_before"] == len(onnx.load(str(source)).graph.node)
+    assert m["nodes_after"] == len(model.graph.node)
+    if name == "transformer":  # the traced shape arithmetic folds away
+        assert m["nodes_after"] < m["nodes_before"] * 0.6
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    for batch in (1, 3):
+        feeds = example_feeds(name, batch)
+        (expected,), (got,) = ort_run(source, feeds), ort_run(out, feeds)
+        assert got.shape == expected.shape and got.shape[0] == batch
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    json.dumps(m)
+
+
+def test_only_the_chosen_backend_enters_the_key():
+    a = Simplify(SimplifyParams(input="export"), RECIPES, RECIPES)
+    b = Simplify(SimplifyParams(input="export", backend="onnxslim"), RECIPES, RECIPES)
+    assert a.tool_names() == ("onnx", "onnxruntime", "onnxsim")
+    assert b.tool_names() == ("onnx", "onnxruntime", "onnxslim")
+    assert a.step_refs() == {"input": "export"}
+    assert a.key_files() == []
+
+
+def test_the_recipes_validate():
+    assert SimplifyParams.model_validate(recipe_step("cnn", "simplify")).backend == "onnxsim"
+    assert SimplifyParams.model_validate(recipe_step("transformer", "simplify")).backend == "onnxslim"
+
+
+def test_check_zero_disables_the_numeric_check(tmp_path, tmp_path_factory):
+    source = exported_example("cnn", tmp_path_factory).out_dir / "model.onnx"
+    ctx = simplify(tmp_path, source, backend="onnxslim", check=0)
+    assert ctx.metrics["checks"] == 0 and "max_rel_error" not in ctx.metrics
+
+
+def conv_bn_model(path: Path) -> Path:
+    """Conv + BatchNormalization with random statistics: both backends fold BN into the
+    conv, which changes the float rounding a little (about 1e-7 relative)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((8, 3, 3, 3)), "s": rng.standard_normal(8), "b": rng.standard_normal(8),
+              "m": rng.standard_normal(8), "v": rng.random(8) + 0.5}
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"])], "convbn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 16, 16])],
+        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("backend", ["onnxsim", "onnxslim"])
+def test_a_rewrite_beyond_the_tolerance_fails_with_the_figures(tmp_path, backend):
+    source = conv_bn_model(tmp_path / "convbn.onnx")
+    ctx = simplify(tmp_path, source, backend=backend)
+    assert (ctx.metrics["nodes_before"], ctx.metrics["nodes_after"]) == (2, 1)
+    assert 0 < ctx.metrics["max_rel_error"] < 1e-4
+    with pytest.raises(StepError, match=rf"{backend} changed the outputs of r:export \(random inputs, seed 0, "
+                                        r"symbolic dims = 1\): max relative error [0-9.e-]+ > tolerance 1e-12 "
+                                        r"\(output 'y', max abs error [0-9.e-]+\)"):
+        simplify(tmp_path, source, out="strict", backend=backend, tolerance=1e-12)
+
+
+def wrong_annotation_model(path: Path) -> Path:
+    """y = Relu(x) + ones(shape(Relu(x))), whose intermediate value_info wrongly claims a
+    static [2, 3]: the kind of bad annotation that made onnxslim change a model's shape."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Shape", ["t"], ["s"]),
+         helper.make_node("ConstantOfShape", ["s"], ["z"],
+                          value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])),
+         helper.make_node("Add", ["t", "z"], ["y"])], "wrong",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        value_info=[helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_onnxsim_folding_a_wrong_annotation_is_caught_by_the_check(tmp_path):
+    source = wrong_annotation_model(tmp_path / "wrong.onnx")
+    # run as written, the input model is right at batch 1 (ORT's own optimizer would trust
+    # the annotation too, which is why the check runs both models unoptimized)
+    (y,) = literal_session(source).run(None, {"x": np.ones((1, 3), np.float32)})
+    assert y.shape == (1, 3)
+    assert ort_run(source, {"x": np.ones((1, 3), np.float32)})[0].shape == (2, 3)
+    with pytest.raises(StepError, match=r"onnxsim changed the outputs of r:export .*symbolic dims = 1\): "
+                                        r"output 'y' has shape \(2, 3\), expected \(1, 3\)"):
+        simplify(tmp_path, source, backend="onnxsim")
+
+
+def test_onnxslim_changing_the_input_shape_is_caught(tmp_path):
+    source = wrong_annotation_model(tmp_path / "wrong.onnx")
+    with pytest.raises(StepError, match=r"onnxslim changed the declared input shapes of r:export: "
+                                        r"\{'x': \['batch', 3\]\} -> \{'x': \[2, 3\]\}"):
+        simplify(tmp_path, source, backend="onnxslim")
+
+
+def test_a_missing_or_unreadable_input_model_is_an_error(tmp_path):
+    step = Simplify(SimplifyParams(input="export"), RECIPES, RECIPES)
+    with pytest.raises(StepError, match="input 'export' provides no ONNX model"):
+        step.run(context(tmp_path / "out", RECIPES, inputs={}))
+    (tmp_path / "bad.onnx").write_bytes(b"garbage")
+    with pytest.raises(StepError, match=r"cannot read the model of r:export"):
+        simplify(tmp_path, tmp_path / "bad.onnx", out="o2")
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"input": "export", "backend": "onnxoptimizer"}, "'onnxsim' or 'onnxslim'"),
+    ({"input": "export", "check": -1}, "greater than or equal to 0"),
+    ({"input": "export", "tolerance": 0}, "greater than 0"),
+    ({"input": "a:b:c"}, "expected 'step' or 'recipe:step'"),
+    ({}, "Field required"),
+    ({"input": "export", "checks": 3}, "Extra inputs are not permitted"),
+])
+def test_invalid_params_are_validation_errors(params, message):
+    with pytest.raises(ValidationError, match=message):
+        SimplifyParams.model_validate(params)
+
+
+def test_a_recipes_backend_reaches_the_simplify_step():
+    from optbuild.recipe import load_project
+
+    project = load_project(RECIPES)
+    steps = {spec.id: spec for spec in project.steps.values()}
+    assert steps["transformer:simplify"].step.params.backend == "onnxslim"
+
+
+def test_example_feeds_cover_the_examples():
+    assert set(INPUT_NAME.values()) == {next(iter(example_feeds(n, 1))) for n in INPUT_NAME}
