@@ -1,0 +1,397 @@
+"""Sample inputs for the calibrate and verify steps, and the onnxruntime helpers they share.
+
+A data source (the ``data`` parameter) is one of three forms, told apart by its spelling:
+
+``path/to/file.npz``
+    One array per model input, stored under the input's name.
+``path/to/folder``
+    ``<input name>.npy`` per input (same meaning as an .npz entry), or a sub-folder
+    ``<input name>/`` holding one ``.npy`` file per sample, taken in file-name order.
+``path/to/file.py:callable``
+    ``callable(**data_args)`` returns an iterable of feed dicts (input name -> array); it
+    may be infinite when ``samples`` bounds it. The file and the project-local modules it
+    imports enter the key, like an export's model callable.
+
+Stacked arrays (an .npz entry, ``<name>.npy``) hold many samples: with one axis more than
+the model input, axis 0 enumerates samples; with the model input's rank, axis 0 is the
+batch axis and is cut into samples of one row (of B rows when the model fixes batch B).
+A single sample (a sub-folder file, a value yielded by a callable) has the model input's
+rank, or one axis less, in which case a batch axis of 1 is added.
+
+Every sample is checked against the model's declared inputs before anything runs: a
+missing or unknown input name, a wrong dtype (no silent casts: float64 is not float32),
+a wrong rank or a wrong static dimension, an empty set, or inputs with different sample
+counts each raise a StepError that names the input and its expected dtype and shape.
+
+numpy and onnxruntime are imported inside the functions: step modules import this module
+when a recipe is validated, where nothing heavy may load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optbuild.errors import StepError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Scalars a recipe may pass to a data callable as keyword arguments.
+DataArg = str | int | float | bool
+
+_ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16", "tensor(int64)": "int64", "tensor(int32)": "int32",
+    "tensor(int16)": "int16", "tensor(int8)": "int8", "tensor(uint64)": "uint64",
+    "tensor(uint32)": "uint32", "tensor(uint16)": "uint16", "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool", "tensor(string)": "str",
+}
+
+
+# --- the ``data`` parameter (validated when the recipe loads) -----------------------------
+def check_data_source(value: str) -> str:
+    """Pydantic validator of a ``data`` parameter: .npz, folder or file.py:callable."""
+    value = value.strip()
+    if not value:
+        raise ValueError("expected 'file.npz', 'folder' or 'file.py:callable', got an empty string")
+    if ".py:" in value:
+        path, _, attr = value.rpartition(":")
+        if not path.endswith(".py") or not attr.replace(".", "_").isidentifier():
+            raise ValueError(f"expected 'path/to/file.py:callable', got {value!r}")
+        return value
+    lowered = value.lower()
+    if lowered.endswith(".py"):
+        raise ValueError(f"{value!r} names a Python file but no callable: write '{value}:function'")
+    if lowered.endswith(".npy"):
+        raise ValueError(f"{value!r} is a single .npy file: put one '<input name>.npy' per input "
+                         "in a folder and name the folder, or use an .npz file")
+    if lowered.endswith((".onnx", ".json", ".pt", ".pth", ".pkl", ".txt", ".csv")):
+        raise ValueError(f"{value!r} is not calibration data: expected 'file.npz', a folder "
+                         "of .npy files, or 'file.py:callable'")
+    return value
+
+
+def non_default(params: Any, names: tuple[str, ...] | list[str]) -> list[str]:
+    """Which of ``names`` hold a value other than their default.
+
+    (Not ``model_fields_set``: the worker re-validates every param from a full dump, so a
+    cross-field check must not depend on which keys the recipe spelled out.)
+    """
+    fields = type(params).model_fields
+    return [n for n in names if getattr(params, n) != fields[n].get_default(call_default_factory=True)]
+
+
+def is_callable_source(value: str) -> bool:
+    return ".py:" in value
+
+
+def data_key_files(value: str | None, base_dir: Path, project_root: Path) -> list[Path]:
+    """Files whose bytes key a data source: the .npz, every .npy of a folder, or the
+    callable's file with the project-local modules it imports."""
+    if value is None:
+        return []
+    if is_callable_source(value):
+        from optbuild.pyimports import local_imports
+
+        entry = (base_dir / value.rpartition(":")[0]).resolve()
+        files = [entry]
+        if entry.is_file():
+            files.extend(p for p in local_imports(entry, project_root) if p not in files)
+        return files
+    path = (base_dir / value).resolve()
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*.npy") if p.is_file())
+    return [path]  # a missing path is reported by the loader as "file not found"
+
+
+# --- model inputs ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InputSpec:
+    """A model input as onnxruntime declares it: dims are ints, names, or None (unknown)."""
+
+    name: str
+    dtype: str  # numpy dtype name ("float32"), or the ORT type string when unmapped
+    shape: tuple[int | str | None, ...]
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.dtype} [{dims}]"
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.describe()}"
+
+
+def session(path: Path, level: str | None = None, threads: int = 0):  # noqa: ANN201
+    """A CPU InferenceSession over an .onnx or ORT-format (.ort) model."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    if level is not None:
+        options.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[level]
+    if Path(path).suffix == ".ort":
+        options.add_session_config_entry("session.load_model_format", "ORT")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def input_specs(sess: Any) -> list[InputSpec]:
+    specs = []
+    for arg in sess.get_inputs():
+        dims = tuple(d if isinstance(d, int) and d >= 0 else (d if isinstance(d, str) and d else None)
+                     for d in arg.shape)
+        specs.append(InputSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type), dims))
+    return specs
+
+
+def _expected(specs: list[InputSpec]) -> str:
+    return "; ".join(str(s) for s in specs)
+
+
+# --- loading and checking samples ------------------------------------------------------------
+class Samples:
+    """Validated feed dicts (input name -> array), in order, and where they came from."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]], source: str):
+        self.feeds = feeds
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+    @property
+    def rows(self) -> int:
+        """Samples counted along the batch axis of the first input (feeds may hold batches)."""
+        first = [next(iter(feed.values())) for feed in self.feeds]
+        return sum(int(a.shape[0]) if a.ndim else 1 for a in first)
+
+
+def _check_sample(spec: InputSpec, array: np.ndarray, where: str) -> np.ndarray:
+    """One sample for ``spec``: exact dtype, rank (or rank - 1: batch axis added), static dims."""
+    if str(array.dtype) != spec.dtype:
+        hint = f" (convert it with .astype('{spec.dtype}'))" if spec.dtype in _NUMERIC else ""
+        raise StepError(f"input {spec.name!r} expects {spec.describe()}; {where} has dtype "
+                        f"{array.dtype}{hint}")
+    rank = len(spec.shape)
+    if rank > 0 and array.ndim == rank - 1 and not (isinstance(spec.shape[0], int) and spec.shape[0] != 1):
+        array = array[None, ...]  # a single sample without its batch axis
+    if array.ndim != rank:
+        raise StepError(f"input {spec.name!r} expects {spec.describe()}; {where} has shape "
+                        f"{tuple(array.shape)} (rank {array.ndim}, expected {rank})")
+    for axis, (want, have) in enumerate(zip(spec.shape, array.shape)):
+        if isinstance(want, int) and want != have:
+            raise StepError(f"input {spec.name!r} expects {spec.describe()}; {where} has shape "
+                            f"{tuple(array.shape)} (dimension {axis} is {have}, expected {want})")
+    return array
+
+
+_NUMERIC = {"float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint64", "uint32",
+            "uint16", "uint8", "bool"}
+
+
+def _split_stacked(spec: InputSpec, array: np.ndarray, where: str) -> list[np.ndarray]:
+    """The samples of a stacked array (an .npz entry or ``<name>.npy``)."""
+    rank = len(spec.shape)
+    if str(array.dtype) != spec.dtype:
+        _check_sample(spec, array, where)  # raises the dtype error
+    if array.ndim == rank + 1:
+        return [_check_sample(spec, array[i], f"{where} (sample {i})") for i in range(array.shape[0])]
+    if array.ndim == rank and rank > 0:
+        rows = spec.shape[0] if isinstance(spec.shape[0], int) else 1
+        if array.shape[0] % rows:
+            raise StepError(f"input {spec.name!r} expects {spec.describe()}; {where} has "
+                            f"{array.shape[0]} rows, not a multiple of the model's batch {rows}")
+        return [_check_sample(spec, array[i:i + rows], f"{where} (rows {i}:{i + rows})")
+                for i in range(0, array.shape[0], rows)]
+    raise StepError(f"input {spec.name!r} expects {spec.describe()}; {where} has shape "
+                    f"{tuple(array.shape)}: a stack of samples needs rank {rank + 1} (axis 0 "
+                    f"enumerates samples) or {rank} (rows of the batch axis)")
+
+
+def _columns_to_feeds(columns: dict[str, list[np.ndarray]], specs: list[InputSpec],
+                      source: str) -> list[dict[str, np.ndarray]]:
+    counts = {name: len(samples) for name, samples in columns.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{n}: {c}" for n, c in counts.items())
+        raise StepError(f"{source}: inputs have different sample counts ({listed})")
+    count = next(iter(counts.values()), 0)
+    return [{s.name: columns[s.name][i] for s in specs} for i in range(count)]
+
+
+def _match_names(have: list[str], specs: list[InputSpec], source: str, what: str) -> None:
+    wanted = [s.name for s in specs]
+    for spec in specs:
+        if spec.name not in have:
+            listed = ", ".join(map(repr, have)) or "nothing"
+            raise StepError(f"{source} has no {what} for input {spec.name!r} (expected "
+                            f"{spec.describe()}); it has {listed}")
+    unknown = [name for name in have if name not in wanted]
+    if unknown:
+        raise StepError(f"{source} has {what}s for unknown inputs {unknown}; the model's inputs "
+                        f"are {_expected(specs)}")
+
+
+def _load_npz(path: Path, specs: list[InputSpec], source: str) -> list[dict[str, np.ndarray]]:
+    import numpy as np
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise StepError(f"{source} is not a readable .npz file: {exc}") from None
+    with archive:
+        _match_names(list(archive.files), specs, source, "array")
+        columns = {s.name: _split_stacked(s, archive[s.name], f"array {s.name!r} of {source}")
+                   for s in specs}
+    return _columns_to_feeds(columns, specs, source)
+
+
+def _load_npy(path: Path, where: str) -> np.ndarray:
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise StepError(f"{where} is not a readable .npy file: {exc}") from None
+
+
+def _load_folder(path: Path, specs: list[InputSpec], source: str) -> list[dict[str, np.ndarray]]:
+    have = sorted({p.stem for p in path.glob("*.npy")} | {p.name for p in path.iterdir() if p.is_dir()})
+    _match_names(have, specs, source, "'<name>.npy' file or '<name>/' folder")
+    columns = {}
+    for spec in specs:
+        stacked, folder = path / f"{spec.name}.npy", path / spec.name
+        if stacked.is_file():
+            columns[spec.name] = _split_stacked(spec, _load_npy(stacked, f"{source}/{stacked.name}"),
+                                                f"{source}/{stacked.name}")
+        else:
+            files = sorted(folder.glob("*.npy"))
+            columns[spec.name] = [_check_sample(spec, _load_npy(f, f"{source}/{spec.name}/{f.name}"),
+                                                f"{source}/{spec.name}/{f.name}") for f in files]
+    return _columns_to_feeds(columns, specs, source)
+
+
+def _load_callable(value: str, base_dir: Path):  # noqa: ANN202
+    file, _, name = value.rpartition(":")
+    path = (base_dir / file).resolve()
+    if not path.is_file():
+        raise StepError(f"data callable file not found: {path}")
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # let it import its local siblings
+    module_name = f"optbuild_data_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise StepError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise StepError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    target: Any = module
+    for part in name.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise StepError(f"{path} has no attribute {name!r}")
+    if not callable(target):
+        raise StepError(f"{value} is not callable")
+    return target
+
+
+def _load_from_callable(value: str, base_dir: Path, args: dict[str, Any], specs: list[InputSpec],
+                        limit: int | None) -> list[dict[str, np.ndarray]]:
+    import numpy as np
+
+    function = _load_callable(value, base_dir)
+    try:
+        produced = function(**args)
+        iterator = iter(produced)
+    except TypeError as exc:
+        raise StepError(f"{value} must return an iterable of feed dicts (input name -> array): "
+                        f"{exc}") from exc
+    except Exception as exc:
+        raise StepError(f"{value} raised {type(exc).__name__}: {exc}") from exc
+    feeds = []
+    while limit is None or len(feeds) < limit:
+        index = len(feeds)
+        try:
+            item = next(iterator)
+        except StopIteration:
+            break
+        except Exception as exc:
+            raise StepError(f"{value} raised {type(exc).__name__} at sample {index}: {exc}") from exc
+        if not isinstance(item, dict):
+            raise StepError(f"{value} yielded {type(item).__name__!r} at sample {index}; expected a "
+                            f"dict of input name -> array for inputs {_expected(specs)}")
+        _match_names(list(item), specs, f"sample {index} of {value}", "value")
+        feeds.append({s.name: _check_sample(s, np.asarray(item[s.name]), f"sample {index} of {value}")
+                      for s in specs})
+    return feeds
+
+
+def load_samples(value: str, base_dir: Path, specs: list[InputSpec], *, args: dict[str, Any] | None = None,
+                 limit: int | None = None) -> Samples:
+    """The validated samples of data source ``value`` (recipe-relative), at most ``limit``."""
+    if args and not is_callable_source(value):
+        raise StepError(f"data_args only apply to a 'file.py:callable' data source, not {value!r}")
+    if is_callable_source(value):
+        feeds = _load_from_callable(value, base_dir, args or {}, specs, limit)
+    else:
+        path = (base_dir / value).resolve()
+        if path.is_dir():
+            feeds = _load_folder(path, specs, value)
+        elif path.is_file():
+            if path.suffix.lower() != ".npz":
+                raise StepError(f"{value} is neither an .npz file nor a folder of .npy files")
+            feeds = _load_npz(path, specs, value)
+        else:
+            raise StepError(f"data not found: {path}")
+        if limit is not None:
+            feeds = feeds[:limit]
+    if not feeds:
+        raise StepError(f"data {value} holds no samples; expected samples for inputs {_expected(specs)}")
+    return Samples(feeds, value)
+
+
+def random_samples(specs: list[InputSpec], count: int, seed: int, *, dynamic_size: int = 1,
+                   int_range: tuple[int, int] = (0, 8)) -> Samples:
+    """Seeded samples of the declared shapes: standard normal floats, uniform integers in
+    ``int_range`` (high exclusive), uniform booleans; unknown dims get ``dynamic_size``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(count):
+        feed = {}
+        for spec in specs:
+            shape = [d if isinstance(d, int) else dynamic_size for d in spec.shape]
+            if spec.dtype == "bool":
+                feed[spec.name] = rng.integers(0, 2, size=shape).astype(bool)
+            elif spec.dtype.startswith(("int", "uint")):
+                feed[spec.name] = rng.integers(int_range[0], int_range[1], size=shape).astype(spec.dtype)
+            elif spec.dtype in ("float32", "float16", "float64"):
+                feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+            else:
+                raise StepError(f"cannot make random data for input {spec} (give a data source)")
+        feeds.append(feed)
+    return Samples(feeds, f"random (seed {seed})")
+
+
+# --- tools -------------------------------------------------------------------------------------
+@cache
+def ort_distribution() -> str:
+    """The installed distribution that provides onnxruntime ("onnxruntime", "onnxruntime-gpu",
+    ...): its version keys the steps that run onnxruntime. Read from metadata, not imported."""
+    from optbuild.fingerprint import installed_distribution
+
+    return installed_distribution("onnxruntime")[0] or "onnxruntime"

@@ -1,0 +1,243 @@
+"""kind = "calibrate": activation ranges of an ONNX model over calibration data.
+
+The model runs on onnxruntime (CPU) over the samples of ``data`` (an .npz file, a folder of
+.npy files, or ``file.py:callable`` yielding feed dicts: see optbuild.steps.calibdata), and
+onnxruntime.quantization's calibrator for ``method`` (minmax, entropy, percentile) reduces
+what it sees to one range per tensor. The data files (or the callable's file and the
+project-local modules it imports) enter the key, with the model's content and the params.
+
+The artifact is a portable calibration table, ``calibration.json`` (UTF-8 JSON)::
+
+    {
+      "format": "optbuild.calibration",       # what this file is
+      "version": 1,                            # bumped on incompatible changes
+      "method": "minmax",                      # minmax | entropy | percentile
+      "symmetric": false,                      # ranges asked symmetric around 0 (percentile
+                                               # still clips each side to what it observed)
+      "options": {...},                        # the method's settings as used (bins, percentile)
+      "samples": 64,                           # feeds run through the model
+      "rows": 64,                              # samples counted along the batch axis
+      "data": "models/calib.py:tokens",        # the data source, as the recipe names it
+      "model": {
+        "digest": "<xxh3-128 of the calibrated model file>",
+        "inputs": {"tokens": {"dtype": "int64", "shape": ["batch", 32]}}
+      },
+      "onnxruntime": "1.32.0",                 # the calibrator's version
+      "tensors": {                             # tensor name -> [min, max], sorted by name
+        "/embed/Gather_output_0": [-3.71, 3.52],
+        ...
+      }
+    }
+
+Ranges are float32 values written as JSON numbers (exact when read back as float32). Only
+"format", "version", "method" and "tensors" are needed to use a table; the rest is
+provenance. quantize (mode = "static") reads it and never re-runs the model.
+
+Hardware: ranges come from float32 CPU kernels; CPUs with other vector units may differ in
+the last bits, which does not matter for a range, so the key holds no host field.
+
+Note on entropy: onnxruntime's default histogram (num_bins = num_quantized_bins = 128) leaves
+no room to clip, so its ranges equal minmax's; raise ``num_bins`` (e.g. 512, 2048) to make
+entropy clip outliers. Its threshold search is written in Python: about 1 s per tensor at
+2048 bins.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from optbuild.errors import StepError
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.calibdata import DataArg, check_data_source, data_key_files, non_default, ort_distribution
+
+TABLE_FORMAT = "optbuild.calibration"
+TABLE_VERSION = 1
+TABLE_FILE = "calibration.json"
+
+DataSource = Annotated[str, AfterValidator(check_data_source)]
+
+_METHOD_OPTIONS = {
+    "percentile": ("percentile",),
+    "entropy": ("num_quantized_bins",),
+    "minmax": ("moving_average", "averaging_constant"),
+}
+_HISTOGRAM = ("entropy", "percentile")
+
+
+class CalibrateParams(StepParams):
+    input: StepRef  # the ONNX model to calibrate (e.g. "simplify")
+    data: DataSource  # "calib.npz", "folder/" of .npy files, or "file.py:callable"
+    data_args: dict[str, DataArg] = {}  # keyword arguments for a data callable
+    samples: int | None = Field(None, ge=1, description="use at most this many samples")
+    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    # Symmetric ranges (-m, m); None: onnxruntime's default (percentile True, others False).
+    symmetric: bool | None = None
+    # Tensors of these op types only (their inputs and outputs); empty: every float tensor.
+    op_types: list[str] = []
+    # percentile: the percentile of |x| (symmetric) or of each tail that bounds the range.
+    percentile: float = Field(99.999, gt=50, le=100)
+    # entropy / percentile: histogram bins; None: onnxruntime's (entropy 128, percentile 2048).
+    num_bins: int | None = Field(None, ge=16, le=65536)
+    num_quantized_bins: int = Field(128, ge=16, le=65536)  # entropy
+    moving_average: bool = False  # minmax: moving average of per-sample min/max
+    averaging_constant: float = Field(0.01, gt=0, lt=1)  # minmax with moving_average
+
+    @model_validator(mode="after")
+    def _method_options(self) -> CalibrateParams:
+        for method, names in _METHOD_OPTIONS.items():
+            foreign = non_default(self, names) if method != self.method else []
+            if foreign:
+                raise ValueError(f"{', '.join(map(repr, foreign))} only apply to method {method!r}, "
+                                 f"not {self.method!r}")
+        if non_default(self, ["num_bins"]) and self.method not in _HISTOGRAM:
+            raise ValueError(f"'num_bins' only applies to methods 'entropy' and 'percentile', "
+                             f"not {self.method!r}")
+        if non_default(self, ["averaging_constant"]) and not self.moving_average:
+            raise ValueError("'averaging_constant' needs moving_average = true")
+        if self.method == "entropy" and (self.num_bins or 128) < self.num_quantized_bins:
+            raise ValueError(f"entropy needs num_bins >= num_quantized_bins ({self.num_bins or 128} < "
+                             f"{self.num_quantized_bins})")
+        if self.data_args and ".py:" not in self.data:
+            raise ValueError("'data_args' only apply to a 'file.py:callable' data source")
+        return self
+
+
+class Calibrate(Step):
+    kind = "calibrate"
+    Params = CalibrateParams
+    primary_output = TABLE_FILE
+
+    def tool_names(self) -> tuple[str, ...]:
+        return ("onnx", ort_distribution(), "numpy")
+
+    def key_files(self) -> list[Path]:
+        files = super().key_files()
+        files.extend(p for p in data_key_files(self.params.data, self.base_dir, self.project_root)
+                     if p not in files)
+        return files
+
+    def _ort_options(self) -> dict[str, Any]:
+        p = self.params
+        options: dict[str, Any] = {}
+        if p.symmetric is not None:
+            options["symmetric"] = p.symmetric
+        if p.method == "minmax":
+            options.update(moving_average=p.moving_average, averaging_constant=p.averaging_constant)
+        if p.method in _HISTOGRAM and p.num_bins is not None:
+            options["num_bins"] = p.num_bins
+        if p.method == "entropy":
+            options["num_quantized_bins"] = p.num_quantized_bins
+        if p.method == "percentile":
+            options["percentile"] = p.percentile
+        return options
+
+    def run(self, ctx: StepContext) -> None:
+        from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, create_calibrator
+
+        from optbuild.digest import hash_file
+        from optbuild.steps import calibdata
+
+        p = self.params
+        model = ctx.inputs["input"].primary
+        if model is None or model.suffix != ".onnx":
+            raise StepError(f"calibrate needs an ONNX model; {ctx.inputs['input'].step} gives "
+                            f"{model.name if model else 'no file'}")
+        try:
+            specs = calibdata.input_specs(calibdata.session(model, level="disable"))
+        except Exception as exc:
+            raise StepError(f"onnxruntime cannot load {ctx.inputs['input'].step}: {exc}") from None
+        samples = calibdata.load_samples(p.data, ctx.base_dir, specs, args=p.data_args, limit=p.samples)
+        ctx.log(f"calibrating with {len(samples)} samples from {samples.source}, method {p.method}")
+
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self._feeds = iter(samples.feeds)
+
+            def get_next(self):  # noqa: ANN202
+                return next(self._feeds, None)
+
+        method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                  "percentile": CalibrationMethod.Percentile}[p.method]
+        with tempfile.TemporaryDirectory(prefix="optbuild-calib-") as tmp:
+            try:
+                calibrator = create_calibrator(
+                    Path(model), p.op_types or None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                    calibrate_method=method, extra_options=self._ort_options())
+                calibrator.collect_data(Reader())
+                ranges = calibrator.compute_data()
+            except StepError:
+                raise
+            except Exception as exc:
+                raise StepError(f"calibration ({p.method}) failed on {ctx.inputs['input'].step}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        tensors = _table_ranges(ranges)
+        if not tensors:
+            raise StepError(f"calibration found no float tensors to calibrate"
+                            f"{' of op types ' + ', '.join(p.op_types) if p.op_types else ''}")
+        from importlib.metadata import version
+
+        table = {
+            "format": TABLE_FORMAT,
+            "version": TABLE_VERSION,
+            "method": p.method,
+            "symmetric": bool(p.symmetric if p.symmetric is not None else p.method == "percentile"),
+            "options": {k: v for k, v in self._ort_options().items() if k != "symmetric"},
+            "samples": len(samples),
+            "rows": samples.rows,
+            "data": p.data,
+            "model": {
+                "digest": hash_file(model)[0],
+                "inputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in specs},
+            },
+            "onnxruntime": version(ort_distribution()),
+            "tensors": tensors,
+        }
+        (ctx.out_dir / TABLE_FILE).write_text(json.dumps(table, indent=1, allow_nan=False) + "\n")
+        ctx.metrics.update(method=p.method, samples=len(samples), tensors=len(tensors))
+        ctx.log(f"{len(tensors)} tensor ranges from {len(samples)} samples")
+
+
+def _table_ranges(ranges: Any) -> dict[str, list[float]]:
+    """TensorsData -> {name: [min, max]} of Python floats (float32 values), sorted by name."""
+    import math
+
+    import numpy as np
+
+    tensors = {}
+    for name in sorted(ranges.keys()):
+        low, high = ranges[name].range_value
+        low, high = np.asarray(low, dtype=np.float32).reshape(-1), np.asarray(high, dtype=np.float32).reshape(-1)
+        if low.size != 1 or high.size != 1:
+            raise StepError(f"tensor {name!r} got a per-channel range; the table holds one range per tensor")
+        lo, hi = float(low[0]), float(high[0])
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise StepError(f"tensor {name!r} has a non-finite range [{lo}, {hi}]: the model produces "
+                            "NaN or infinity on the calibration data")
+        tensors[name] = [lo, hi]
+    return tensors
+
+
+def read_table(path: Path, step: str) -> dict[str, Any]:
+    """A calibration table, checked: StepError when ``path`` is not one this version reads."""
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise StepError(f"{step} gives no readable calibration table: {exc}") from None
+    if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
+        raise StepError(f"{step} is not a calibrate step: its output {Path(path).name} is not an "
+                        "optbuild calibration table")
+    if table.get("version") != TABLE_VERSION:
+        raise StepError(f"{step}: calibration table version {table.get('version')} is not supported "
+                        f"(this optbuild reads version {TABLE_VERSION})")
+    tensors = table.get("tensors")
+    if not isinstance(tensors, dict) or table.get("method") not in ("minmax", "entropy", "percentile") or any(
+            not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v))
+            for v in tensors.values()):
+        raise StepError(f"{step}: malformed calibration table (needs 'method' and 'tensors': "
+                        "name -> [min, max])")
+    return table

@@ -1,0 +1,172 @@
+"""kind = "engine", backend = "onnxruntime": an offline-optimized model for onnxruntime.
+
+onnxruntime applies its graph optimizations at ``level`` ("basic": constant folding and
+redundant-node removal, pure ONNX; "extended": provider-specific fusions into
+com.microsoft ops; "all": also layout changes, e.g. NCHWc convolutions on x86) for the
+execution ``provider``, and saves the result as ONNX (``format = "onnx"``, model.onnx) or
+in ORT format (``format = "ort"``, model.ort, loadable by minimal onnxruntime builds). A
+session loading it then skips that work.
+
+Before it is kept, the result is compared with the input model on ``check`` seeded random
+inputs (max error relative to the input's outputs <= ``tolerance``).
+
+Key: params, the input model's content, the onnxruntime version and distribution (host
+fields, read from package metadata). "extended" and "all" also take cpu.arch and cpu.flags:
+what they emit depends on the CPU (FIELD-NOTES: "all" inserts com.microsoft.nchwc ops).
+Providers other than CPU need them present on the building host (and, for CUDA and ROCm, a
+GPU); onnxruntime-gpu lists CUDA even where there is none, so the session's actual provider
+is checked too.
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from optbuild.errors import StepError
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+
+if typing.TYPE_CHECKING:
+    from optbuild.fingerprint import Fingerprint
+
+# Providers whose optimized graph onnxruntime can save (providers that compile subgraphs
+# into their own nodes, e.g. TensorRT or OpenVINO, cannot serialize the result).
+PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider",
+             "DmlExecutionProvider")
+_COMPILING = ("TensorrtExecutionProvider", "OpenVINOExecutionProvider", "CoreMLExecutionProvider",
+              "QNNExecutionProvider", "NnapiExecutionProvider", "MIGraphXExecutionProvider",
+              "VitisAIExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider",
+              "NvTensorRTRTXExecutionProvider")
+_GPU = ("CUDAExecutionProvider", "ROCMExecutionProvider")
+
+
+class OrtEngineParams(StepParams):
+    backend: Literal["onnxruntime"]
+    input: StepRef  # an ONNX model (e.g. "simplify" or a quantize step)
+    level: Literal["basic", "extended", "all"] = "extended"
+    format: Literal["onnx", "ort"] = "onnx"
+    provider: str = "CPUExecutionProvider"
+    check: int = Field(3, ge=0, description="random-input comparisons with the input model")
+    tolerance: float = Field(1e-3, gt=0, description="max error relative to the input's outputs")
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, value: str) -> str:
+        if value in PROVIDERS:
+            return value
+        if value in _COMPILING:
+            raise ValueError(f"{value} compiles the graph into nodes onnxruntime cannot save; offline "
+                             f"optimization works with {', '.join(PROVIDERS)}"
+                             + (" (for TensorRT use kind 'engine' with backend 'tensorrt')"
+                                if "Tensorrt" in value or "TensorRT" in value else ""))
+        import difflib
+
+        by_case = {name.lower(): name for name in PROVIDERS + _COMPILING}
+        hint = ([by_case[value.lower()]] if value.lower() in by_case
+                else difflib.get_close_matches(value, PROVIDERS + _COMPILING, n=1))
+        suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ValueError(f"unknown execution provider {value!r}{suggestion} (one of: {', '.join(PROVIDERS)})")
+
+
+class OrtEngine(Step):
+    kind = "engine"
+    Params = OrtEngineParams
+
+    def __init__(self, params: OrtEngineParams, base_dir: Path, project_root: Path):
+        super().__init__(params, base_dir, project_root)
+        # the main output's name follows the format (read per instance by the executor)
+        self.primary_output = "model.ort" if params.format == "ort" else "model.onnx"
+
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        fields = ["onnxruntime.version", "onnxruntime.distribution"]
+        if self.params.level != "basic":
+            fields += ["cpu.arch", "cpu.flags"]
+        return {name: host.get(name) for name in fields}
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        provider = self.params.provider
+        if provider == "CPUExecutionProvider":
+            return None
+        available = host.get("ort_providers.available") or ""
+        if provider not in available.split(","):
+            return (f"onnxruntime here has no {provider} (it has {available or 'none'}); install the "
+                    "onnxruntime build that provides it")
+        if provider in _GPU and not host.get("gpu.count"):
+            return f"{provider} needs a GPU: {host.get('gpu.error') or 'none found'}"
+        return None
+
+    def run(self, ctx: StepContext) -> None:
+        import onnxruntime as ort
+
+        p = self.params
+        source = ctx.inputs["input"].primary
+        if source is None or source.suffix != ".onnx":
+            raise StepError(f"the onnxruntime engine needs an ONNX model; {ctx.inputs['input'].step} gives "
+                            f"{source.name if source else 'no file'}")
+        out = ctx.out_dir / self.primary_output
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = {
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[p.level]
+        options.optimized_model_filepath = str(out)
+        if p.format == "ort":
+            options.add_session_config_entry("session.save_model_format", "ORT")
+        providers = [p.provider] + (["CPUExecutionProvider"] if p.provider != "CPUExecutionProvider" else [])
+        try:
+            sess = ort.InferenceSession(str(source), options, providers=providers)
+        except Exception as exc:
+            raise StepError(f"onnxruntime failed to optimize {ctx.inputs['input'].step} at level {p.level!r}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+        if sess.get_providers()[0] != p.provider:
+            raise StepError(f"onnxruntime fell back to {sess.get_providers()[0]}: {p.provider} is listed but "
+                            "not usable here")
+        del sess
+        if not out.is_file():
+            raise StepError(f"onnxruntime wrote no optimized model for {ctx.inputs['input'].step}")
+        ctx.metrics.update(level=p.level, format=p.format, provider=p.provider,
+                           bytes_before=source.stat().st_size, bytes_after=out.stat().st_size)
+        self._describe(ctx, source, out)
+        if p.provider == "CPUExecutionProvider":
+            self._check(ctx, source, out)
+
+    def _describe(self, ctx: StepContext, source: Path, out: Path) -> None:
+        import onnx
+
+        before = onnx.load(str(source), load_external_data=False)
+        ctx.metrics["nodes_before"] = len(before.graph.node)
+        if out.suffix == ".onnx":
+            after = onnx.load(str(out), load_external_data=False)
+            domains: dict[str, int] = {}
+            for node in after.graph.node:
+                domains[node.domain or "ai.onnx"] = domains.get(node.domain or "ai.onnx", 0) + 1
+            ctx.metrics.update(nodes_after=len(after.graph.node), domains=domains)
+            ctx.log(f"level {self.params.level}: {len(before.graph.node)} -> {len(after.graph.node)} nodes "
+                    f"({', '.join(f'{d}: {n}' for d, n in sorted(domains.items()))})")
+        else:
+            ctx.log(f"level {self.params.level}: ORT format, {out.stat().st_size} bytes")
+
+    def _check(self, ctx: StepContext, source: Path, out: Path) -> None:
+        from optbuild.steps import calibdata, onnxcheck
+
+        reference = calibdata.session(source, level="disable")
+        optimized = calibdata.session(out)
+        specs = calibdata.input_specs(reference)
+        worst = 0.0
+        for seed in range(self.params.check):
+            feeds = calibdata.random_samples(specs, 1, seed, dynamic_size=2).feeds[0]
+            try:
+                got = optimized.run(None, feeds)
+            except Exception as exc:
+                raise StepError(f"the optimized model fails to run: {type(exc).__name__}: {exc}") from None
+            _, rel = onnxcheck.max_errors(reference.run(None, feeds), got)
+            worst = max(worst, rel)
+        ctx.metrics["max_rel_error"] = worst
+        if not worst <= self.params.tolerance:
+            raise StepError(f"the level-{self.params.level} model disagrees with its input: max relative "
+                            f"error {worst:.3g} > tolerance {self.params.tolerance:g} (or output shapes differ)")

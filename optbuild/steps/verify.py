@@ -1,0 +1,345 @@
+"""kind = "verify": compare a candidate model's outputs with a reference's, fail past thresholds.
+
+Both models run on onnxruntime (CPU, default session options) over the same samples: those
+of ``data`` (the forms calibrate takes: .npz, folder of .npy, ``file.py:callable``) or
+seeded random inputs of the reference's declared shapes (``samples``, ``seed``; unknown
+dims get ``dynamic_size``, integer inputs draw from ``int_range``). The candidate may be an
+ORT-format model (an onnxruntime engine step with format = "ort"); a float16 candidate gets
+its float inputs cast to float16.
+
+Figures, per output, over all samples:
+
+``max_abs``  largest |candidate - reference| over every element.
+``max_rel``  max_abs divided by the reference's largest magnitude (robust near zero, unlike
+             an element-wise ratio; the same measure the export and simplify checks use).
+``cosine``   cosine similarity of all the output's values, samples concatenated;
+             ``cosine_min`` (reported, not checked) is the worst single sample's.
+``top1``     share of positions (every index but the last axis) whose argmax over the last
+             axis agrees: top-1 agreement of class scores. Checked on ``top1_outputs``, by
+             default every float output whose last axis has more than one entry.
+
+Thresholds (``max_abs``, ``max_rel``, ``min_cosine``, ``min_top1``) apply to every compared
+output; at least one must be set. The artifact is ``report.json`` (figures, thresholds,
+checks, latencies) and ``report.txt`` (the same as a table). When a check fails the step
+fails with that table as its message; nothing is cached, and the next build runs it again.
+
+Hardware: quantized kernels differ between CPUs (x86 without VNNI saturates where VNNI
+does not), so the key holds cpu.arch and cpu.flags: a verdict is reused only on CPUs alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from optbuild.errors import StepError
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.calibdata import DataArg, check_data_source, data_key_files, non_default, ort_distribution
+
+REPORT_VERSION = 1
+DataSource = Annotated[str, AfterValidator(check_data_source)]
+
+
+class VerifyParams(StepParams):
+    reference: StepRef  # the model taken as right (e.g. the fp32 "simplify")
+    candidate: StepRef  # the model under test (.onnx or ORT format)
+    data: DataSource | None = None  # sample inputs; None: seeded random inputs
+    data_args: dict[str, DataArg] = {}  # keyword arguments for a data callable
+    samples: int | None = Field(None, ge=1, description="with data: at most this many; random: this many (8)")
+    seed: int = Field(0, ge=0)  # random inputs
+    dynamic_size: int = Field(1, ge=1)  # random inputs: size of unknown dims
+    int_range: list[int] = [0, 8]  # random inputs: integers drawn from [low, high)
+    outputs: list[str] = []  # outputs to compare; empty: all of the reference's
+    max_abs: float | None = Field(None, ge=0)
+    max_rel: float | None = Field(None, ge=0)
+    min_cosine: float | None = Field(None, ge=-1, le=1)
+    min_top1: float | None = Field(None, ge=0, le=1)
+    top1_outputs: list[str] = []  # where min_top1 applies; empty: float outputs with a class axis
+
+    @field_validator("int_range")
+    @classmethod
+    def _range(cls, value: list[int]) -> list[int]:
+        if len(value) != 2 or value[0] >= value[1]:
+            raise ValueError(f"int_range must be [low, high) with low < high, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VerifyParams:
+        if self.reference == self.candidate:
+            raise ValueError("reference and candidate name the same step")
+        if all(t is None for t in (self.max_abs, self.max_rel, self.min_cosine, self.min_top1)):
+            raise ValueError("set at least one threshold: max_abs, max_rel, min_cosine or min_top1")
+        if self.top1_outputs and self.min_top1 is None:
+            raise ValueError("'top1_outputs' needs min_top1")
+        if self.data is not None:
+            random_only = non_default(self, ("seed", "dynamic_size", "int_range"))
+            if random_only:
+                raise ValueError(f"{', '.join(map(repr, random_only))} only apply to random inputs (no data)")
+        if self.data_args and (self.data is None or ".py:" not in self.data):
+            raise ValueError("'data_args' only apply to a 'file.py:callable' data source")
+        if self.outputs and self.top1_outputs and (extra := sorted(set(self.top1_outputs) - set(self.outputs))):
+            raise ValueError(f"top1_outputs {extra} are not in outputs")
+        return self
+
+
+class Verify(Step):
+    kind = "verify"
+    Params = VerifyParams
+    primary_output = "report.json"
+    host_fields = ("cpu.arch", "cpu.flags")
+
+    def tool_names(self) -> tuple[str, ...]:
+        return (ort_distribution(), "numpy")
+
+    def key_files(self):  # noqa: ANN201
+        files = super().key_files()
+        files.extend(p for p in data_key_files(self.params.data, self.base_dir, self.project_root)
+                     if p not in files)
+        return files
+
+    def run(self, ctx: StepContext) -> None:
+        import numpy as np
+
+        from optbuild.steps import calibdata
+
+        p = self.params
+        ref_art, cand_art = ctx.inputs["reference"], ctx.inputs["candidate"]
+        sessions = {}
+        for role, art in (("reference", ref_art), ("candidate", cand_art)):
+            if art.primary is None or art.primary.suffix not in (".onnx", ".ort"):
+                raise StepError(f"{role} {art.step} gives no ONNX or ORT-format model")
+            try:
+                sessions[role] = calibdata.session(art.primary)
+            except Exception as exc:
+                raise StepError(f"onnxruntime cannot load the {role} {art.step}: {exc}") from None
+        ref_specs = calibdata.input_specs(sessions["reference"])
+        cand_specs = {s.name: s for s in calibdata.input_specs(sessions["candidate"])}
+        if missing := [s.name for s in ref_specs if s.name not in cand_specs]:
+            raise StepError(f"the candidate {cand_art.step} lacks inputs {missing} of the reference "
+                            f"(it has {sorted(cand_specs)})")
+        if p.data is not None:
+            samples = calibdata.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
+            source = p.data + (f" ({', '.join(f'{k}={v}' for k, v in p.data_args.items())})" if p.data_args else "")
+        else:
+            samples = calibdata.random_samples(ref_specs, p.samples or 8, p.seed, dynamic_size=p.dynamic_size,
+                                               int_range=(p.int_range[0], p.int_range[1]))
+            source = samples.source
+
+        ref_names = [o.name for o in sessions["reference"].get_outputs()]
+        cand_names = [o.name for o in sessions["candidate"].get_outputs()]
+        names = p.outputs or ref_names
+        for name in names:
+            if name not in ref_names:
+                raise StepError(f"outputs: the reference {ref_art.step} has no output {name!r} (it has {ref_names})")
+            if name not in cand_names:
+                raise StepError(f"the candidate {cand_art.step} has no output {name!r} (it has {cand_names})")
+
+        def cast(feed: dict[str, Any]) -> dict[str, Any]:
+            out = {}
+            for name, value in feed.items():
+                want = cand_specs[name].dtype
+                floats = ("float16", "float32", "float64")
+                out[name] = value.astype(want) if want != str(value.dtype) and want in floats \
+                    and str(value.dtype) in floats else value
+            return out
+
+        results: dict[str, dict[str, list]] = {"reference": {n: [] for n in names},
+                                               "candidate": {n: [] for n in names}}
+        latency = {}
+        for role, feeds in (("reference", samples.feeds), ("candidate", [cast(f) for f in samples.feeds])):
+            sess = sessions[role]
+            try:
+                sess.run(names, feeds[0])  # warm-up
+                started = time.perf_counter()
+                for feed in feeds:
+                    for name, value in zip(names, sess.run(names, feed)):
+                        results[role][name].append(np.asarray(value))
+                latency[role] = (time.perf_counter() - started) / len(feeds) * 1000
+            except Exception as exc:
+                art = ref_art if role == "reference" else cand_art
+                raise StepError(f"the {role} {art.step} fails on the samples: {type(exc).__name__}: {exc}") from None
+
+        figures = {n: _figures(results["reference"][n], results["candidate"][n]) for n in names}
+        top1_names = p.top1_outputs or [n for n in names if figures[n].get("top1") is not None]
+        if p.min_top1 is not None:
+            for n in top1_names:
+                if n not in names:
+                    raise StepError(f"top1_outputs: no compared output {n!r} (compared: {names})")
+                if figures[n].get("top1") is None:
+                    raise StepError(f"top1 does not apply to output {n!r} ({figures[n]['shape']}): "
+                                    "it needs a float output with a last axis of 2 or more")
+            if not top1_names:
+                raise StepError(f"min_top1 is set but no output has class scores on its last axis ({names})")
+        checks = []
+        for n in names:
+            f = figures[n]
+            if f.get("shape_mismatch"):
+                checks.append(_check(n, "shape", f["shape_mismatch"], "==", "reference", False))
+                continue
+            for metric, op, threshold in (("max_abs", "<=", p.max_abs), ("max_rel", "<=", p.max_rel),
+                                          ("cosine", ">=", p.min_cosine)):
+                if threshold is not None:
+                    checks.append(_check(n, metric, f[metric], op, threshold,
+                                         _holds(f[metric], op, threshold)))
+            if p.min_top1 is not None and n in top1_names:
+                checks.append(_check(n, "top1", f["top1"], ">=", p.min_top1, _holds(f["top1"], ">=", p.min_top1)))
+        passed = all(c["ok"] for c in checks)
+        report = {
+            "version": REPORT_VERSION,
+            "reference": {"step": ref_art.step, "file": ref_art.primary.name},
+            "candidate": {"step": cand_art.step, "file": cand_art.primary.name},
+            "data": {"source": source, "samples": len(samples)},
+            "thresholds": {"max_abs": p.max_abs, "max_rel": p.max_rel, "min_cosine": p.min_cosine,
+                           "min_top1": p.min_top1},
+            "outputs": figures,
+            "checks": checks,
+            "latency_ms": {k: round(v, 4) for k, v in latency.items()},
+            "passed": passed,
+        }
+        text = _table(ctx.step_id, report)
+        ctx.log(text)
+        for n in names:
+            for metric in ("max_abs", "max_rel", "cosine", "top1"):
+                if figures[n].get(metric) is not None:
+                    ctx.metrics[f"{n}.{metric}" if len(names) > 1 else metric] = figures[n][metric]
+        ctx.metrics.update(samples=len(samples), passed=passed,
+                           reference_ms=report["latency_ms"]["reference"],
+                           candidate_ms=report["latency_ms"]["candidate"])
+        if not passed:
+            raise StepError(text)
+        (ctx.out_dir / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+        (ctx.out_dir / "report.txt").write_text(text + "\n")
+
+
+def _holds(value: float | None, op: str, threshold: float) -> bool:
+    if value is None or not math.isfinite(value):
+        return False
+    return value <= threshold if op == "<=" else value >= threshold
+
+
+def _check(output: str, metric: str, value: Any, op: str, threshold: Any, ok: bool) -> dict[str, Any]:
+    return {"output": output, "metric": metric, "value": value, "op": op, "threshold": threshold, "ok": ok}
+
+
+def _cosine(a, b) -> float:  # noqa: ANN001
+    import numpy as np
+
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def _figures(reference: list, candidate: list) -> dict[str, Any]:
+    """Figures of one output over all samples (arrays per sample)."""
+    import numpy as np
+
+    shapes = [(tuple(r.shape), tuple(c.shape)) for r, c in zip(reference, candidate)]
+    figures: dict[str, Any] = {"shape": list(shapes[0][0]), "dtype": str(candidate[0].dtype)}
+    bad = [(i, r, c) for i, (r, c) in enumerate(shapes) if r != c]
+    if bad:
+        i, r, c = bad[0]
+        figures["shape_mismatch"] = f"sample {i}: {c} vs {r}"
+        return figures
+    ref = np.concatenate([np.asarray(r, dtype=np.float64).ravel() for r in reference])
+    cand = np.concatenate([np.asarray(c, dtype=np.float64).ravel() for c in candidate])
+    if ref.size == 0:
+        return figures | {"max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "cosine_min": 1.0, "top1": None}
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(ref - cand)
+        max_abs = float(np.max(err)) if not np.isnan(err).any() else float("nan")
+        scale = float(np.max(np.abs(ref)))
+    figures["max_abs"] = max_abs
+    figures["max_rel"] = max_abs / max(scale, 1e-12)
+    figures["cosine"] = _cosine(ref, cand) if np.isfinite(cand).all() else float("nan")
+    figures["cosine_min"] = min(
+        (_cosine(np.asarray(r, np.float64).ravel(), np.asarray(c, np.float64).ravel())
+         for r, c in zip(reference, candidate)), default=1.0) if np.isfinite(cand).all() else float("nan")
+    top1 = None
+    if np.issubdtype(reference[0].dtype, np.floating) and reference[0].ndim >= 1 and reference[0].shape[-1] > 1:
+        agree = total = 0
+        for r, c in zip(reference, candidate):
+            a = np.argmax(r.reshape(-1, r.shape[-1]), axis=-1)
+            b = np.argmax(np.asarray(c).reshape(-1, c.shape[-1]), axis=-1)
+            agree += int(np.sum(a == b))
+            total += a.size
+        top1 = agree / total if total else None
+    figures["top1"] = top1
+    return figures
+
+
+def _fmt(metric: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if metric in ("top1", "min_top1"):
+        return f"{value * 100:.1f}%"
+    if metric in ("cosine", "cosine_min"):
+        return f"{value:.5f}"
+    return f"{value:.4g}"
+
+
+def _fmt_threshold(metric: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return f"{value * 100:g}%" if metric == "top1" else f"{value:g}"
+
+
+def _table(step_id: str, report: dict[str, Any]) -> str:
+    """The readable report: a header, one row per figure (checked or not), a verdict."""
+    checks = {(c["output"], c["metric"]): c for c in report["checks"]}
+    rows = [("output", "figure", "value", "threshold", "result")]
+    for name, f in report["outputs"].items():
+        if f.get("shape_mismatch"):
+            rows.append((name, "shape", f["shape_mismatch"], "== reference", "FAIL"))
+            continue
+        for metric in ("max_abs", "max_rel", "cosine", "cosine_min", "top1"):
+            if f.get(metric) is None and (name, metric) not in checks:
+                continue
+            check = checks.get((name, metric))
+            threshold = f"{check['op']} {_fmt_threshold(metric, check['threshold'])}" if check else ""
+            result = ("ok" if check["ok"] else "FAIL") if check else ""
+            rows.append((name, metric, _fmt(metric, f.get(metric)), threshold, result))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [
+        f"verify {step_id}: candidate {report['candidate']['step']} vs reference {report['reference']['step']}",
+        f"{report['data']['samples']} samples from {report['data']['source']}",
+        "",
+    ]
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lat = report["latency_ms"]
+    lines.append("")
+    lines.append(f"latency per sample (CPU, this host): reference {lat['reference']:.3f} ms, "
+                 f"candidate {lat['candidate']:.3f} ms")
+    failed = [c for c in report["checks"] if not c["ok"]]
+    total = len(report["checks"])
+    if failed:
+        what = "; ".join(f"{c['output']} {c['metric']} {_fmt(c['metric'], c['value'])} (needs {c['op']} "
+                         f"{_fmt_threshold(c['metric'], c['threshold'])})" for c in failed)
+        lines.append(f"FAILED: {len(failed)} of {total} checks: {what}")
+    else:
+        lines.append(f"passed: {total} of {total} checks")
+    return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN and infinities as strings (report.json stays strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
