@@ -50,6 +50,7 @@ EXTRA_OPTIONS = {
     "DedicatedQDQPair": bool, "QDQOpTypePerChannelSupportToAxis": dict, "UseQDQContribOps": bool,
     "MinimumRealRange": float, "QDQKeepRemovableActivations": bool,
     "QDQDisableWeightAdjustForInt32Bias": bool, "ActivationRestrictedAsymmetric": bool,
+    "QuantizeBias": bool,  # false: float biases, as TensorRT wants
 }
 _OWN_PARAM = {"ActivationSymmetric": "symmetric_activations", "WeightSymmetric": "symmetric_weights"}
 
