@@ -20,6 +20,7 @@ from optbuild.graph import StepGraph
 from optbuild.recipe import Project, load_project
 from optbuild.report import Reporter
 from optbuild.store.local import LocalStore
+from optbuild.store.remote import RemoteStore, open_remote
 from optbuild.toolchain import Toolchain
 
 
@@ -31,16 +32,19 @@ class Workspace:
     graph: StepGraph
     store: LocalStore
     hasher: FileHasher
+    remote: RemoteStore | None = None  # nothing is imported or contacted until a local miss
 
     def close(self) -> None:
         self.hasher.close()
 
 
-def open_workspace(start: Path | None = None) -> Workspace:
+def open_workspace(start: Path | None = None, *, remote: str | bool | None = None) -> Workspace:
+    """``remote``: a URL overrides ``[remote] url`` and $OPTBUILD_REMOTE; False turns it off."""
     project = load_project(start)
     graph = StepGraph(project.steps)
     hasher = FileHasher(project.cache_dir / "statcache.sqlite")
-    return Workspace(project, graph, LocalStore(project.cache_dir, hasher), hasher)
+    remote_store = open_remote(project.config.remote, remote, project_root=project.root)
+    return Workspace(project, graph, LocalStore(project.cache_dir, hasher), hasher, remote_store)
 
 
 @dataclass
@@ -68,19 +72,26 @@ def build(
     skip_unavailable: bool = False,
     toolchain: Toolchain | None = None,
     host: Fingerprint | None = None,
+    fetch_only: bool = False,
 ) -> BuildResult:
-    """Build (or with ``dry_run``, plan) ``targets`` and their ancestors."""
+    """Build (or with ``dry_run``, plan) ``targets`` and their ancestors.
+
+    With ``fetch_only`` nothing builds: what the local or remote cache holds is restored,
+    and every step that would have to build is a "would-build" outcome (the result is not ok).
+    """
     config = ws.project.config.build
     options = Options(
         jobs=jobs or config.jobs or os.cpu_count() or 1,
         keep_going=config.keep_going if keep_going is None else keep_going,
         dry_run=dry_run,
         skip_unavailable=skip_unavailable,
+        fetch_only=fetch_only,
     )
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])
+    remote = ws.remote.session(reporter, dry_run=dry_run) if ws.remote is not None else None
     executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, reporter,
-                        toolchain=toolchain, host=host, options=options)
+                        toolchain=toolchain, host=host, options=options, remote=remote)
     try:
         outcomes = executor.run(selected)
     finally:

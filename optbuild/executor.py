@@ -33,10 +33,11 @@ from optbuild.recipe import Project, StepSpec
 from optbuild.report import Reporter
 from optbuild.store.entry import ActionEntry
 from optbuild.store.local import LocalStore
+from optbuild.store.remote import RemoteSession, append_stats, run_stats
 from optbuild.toolchain import Toolchain
 
 LOG_TAIL_LINES = 25
-_USABLE = ("cached", "built", "would-build")
+_USABLE = ("cached", "restored", "built", "would-build")  # restored: fetched from the remote cache
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Options:
     keep_going: bool = False
     dry_run: bool = False
     skip_unavailable: bool = False
+    fetch_only: bool = False  # build --no-build: take what the caches hold, build nothing
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Outcome:
     entry: ActionEntry | None = None
     reasons: list[str] = field(default_factory=list)
     error: str | None = None
+    source: str | None = None  # "remote" when the remote cache served it
 
 
 class Cancelled(Exception):
@@ -74,6 +77,7 @@ class Executor:
         toolchain: Toolchain | None = None,
         host: Fingerprint | None = None,
         options: Options | None = None,
+        remote: RemoteSession | None = None,
     ):
         self.project = project
         self.graph = graph
@@ -88,6 +92,9 @@ class Executor:
         self._cancel = threading.Event()
         self._procs: dict[str, subprocess.Popen] = {}
         self._procs_lock = threading.Lock()
+        self.remote = remote
+        if remote is not None:
+            remote.cancel = self._cancel
 
     # --- scheduling ------------------------------------------------------------------
     def run(self, selected: list[str]) -> dict[str, Outcome]:
@@ -145,6 +152,14 @@ class Executor:
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
         tolerated = {"unavailable", "skipped"} if self.options.skip_unavailable else set()
         ok = all(o.status in _USABLE or o.status in tolerated for o in self.outcomes.values())
+        ok = ok and not (self.options.fetch_only and counts.get("would-build"))
+        if self.remote is not None:
+            self.remote.drain()
+        stats = run_stats(self.outcomes, self.remote)
+        if self.remote is not None:
+            self.reporter.emit({"event": "cache", **stats})
+        if not self.options.dry_run:
+            append_stats(self.store.root, {"command": "build", "ok": ok, "counts": counts, **stats})
         self.reporter.emit({"event": "done", "ok": ok, "counts": counts,
                             "duration_s": time.perf_counter() - started,
                             "bytes_hashed": self.hasher.bytes_read})
@@ -156,6 +171,8 @@ class Executor:
                                  "key": outcome.key, "reasons": outcome.reasons}
         if outcome.error:
             event["error"] = outcome.error
+        if outcome.source:
+            event["source"] = outcome.source
         if outcome.entry is not None and outcome.status == "built":
             event["duration_s"] = outcome.entry.duration_s
         self.reporter.emit(event)
@@ -206,26 +223,37 @@ class Executor:
             return Outcome("cached", key, entry)
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
-        if (missing := spec.step.unavailable(self.host)) is not None:
-            return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
-        if self.options.dry_run:
-            return Outcome("would-build", key, reasons=reasons)
-        return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest)
+        remote_entry = self.remote.lookup(key, spec.id) if self.remote is not None else None
+        if remote_entry is not None and self.options.dry_run:  # its entry gives downstream keys
+            return Outcome("restored", key, remote_entry, [*reasons, "on the remote cache"], source="remote")
+        if remote_entry is None:
+            if (missing := spec.step.unavailable(self.host)) is not None:
+                return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+            if self.options.dry_run or self.options.fetch_only:
+                return Outcome("would-build", key, reasons=reasons)
+        return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest, remote_entry)
 
     def _build_locked(self, spec: StepSpec, key: str, ingredients: dict[str, Any], reasons: list[str],
-                      dest: Path) -> Outcome:
-        """Build under the key's lock, unless another builder stored it meanwhile."""
+                      dest: Path, remote_entry: ActionEntry | None = None) -> Outcome:
+        """Fetch from the remote or build, under the key's lock, unless another builder
+        stored it meanwhile. A local build is written through to the remote."""
         with self.store.shared_gc_lock(), self.store.lock(key):
-            entry = self.store.get_action(key)
+            entry, status = self.store.get_action(key), "cached"
+            if entry is None and remote_entry is not None and self.remote is not None:
+                entry, status = self.remote.fetch(remote_entry, self.store, spec.id), "restored"
             if entry is None:
+                if (missing := spec.step.unavailable(self.host)) is not None:
+                    return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+                if self.options.fetch_only:
+                    return Outcome("would-build", key, reasons=[*reasons, "its remote copy was unusable"])
                 self.reporter.emit({"event": "step", "step": spec.id, "status": "running",
                                     "key": key, "reasons": reasons})
                 entry = self._build(spec, key, ingredients)
                 status = "built"
-            else:
-                status = "cached"
             self._restore(entry, dest)
-        return Outcome(status, key, entry, reasons=reasons)
+            if status == "built" and self.remote is not None:
+                self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
+        return Outcome(status, key, entry, reasons=reasons, source="remote" if status == "restored" else None)
 
     def _reasons(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> list[str]:
         last = self.last_build.get(spec.id)
@@ -362,7 +390,7 @@ class Executor:
             return
         records = {}
         for sid, outcome in self.outcomes.items():
-            if outcome.entry is not None and outcome.status in ("cached", "built"):
+            if outcome.entry is not None and outcome.status in ("cached", "restored", "built"):
                 entry = outcome.entry
                 records[sid] = {
                     "key": entry.key,

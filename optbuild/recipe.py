@@ -53,12 +53,48 @@ class BuildSection(_Section):
     keep_going: bool = False
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_OPTIONS = {"key", "secret", "token", "password", "secret_access_key", "aws_secret_access_key",
+                   "aws_session_token", "session_token", "account_key", "sas_token"}
+
+
+class RemoteSection(_Section):
+    """A shared cache behind an fsspec URL (see docs/remote-cache.md). No secrets here."""
+
+    url: str = ""  # file:///mnt/cache, s3://bucket/prefix, gs://bucket/prefix...; "" = no remote
+    read: bool = True  # fetch what other hosts built
+    write: bool = True  # upload what this host builds
+    timeout_s: float = Field(10.0, gt=0, description="a remote call silent this long has failed")
+    max_errors: int = Field(3, ge=1, description="errors after which the run stops using the remote")
+    signing_key_env: str = ""  # NAME of the environment variable that holds the HMAC key
+    endpoint_url: str = ""  # S3-compatible servers (MinIO, Ceph, R2...): http://host:9000
+    options: dict[str, Any] = {}  # further fsspec storage options (credentials come from the environment)
+
+    @field_validator("signing_key_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if value and not _ENV_NAME.match(value):
+            raise ValueError("must be the NAME of an environment variable holding the key "
+                             "(e.g. OPTBUILD_SIGNING_KEY), never the key itself")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, Any]) -> dict[str, Any]:
+        secrets = sorted(k for k in value if k.lower() in _SECRET_OPTIONS)
+        if secrets:
+            raise ValueError(f"{', '.join(secrets)}: credentials do not belong in optbuild.toml; "
+                             "set them in the environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
+        return value
+
+
 class ProjectConfig(_Section):
     project: ProjectSection = ProjectSection()
     # Project-local step kinds: name -> "path/to/file.py:Class" (relative to optbuild.toml).
     kinds: dict[str, str] = {}
     cache: CacheSection = CacheSection()
     build: BuildSection = BuildSection()
+    remote: RemoteSection = RemoteSection()
 
 
 class RecipeSection(_Section):

@@ -104,11 +104,11 @@ class RichReporter(Reporter):
             else:
                 self.running.pop(step, None)
             if line is not None:
-                self.console.print(f"[{_STYLE.get(status, '')}]{line}[/]")
+                self.console.print(line, style=_STYLE.get(status), markup=False)
             self._refresh()
         elif line is not None:
             style = "bold green" if event.get("ok") else "bold red" if event.get("event") == "done" else "yellow"
-            self.console.print(f"[{style}]{line}[/]")
+            self.console.print(line, style=style, markup=False)
 
     def _refresh(self) -> None:
         if self.running:

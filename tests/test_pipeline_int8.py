@@ -68,10 +68,12 @@ def test_quantized_models_load_run_and_pass_verify(examples):
 def test_changing_only_quantize_params_reruns_quantize_not_calibrate(examples):
     recipe = examples.root / "recipes/transformer.toml"
     original = recipe.read_text()
-    assert original.count('calibration = "calibrate"\n') == 1
-    try:
-        recipe.write_text(original.replace('calibration = "calibrate"\n',
-                                           'calibration = "calibrate"\nper_channel = true\n'))
+    first = original.index('[steps.quantize_int8]')
+    assert original.index('calibration = "calibrate"\n', first) < original.index('[steps.verify_int8]')
+    try:  # edit quantize_int8 only: its `calibration` line is the first after its header
+        head, tail = original[:first], original[first:]
+        recipe.write_text(head + tail.replace('calibration = "calibrate"\n',
+                                              'calibration = "calibrate"\nper_channel = true\n', 1))
         plan = examples.cli("plan", "--json")
         reasons = {e["step"]: e["reasons"] for e in plan.events if e.get("event") == "step"}
         assert "parameter per_channel: false -> true" in reasons["transformer:quantize_int8"]

@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "graph": "print the step graph (DOT or Mermaid)",
     "explain": "a step's key ingredients and provenance",
     "clean": "remove build outputs (and the cache with --cache)",
-    "cache": "inspect and maintain the local cache (ls, verify, gc)",
+    "cache": "the local and remote caches: ls, verify, gc, push, pull, stats, audit",
     "fingerprint": "print this host's fingerprint (GPU, CUDA, TensorRT, CPU, OS)",
 }
 

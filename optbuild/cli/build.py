@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def add_remote_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--remote", metavar="URL", default=None,
+                       help="remote cache URL (overrides [remote] url and $OPTBUILD_REMOTE)")
+    group.add_argument("--no-remote", action="store_true", help="do not use the remote cache")
+
+
+def remote_override(args: argparse.Namespace) -> str | bool | None:
+    return False if getattr(args, "no_remote", False) else getattr(args, "remote", None)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -11,6 +23,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print events as JSON lines")
     parser.add_argument("--skip-unavailable", action="store_true",
                         help="build what this host can; skip steps it cannot run (e.g. no GPU)")
+    add_remote_flags(parser)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -18,17 +31,38 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel steps")
     parser.add_argument("-k", "--keep-going", action="store_true",
                         help="build what does not depend on a failed step")
+    parser.add_argument("--no-build", action="store_true",
+                        help="only restore from the local or remote cache; fail, naming the steps "
+                             "that would have to build, if anything is missing")
+
+
+def report_remote(args: argparse.Namespace, result) -> None:
+    """The cache statistics line (the --json stream has the "cache" event instead)."""
+    if args.json:
+        return
+    from optbuild.store.remote import describe_stats
+
+    for event in result.reporter.events:
+        if event.get("event") == "cache":
+            print(describe_stats(event), file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.report import make_reporter
 
-    ws = api.open_workspace(args.directory)
+    ws = api.open_workspace(args.directory, remote=remote_override(args))
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,
-                           skip_unavailable=args.skip_unavailable)
+                           skip_unavailable=args.skip_unavailable, fetch_only=args.no_build)
     finally:
         ws.close()
+    report_remote(args, result)
+    if args.no_build and (missing := result.steps("would-build")):
+        print(f"error: --no-build: {len(missing)} step(s) are in neither the local nor the remote "
+              "cache and would have to build:", file=sys.stderr)
+        for sid in missing:
+            reasons = "; ".join(result.outcomes[sid].reasons)
+            print(f"  {sid}" + (f"  ({reasons})" if reasons else ""), file=sys.stderr)
     return 0 if result.ok else 1

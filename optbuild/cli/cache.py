@@ -1,9 +1,15 @@
-"""optbuild cache ls | verify | gc"""
+"""optbuild cache ls | verify | gc | push | pull | stats | audit"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
+from pathlib import Path
+from typing import Any
+
+from optbuild.cli.build import add_remote_flags, remote_override
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -11,20 +17,39 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     sub.add_parser("ls", help="list action entries")
     verify = sub.add_parser("verify", help="re-read every blob and entry; report corruption")
     verify.add_argument("--repair", action="store_true", help="delete what is corrupt")
+    audit = sub.add_parser("audit", help="check the remote cache: entries, signatures, blobs (read-only)")
+    audit.add_argument("--rehash", action="store_true",
+                       help="also download every named blob and check its digest (slow on big remotes)")
+    add_remote_flags(audit)
     gc = sub.add_parser("gc", help="evict least-recently-used entries down to a size")
     gc.add_argument("--max-size", default=None, help="e.g. '5 GiB' (default: [cache] max_size)")
     gc.add_argument("--include-locked", action="store_true",
                     help="may also evict what optbuild.lock references")
+    push = sub.add_parser("push", help="upload cached results of steps to the remote cache")
+    push.add_argument("targets", nargs="*", metavar="TARGET",
+                      help="recipe or recipe:step (default: every step in optbuild.lock)")
+    push.add_argument("--all", action="store_true", help="every entry in the local cache")
+    add_remote_flags(push)
+    pull = sub.add_parser("pull", help="fetch results from the remote cache without building")
+    pull.add_argument("targets", nargs="*", metavar="TARGET",
+                      help="recipe or recipe:step (default: everything)")
+    pull.add_argument("--fingerprint", type=Path, metavar="FILE", default=None,
+                      help="plan the keys of the host recorded in FILE (`optbuild fingerprint` output)")
+    add_remote_flags(pull)
+    stats = sub.add_parser("stats", help="cache hit rates and transfers of recent runs")
+    stats.add_argument("--last", type=int, default=10, metavar="N", help="show the last N runs")
+    stats.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api, lockfile
     from optbuild.store.local import parse_size
 
-    ws = api.open_workspace(args.directory)
+    command = args.cache_command
+    ws = api.open_workspace(args.directory, remote=remote_override(args))
     store = ws.store
     try:
-        if args.cache_command == "ls":
+        if command == "ls":
             total = 0
             for key, entry in sorted(store.iter_entries(), key=lambda kv: kv[1].step if kv[1] else ""):
                 if entry is None:
@@ -36,10 +61,21 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{key[:16]}  {entry.step:<32} {entry.kind:<22} {_human(size):>10}  {built}")
             print(f"cache size on disk: {_human(store.size_bytes())}")
             return 0
-        if args.cache_command == "verify":
+        if command == "verify":
             report = store.verify(repair=args.repair)
             print(report)
             return 0 if report.ok else 1
+        if command == "audit":
+            if ws.remote is None:
+                print("error: no remote cache is configured", file=sys.stderr)
+                return 2
+            audit = ws.remote.session(_WarningPrinter()).audit(rehash=args.rehash)
+            print(audit)
+            return 0 if audit.ok else 1
+        if command in ("push", "pull"):
+            return _transfer(ws, args)
+        if command == "stats":
+            return _stats(ws, args)
         max_size = parse_size(str(args.max_size or ws.project.config.cache.max_size))
         keep = set() if args.include_locked else {
             record["key"] for record in lockfile.read(ws.project.lock_file).values() if "key" in record
@@ -48,6 +84,186 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         ws.close()
+
+
+# --- push / pull -------------------------------------------------------------------------
+def _transfer(ws: Any, args: argparse.Namespace) -> int:
+    from optbuild.store import remote as remote_cache
+
+    if ws.remote is None:
+        print("error: no remote cache: set [remote] url in optbuild.toml, $OPTBUILD_REMOTE or --remote URL",
+              file=sys.stderr)
+        return 2
+    pushing = args.cache_command == "push"
+    if pushing and not ws.remote.write:
+        print(f"error: the remote {ws.remote.display_url} is read-only here ([remote] write = false)",
+              file=sys.stderr)
+        return 2
+    if not pushing and not ws.remote.read:
+        print(f"error: reading the remote {ws.remote.display_url} is off ([remote] read = false)",
+              file=sys.stderr)
+        return 2
+    progress = _progress()
+    session = ws.remote.session(_WarningPrinter(progress), progress=progress)
+    started = time.perf_counter()
+    try:
+        if pushing:
+            report = remote_cache.push(ws, session, args.targets, everything=args.all)
+        else:
+            host = None
+            if args.fingerprint is not None:
+                from optbuild.fingerprint import Fingerprint
+
+                try:
+                    host = Fingerprint.load(args.fingerprint)
+                except (OSError, ValueError) as exc:
+                    print(f"error: cannot read fingerprint {args.fingerprint}: {exc}", file=sys.stderr)
+                    return 2
+            report = remote_cache.pull(ws, session, args.targets, host=host)
+    finally:
+        progress.close()
+    summary = session.summary()
+    remote_cache.append_stats(ws.store.root, {"command": args.cache_command, "ok": report.ok,
+                                              "local": None, "remote": summary})
+    verb = "pushed" if pushing else "pulled"
+    where = "on the remote already" if pushing else "in the local cache already"
+    for sid in report.failed:
+        print(f"  failed   {sid}", file=sys.stderr)
+    for sid in report.missing:
+        why = "not in the local cache: build it first" if pushing else "not on the remote: it must build"
+        print(f"  missing  {sid}  ({why})", file=sys.stderr)
+    print(f"{verb} {len(report.done)}, {len(report.present)} {where}, {len(report.missing)} missing, "
+          f"{len(report.failed)} failed in {time.perf_counter() - started:.2f}s "
+          f"({_human(summary['bytes_up' if pushing else 'bytes_down'])} "
+          f"{'up' if pushing else 'down'}, {summary['errors']} remote errors)")
+    if not pushing and report.done:
+        print("restore the outputs with `optbuild build --no-build`")
+    return 0 if report.ok else 1
+
+
+class _WarningPrinter:
+    """Prints the remote's warnings (a Reporter-like sink), above a live progress bar."""
+
+    def __init__(self, progress: Any = None):
+        self.progress = progress
+        self.events: list[dict] = []
+
+    def emit(self, event: dict) -> None:
+        self.events.append(event)
+        if event.get("event") == "warning":
+            line = f"warning: {event['message']}"
+            if self.progress is not None:
+                self.progress.print(line)
+            else:
+                print(line, file=sys.stderr)
+
+
+def _progress() -> Any:
+    from optbuild.store.remote import TransferProgress
+
+    class PlainProgress(TransferProgress):
+        """One line per finished transfer (not a terminal)."""
+
+        def start(self, direction: str, label: str, total: int | None) -> Any:
+            return [direction, label, 0]
+
+        def advance(self, token: Any, nbytes: int) -> None:
+            token[2] += nbytes
+
+        def finish(self, token: Any, ok: bool) -> None:
+            arrow = "↓" if token[0] == "down" else "↑"
+            state = "" if ok else "  FAILED"
+            print(f"  {arrow} {token[1]}  {_human(token[2])}{state}", file=sys.stderr, flush=True)
+
+        def print(self, line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+        def close(self) -> None:
+            pass
+
+    if not sys.stderr.isatty():
+        return PlainProgress()
+
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    class RichProgress(TransferProgress):
+        """A bar per transfer in flight, on a terminal."""
+
+        def __init__(self) -> None:
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                TransferSpeedColumn(), TimeRemainingColumn(),
+                                console=Console(stderr=True), transient=False)
+            self.bar.start()
+
+        def start(self, direction: str, label: str, total: int | None) -> Any:
+            arrow = "↓" if direction == "down" else "↑"
+            return self.bar.add_task(f"{arrow} {label}", total=total)
+
+        def advance(self, token: Any, nbytes: int) -> None:
+            self.bar.advance(token, nbytes)
+
+        def finish(self, token: Any, ok: bool) -> None:
+            task = self.bar.tasks[token] if token < len(self.bar.tasks) else None
+            if task is not None and ok and task.total is not None:
+                self.bar.update(token, completed=task.total)
+            if not ok:
+                self.bar.update(token, description=f"{task.description if task else ''} FAILED")
+
+        def print(self, line: str) -> None:
+            self.bar.console.print(line, markup=False, highlight=False)
+
+        def close(self) -> None:
+            self.bar.stop()
+
+    return RichProgress()
+
+
+# --- stats -------------------------------------------------------------------------------
+def _stats(ws: Any, args: argparse.Namespace) -> int:
+    from optbuild.store.remote import read_stats
+
+    records = read_stats(ws.store.root)
+    totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0},
+                              "remote": {"hits": 0, "misses": 0, "rejected": 0, "errors": 0,
+                                         "bytes_down": 0, "bytes_up": 0}}
+    for record in records:
+        for level in ("local", "remote"):
+            for name, value in (record.get(level) or {}).items():
+                if name in totals[level] and isinstance(value, int) and not isinstance(value, bool):
+                    totals[level][name] += value
+    if args.json:
+        print(json.dumps({"totals": totals, "recent": records[-args.last:] if args.last > 0 else []},
+                         indent=1))
+        return 0
+    if not records:
+        print("no runs recorded yet (builds, pushes and pulls append to cache/stats.jsonl)")
+        return 0
+    print(f"{'when':<17} {'command':<8} {'local hit/miss':>14} {'remote hit/miss/err':>20} "
+          f"{'down':>10} {'up':>10}")
+    for record in records[-args.last:] if args.last > 0 else []:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.get("time", 0)))
+        local = record.get("local") or {}
+        remote = record.get("remote") or {}
+        local_text = f"{local.get('hits', 0)}/{local.get('misses', 0)}" if local else "-"
+        remote_text = (f"{remote.get('hits', 0)}/{remote.get('misses', 0)}/{remote.get('errors', 0)}"
+                       if remote else "-")
+        print(f"{when:<17} {record.get('command', '?'):<8} {local_text:>14} {remote_text:>20} "
+              f"{_human(remote.get('bytes_down', 0)):>10} {_human(remote.get('bytes_up', 0)):>10}")
+    local, remote = totals["local"], totals["remote"]
+    looked = local["hits"] + local["misses"]
+    print(f"all {len(records)} runs: local hit rate "
+          f"{(100 * local['hits'] / looked) if looked else 0:.0f}% ({local['hits']}/{looked}); "
+          f"remote {remote['hits']} hits, {remote['misses']} misses ({remote['rejected']} rejected), "
+          f"{remote['errors']} errors, {_human(remote['bytes_down'])} down, {_human(remote['bytes_up'])} up")
+    return 0
 
 
 def _human(size: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from optbuild.cli.build import add_common
+from optbuild.cli.build import add_common, remote_override, report_remote
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -15,10 +15,11 @@ def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.report import make_reporter
 
-    ws = api.open_workspace(args.directory)
+    ws = api.open_workspace(args.directory, remote=remote_override(args))
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=1,
                            dry_run=True, skip_unavailable=args.skip_unavailable)
     finally:
         ws.close()
+    report_remote(args, result)
     return 0 if result.ok else 1

@@ -1,0 +1,925 @@
+"""The remote cache: the local store's layout behind an fsspec URL, shared between hosts.
+
+    <url>/cas/<2 hex>/<30 hex>        blobs (content-addressed, so any copy is as good)
+    <url>/ac/<2 hex>/<30 hex>.json    action entries (ActionEntry JSON, optionally signed)
+    <url>/tmp/                        uploads in flight, on file systems that can rename
+
+Reading (a local miss): the entry is fetched by key and validated (its key, every digest
+32 hex, output paths inside the output folder, the HMAC signature when a signing key is
+configured); every blob it names is downloaded to a temporary file, checked against its
+size and digest and only then put into the local store; the entry is stored locally last.
+Anything wrong is a miss with a warning, never a wrong hit, and nothing unverified reaches
+the local store.
+
+Writing (after a local build): blobs first, then the entry, so the remote never names a
+blob it lacks. Blobs already there are skipped (unless one was found corrupt in this run).
+On file systems that rename (file://, a shared mount) everything is written under tmp/ and
+renamed into place; on object stores (s3://, gs://, ...) a single PUT (or a completed
+multipart upload) is atomic per object. Two writers of one key each publish a complete,
+valid entry; the last one wins, and both name blobs that are present.
+
+Faults (connection refused, timeouts, HTTP errors, slow responses) never fail a build: each
+is a warning event and an error count; after ``max_errors`` of them the remote is disabled
+for the rest of the run (circuit breaker) and steps build locally.
+
+This module imports nothing heavy: fsspec (and s3fs, gcsfs, ...) load on the first remote
+operation, so a fully cached build never pays for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from optbuild.digest import digest_bytes, hash_file
+from optbuild.store.entry import ActionEntry, check_relative_path
+
+if TYPE_CHECKING:
+    from optbuild.recipe import RemoteSection
+    from optbuild.report import Reporter
+    from optbuild.store.local import LocalStore
+
+ENV_URL = "OPTBUILD_REMOTE"
+STATS_FILE = "stats.jsonl"
+STATS_MAX_BYTES = 512 << 10  # the stats file is trimmed to its newer half beyond this
+MAX_ENTRY_BYTES = 16 << 20  # an entry larger than this is not an entry
+SIGNATURE_FIELD = "signature"
+_HEX = re.compile(r"[0-9a-f]{32}")
+_OFF = {"off", "none", "no", "false", "0"}
+_RENAMING = {"file", "local", "sftp", "ssh"}  # protocols whose mv is an atomic rename
+_CHUNK = 8 << 20
+_SLOWEST_BPS = 1 << 20  # a transfer that reports no progress gets timeout_s + size at 1 MiB/s
+
+
+class _Failed(Exception):
+    """A remote operation failed; it has been counted and reported."""
+
+
+class _Rejected(Exception):
+    """What the remote sent is not acceptable (corrupt, unsigned, unsafe)."""
+
+
+# --- configuration ---------------------------------------------------------------------
+def open_remote(section: RemoteSection, override: str | bool | None = None,
+                *, project_root: Path | None = None,
+                environ: dict[str, str] | None = None) -> RemoteStore | None:
+    """The remote for this run, or None: ``--no-remote`` (False) > ``--remote URL`` (str) >
+    $OPTBUILD_REMOTE (a URL, or off/none/0 to disable) > ``[remote] url``.
+
+    Nothing is imported or contacted here.
+    """
+    environ = os.environ if environ is None else environ
+    if override is False:
+        return None
+    url = override if isinstance(override, str) and override else None
+    if url is None:
+        env = environ.get(ENV_URL, "").strip()
+        if env.lower() in _OFF:
+            return None
+        url = env or section.url
+    if not url:
+        return None
+    if "://" not in url and not url.startswith("/") and project_root is not None:
+        url = str((project_root / url).resolve())  # a plain relative path: from the project root
+    return RemoteStore(
+        url, read=section.read, write=section.write, timeout_s=section.timeout_s,
+        max_errors=section.max_errors, signing_key_env=section.signing_key_env or None,
+        endpoint_url=section.endpoint_url or None, options=dict(section.options), environ=environ)
+
+
+def redact(url: str) -> str:
+    """``url`` without credentials (user:password@ in the authority)."""
+    return re.sub(r"(://)[^/@]*@", r"\1***@", url)
+
+
+# --- entry encoding and validation ---------------------------------------------------
+def canonical_bytes(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode()
+
+
+def sign(doc: dict[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 of the canonical entry bytes (the signature field excluded)."""
+    body = {k: v for k, v in doc.items() if k != SIGNATURE_FIELD}
+    return hmac.new(key, canonical_bytes(body), hashlib.sha256).hexdigest()
+
+
+def encode_entry(entry: ActionEntry, key: bytes | None) -> bytes:
+    doc = entry.model_dump(mode="json")
+    if key is not None:
+        doc[SIGNATURE_FIELD] = sign(doc, key)
+    return canonical_bytes(doc)
+
+
+def decode_entry(data: bytes, expected_key: str, signing_key: bytes | None) -> ActionEntry:
+    """The entry in ``data`` if it is safe to use as the entry of ``expected_key``.
+
+    Raises _Rejected saying why not: not JSON, unsigned or wrongly signed (when a key is
+    configured), not an entry, filed under another key, digests that are not 32 hex,
+    output paths that leave the output folder or collide.
+    """
+    if len(data) > MAX_ENTRY_BYTES:
+        raise _Rejected(f"it is larger than {MAX_ENTRY_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise _Rejected("it is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise _Rejected("it is not a JSON object")
+    signature = doc.pop(SIGNATURE_FIELD, None)
+    if signing_key is not None:
+        if not isinstance(signature, str):
+            raise _Rejected("it is not signed, and a signing key is configured")
+        if not hmac.compare_digest(signature, sign(doc, signing_key)):
+            raise _Rejected("its signature does not match (written without the signing key, or altered)")
+    try:
+        entry = ActionEntry.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise _Rejected(f"it is not a valid entry ({where}: {first['msg']})") from None
+    check_entry(entry, expected_key)
+    return entry
+
+
+def check_entry(entry: ActionEntry, expected_key: str) -> None:
+    """Raise _Rejected unless ``entry`` is well-formed for ``expected_key``."""
+    if not _HEX.fullmatch(entry.key) or entry.key != expected_key:
+        raise _Rejected(f"it is filed under key {expected_key} but names key {entry.key[:40]!r}")
+    digests = [o.digest for o in entry.outputs.values()] + ([entry.log] if entry.log is not None else [])
+    for digest in digests:
+        if not isinstance(digest, str) or not _HEX.fullmatch(digest):
+            raise _Rejected(f"it names {str(digest)[:40]!r}, which is not a digest (32 hex)")
+    if not entry.outputs:
+        raise _Rejected("it has no outputs")
+    parents = {p.as_posix() for name in entry.outputs for p in Path(name).parents}
+    for name, output in entry.outputs.items():
+        try:
+            check_relative_path(name)
+        except ValueError as exc:
+            raise _Rejected(str(exc)) from None
+        if name in parents:
+            raise _Rejected(f"output {name!r} is both a file and a folder")
+        if output.size < 0:
+            raise _Rejected(f"output {name!r} has a negative size")
+    if entry.primary is not None and entry.primary not in entry.outputs:
+        raise _Rejected(f"its primary output {entry.primary!r} is not one of its outputs")
+
+
+# --- the store -------------------------------------------------------------------------
+class RemoteStore:
+    """Where the remote is and how to talk to it; one per workspace.
+
+    The file system object is made on first use (importing fsspec and the protocol's
+    driver then) and shared by the sessions (one per build or command) made from it.
+    """
+
+    def __init__(self, url: str, *, read: bool = True, write: bool = True, timeout_s: float = 10.0,
+                 max_errors: int = 3, signing_key_env: str | None = None,
+                 endpoint_url: str | None = None, options: dict[str, Any] | None = None,
+                 environ: dict[str, str] | None = None):
+        self.url = url
+        self.display_url = redact(url)
+        self.read = read
+        self.write = write
+        self.timeout_s = timeout_s
+        self.max_errors = max_errors
+        self.signing_key_env = signing_key_env
+        self.endpoint_url = endpoint_url
+        self.options = options or {}
+        environ = os.environ if environ is None else environ
+        secret = environ.get(signing_key_env) if signing_key_env else None
+        self.signing_key: bytes | None = secret.encode() if secret else None
+        self._fs: Any = None
+        self._root = ""
+        self._renames = False
+        self._lock = threading.Lock()
+
+    def session(self, reporter: Reporter | None = None, *, dry_run: bool = False,
+                progress: TransferProgress | None = None) -> RemoteSession:
+        return RemoteSession(self, reporter, dry_run=dry_run, progress=progress)
+
+    # --- file system (lazy) ----------------------------------------------------------
+    def filesystem(self) -> tuple[Any, str]:
+        with self._lock:
+            if self._fs is None:
+                self._fs, self._root, self._renames = self._connect()
+            return self._fs, self._root
+
+    def _connect(self) -> tuple[Any, str, bool]:
+        import fsspec
+        from fsspec.core import split_protocol
+
+        protocol = (split_protocol(self.url)[0] or "file").lower()
+        options = dict(self.options)
+        if protocol in ("s3", "s3a"):
+            if self.endpoint_url:
+                options.setdefault("endpoint_url", self.endpoint_url)
+            config = dict(options.pop("config_kwargs", None) or {})
+            config.setdefault("connect_timeout", self.timeout_s)
+            config.setdefault("read_timeout", self.timeout_s)
+            config.setdefault("retries", {"total_max_attempts": 1})  # the breaker counts failures instead
+            options["config_kwargs"] = config
+            options.setdefault("use_listings_cache", False)  # other writers change the remote
+            options.setdefault("skip_instance_cache", True)
+        elif self.endpoint_url:
+            options.setdefault("endpoint_url", self.endpoint_url)
+        fs, root = fsspec.core.url_to_fs(self.url, **options)
+        if protocol in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
+            fs.retries = min(fs.retries, 2)  # s3fs's own retry loop sleeps between tries
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        return fs, root.rstrip("/"), bool(protocols & _RENAMING)
+
+    def blob_path(self, digest: str) -> str:
+        return f"{self._root}/cas/{digest[:2]}/{digest[2:]}"
+
+    def entry_path(self, key: str) -> str:
+        return f"{self._root}/ac/{key[:2]}/{key[2:]}.json"
+
+    # --- raw operations (run under RemoteSession._call) --------------------------------
+    def _read_entry(self, key: str, touch: Callable[[int], None]) -> bytes:
+        fs, _ = self.filesystem()
+        return fs.cat_file(self.entry_path(key), start=0, end=MAX_ENTRY_BYTES + 1)
+
+    def _blob_size(self, digest: str, touch: Callable[[int], None]) -> int | None:
+        fs, _ = self.filesystem()
+        try:
+            return int(fs.info(self.blob_path(digest))["size"])
+        except FileNotFoundError:
+            return None
+
+    def _download(self, remote: str, local: Path, expected: int | None,
+                  touch: Callable[[int], None]) -> None:
+        fs, _ = self.filesystem()
+        if self._renames:  # a mounted file system: copy in chunks, so a stall is seen
+            with fs.open(remote, "rb") as src, open(local, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                    touch(len(chunk))
+                    if expected is not None and dst.tell() > expected:
+                        raise _Rejected(f"it is larger than the {expected} bytes recorded")
+            return
+        fs.get_file(remote, str(local), callback=_callback(touch, expected))
+
+    def _upload(self, local: Path, remote: str, touch: Callable[[int], None]) -> None:
+        fs, _ = self.filesystem()
+        if not self._renames:
+            fs.put_file(str(local), remote, callback=_callback(touch, None))
+            return
+        tmp = self._tmp_name()
+        fs.makedirs(tmp.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            with open(local, "rb") as src, fs.open(tmp, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                    touch(len(chunk))
+                _fsync(dst)
+            self._publish(tmp, remote)
+        finally:
+            _quiet_rm(fs, tmp)
+
+    def _write_entry(self, key: str, data: bytes, touch: Callable[[int], None]) -> None:
+        fs, _ = self.filesystem()
+        dest = self.entry_path(key)
+        if not self._renames:
+            fs.pipe_file(dest, data)
+            return
+        tmp = self._tmp_name()
+        fs.makedirs(tmp.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            with fs.open(tmp, "wb") as dst:
+                dst.write(data)
+                _fsync(dst)
+            self._publish(tmp, dest)
+        finally:
+            _quiet_rm(fs, tmp)
+
+    def _publish(self, tmp: str, dest: str) -> None:
+        fs, _ = self.filesystem()
+        fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+        fs.mv(tmp, dest)  # a rename: readers see the old object, or the whole new one
+
+    def _tmp_name(self) -> str:
+        return f"{self._root}/tmp/{os.getpid()}-{uuid.uuid4().hex}"
+
+    def _list(self, prefix: str, touch: Callable[[int], None]) -> dict[str, int]:
+        fs, _ = self.filesystem()
+        try:
+            found = fs.find(f"{self._root}/{prefix}", detail=True)
+        except FileNotFoundError:
+            return {}
+        return {path: int(info.get("size") or 0) for path, info in found.items()}
+
+
+def _callback(touch: Callable[[int], None], expected: int | None) -> Any:
+    """An fsspec callback that reports progress to ``touch`` and stops oversized downloads."""
+    from fsspec.callbacks import Callback
+
+    class _Progress(Callback):
+        def set_size(self, size: int | None) -> None:
+            super().set_size(size)
+            if expected is not None and size is not None and size != expected:
+                raise _Rejected(f"it has {size} bytes where {expected} were recorded")
+            touch(0)
+
+        def relative_update(self, inc: int = 1) -> None:
+            super().relative_update(inc)
+            touch(inc)
+
+    return _Progress()
+
+
+def _fsync(handle: Any) -> None:
+    try:
+        handle.flush()
+        os.fsync(handle.fileno())
+    except (AttributeError, OSError, ValueError):  # not a real file: nothing to sync
+        pass
+
+
+def _quiet_rm(fs: Any, path: str) -> None:
+    with suppress(Exception):  # already renamed away, or the remote went down
+        fs.rm_file(path)
+
+
+# --- progress ----------------------------------------------------------------------------
+class TransferProgress:
+    """Hooks for showing transfers (``cache push/pull`` draw a bar or print lines)."""
+
+    def start(self, direction: str, label: str, total: int | None) -> Any:
+        return None
+
+    def advance(self, token: Any, nbytes: int) -> None:
+        pass
+
+    def finish(self, token: Any, ok: bool) -> None:
+        pass
+
+
+# --- one run ---------------------------------------------------------------------------
+@dataclass
+class RemoteStats:
+    hits: int = 0  # entries found and fetched intact (dry runs: found)
+    misses: int = 0  # keys the remote does not have, or has unusable (then also rejected)
+    rejected: int = 0  # entries or blobs refused: corrupt, unsigned, unsafe, incomplete
+    errors: int = 0  # failed operations: refused, timed out, HTTP errors
+    bytes_down: int = 0
+    bytes_up: int = 0
+    blobs_down: int = 0
+    blobs_up: int = 0
+    entries_up: int = 0
+    disabled: bool = False
+
+
+@dataclass
+class RemoteSession:
+    """The remote as one build (or push, or pull) uses it: counters and circuit breaker.
+
+    Every method is safe to call from the executor's threads and never raises for a
+    remote fault: it warns, counts, and answers "miss" / "not uploaded".
+    """
+
+    store: RemoteStore
+    reporter: Reporter | None = None
+    dry_run: bool = False
+    progress: TransferProgress | None = None
+    cancel: threading.Event | None = None
+    stats: RemoteStats = field(default_factory=RemoteStats)
+    _suspect: set[str] = field(default_factory=set)  # remote blobs found corrupt: re-upload
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _checked: bool = False
+    _uploads: list[Any] = field(default_factory=list)
+    _pool: Any = None
+
+    @property
+    def url(self) -> str:
+        return self.store.display_url
+
+    # --- reporting and the breaker -----------------------------------------------------
+    def warn(self, message: str, **extra: Any) -> None:
+        event = {"event": "warning", "source": "remote", "message": f"remote {self.url}: {message}", **extra}
+        if self.reporter is not None:
+            self.reporter.emit(event)
+
+    def _usable(self, writing: bool = False) -> bool:
+        with self._lock:
+            if not self._checked:
+                self._checked = True
+                if self.store.signing_key_env and self.store.signing_key is None:
+                    self.stats.disabled = True
+                    missing = self.store.signing_key_env
+                else:
+                    missing = None
+            else:
+                missing = None
+            usable = not self.stats.disabled and (self.store.write if writing else self.store.read)
+        if missing:
+            self.warn(f"signing_key_env names ${missing}, which is not set: the remote is not used "
+                      "(entries could be neither verified nor signed)")
+        return usable
+
+    def _fault(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            self.stats.errors += 1
+            if self.stats.disabled:  # an operation that was in flight when the breaker tripped
+                return
+            errors = self.stats.errors
+            trip = not self.stats.disabled and errors >= self.store.max_errors
+            fatal = isinstance(exc, (ImportError, ValueError, TypeError))  # unusable configuration
+            if trip or fatal:
+                self.stats.disabled = True
+        detail = _describe(exc)
+        self.warn(f"{what} failed: {detail} (error {errors} of at most {self.store.max_errors})",
+                  error=detail)
+        if trip or fatal:
+            self.warn(f"disabled for the rest of this run after {errors} error(s); steps build locally")
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, size: int | None = None,
+              missing_ok: bool = False) -> Any:
+        """Run ``fn(*args, touch)`` in a daemon thread under the stall watchdog.
+
+        ``touch(nbytes)`` is called by transfers as they make progress; a call that shows
+        none for ``timeout_s`` (plus, before its first sign of life, the time to move
+        ``size`` bytes at 1 MiB/s) is abandoned as timed out. FileNotFoundError passes
+        through when ``missing_ok``; _Rejected passes through; anything else is a fault.
+        """
+        if self.stats.disabled:  # tripped while a multi-call operation was under way
+            raise _Failed(what)
+        last = [time.monotonic()]
+        alive = [False]
+
+        def touch(nbytes: int) -> None:
+            last[0] = time.monotonic()
+            alive[0] = True
+
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["value"] = fn(*args, touch)
+            except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name="optbuild-remote", daemon=True).start()
+        slack = (size or 0) / _SLOWEST_BPS
+        while not done.wait(0.05):
+            if self.cancel is not None and self.cancel.is_set():
+                raise _Failed("cancelled")
+            limit = self.store.timeout_s + (0 if alive[0] else slack)
+            if time.monotonic() - last[0] > limit:
+                self._fault(what, TimeoutError(f"no response for {self.store.timeout_s:g}s"))
+                raise _Failed(what)
+        error = box.get("error")
+        if error is None:
+            return box.get("value")
+        if isinstance(error, FileNotFoundError) and missing_ok:
+            raise error
+        if isinstance(error, _Rejected):
+            raise error
+        if isinstance(error, KeyboardInterrupt):
+            raise error
+        self._fault(what, error)
+        raise _Failed(what) from None
+
+    # --- reading -----------------------------------------------------------------------
+    def lookup(self, key: str, step: str = "") -> ActionEntry | None:
+        """The remote entry of ``key`` if it exists and is acceptable; only the entry is read."""
+        if not self._usable():
+            return None
+        try:
+            data = self._call(f"reading the entry of {step or key}", self.store._read_entry, key,
+                              missing_ok=True)
+        except FileNotFoundError:
+            self._count(misses=1)
+            return None
+        except _Failed:
+            return None
+        try:
+            entry = decode_entry(data, key, self.store.signing_key)
+        except _Rejected as exc:
+            self._count(misses=1, rejected=1)
+            self.warn(f"entry of {step or key} rejected: {exc}", step=step, key=key)
+            return None
+        if self.dry_run:
+            self._count(hits=1)
+        return entry
+
+    def fetch(self, entry: ActionEntry, local: LocalStore, step: str = "") -> ActionEntry | None:
+        """Download what ``entry`` names into ``local``, verified, then store the entry there.
+
+        Returns the entry (now a local hit), or None when anything was missing, corrupt or
+        failed; nothing unverified is left in the local store. The caller holds the local
+        store's shared gc lock (and the key's lock).
+        """
+        if not self._usable():
+            return None
+        label = step or entry.step
+        names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
+        sizes = {o.digest: o.size for o in entry.outputs.values()}
+        scratch: Path | None = None
+        try:
+            for digest in sorted(entry.blob_digests()):
+                size = sizes.get(digest)
+                if local.blob_ok(digest, size):
+                    continue
+                if scratch is None:
+                    scratch = local.new_tmp_dir("remote")
+                self._download_blob(digest, size, scratch / digest, local,
+                                    f"{label} {names.get(digest, 'log')}")
+            local.put_action(entry)
+        except _Rejected as exc:
+            self._count(misses=1, rejected=1)
+            self.warn(f"entry of {label} not used: {exc}; building it locally", step=step, key=entry.key)
+            return None
+        except _Failed:
+            return None
+        except OSError as exc:  # the local side (disk full...): not the remote's fault
+            self.warn(f"could not store what was fetched for {label}: {_describe(exc)}", step=step)
+            return None
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        if not self.dry_run:
+            self._count(hits=1)
+        return entry
+
+    def _download_blob(self, digest: str, size: int | None, tmp: Path, local: LocalStore,
+                       label: str) -> None:
+        token = self.progress.start("down", label, size) if self.progress else None
+        ok = False
+
+        def fn(touch: Callable[[int], None]) -> None:
+            def counting(nbytes: int) -> None:
+                touch(nbytes)
+                if self.progress and nbytes:
+                    self.progress.advance(token, nbytes)
+            self.store._download(self.store.blob_path(digest), tmp, size, counting)
+
+        try:
+            try:
+                self._call(f"downloading blob {digest[:8]} of {label}", fn, size=size, missing_ok=True)
+            except FileNotFoundError:
+                raise _Rejected(f"it names blob {digest[:8]}…, which the remote lacks") from None
+            got, nbytes = hash_file(tmp)
+            self._count(bytes_down=nbytes, blobs_down=1)
+            if got != digest or (size is not None and nbytes != size):
+                with self._lock:
+                    self._suspect.add(digest)
+                raise _Rejected(f"remote blob {digest[:8]}… is corrupt ({nbytes} bytes hashing to "
+                                f"{got[:8]}…)")
+            if local.put_file(tmp, move=True).digest != digest:  # changed under us: never file it
+                raise _Rejected(f"blob {digest[:8]}… changed while it was stored")
+            ok = True
+        finally:
+            if self.progress:
+                self.progress.finish(token, ok)
+
+    # --- writing -----------------------------------------------------------------------
+    def push(self, entry: ActionEntry, local: LocalStore, step: str = "", *,
+             skip_if_present: bool = False) -> str:
+        """Upload ``entry``'s blobs (those the remote lacks), then the entry.
+
+        Returns "uploaded", "present" (``skip_if_present`` and the remote already has an
+        acceptable entry for the key), "failed" or "off" (remote disabled or read-only).
+        The caller holds the local store's shared gc lock so the blobs stay put.
+        """
+        if not self._usable(writing=True):
+            return "off"
+        label = step or entry.step
+        try:
+            if skip_if_present and self._has_entry(entry.key):
+                return "present"
+            sizes = {o.digest: o.size for o in entry.outputs.values()}
+            names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
+            for digest in sorted(entry.blob_digests()):
+                source = local.blob_path(digest)
+                if not local.blob_ok(digest, sizes.get(digest)):
+                    self.warn(f"not pushing {label}: its local blob {digest[:8]}… is missing or corrupt")
+                    return "failed"
+                size = source.stat().st_size
+                with self._lock:
+                    suspect = digest in self._suspect
+                if not suspect and self._call(f"checking blob {digest[:8]}", self.store._blob_size,
+                                              digest) == size:
+                    continue
+                self._upload_blob(source, digest, size, f"{label} {names.get(digest, 'log')}")
+                with self._lock:
+                    self._suspect.discard(digest)
+            data = encode_entry(entry, self.store.signing_key)
+            self._call(f"writing the entry of {label}", self.store._write_entry, entry.key, data)
+            self._count(entries_up=1, bytes_up=len(data))
+            return "uploaded"
+        except _Failed:
+            return "failed"
+        except OSError as exc:
+            self.warn(f"not pushing {label}: {_describe(exc)}")
+            return "failed"
+
+    def push_later(self, entry: ActionEntry, local: LocalStore, step: str = "") -> None:
+        """``push`` in the background (write-through), so later steps build meanwhile.
+
+        Runs under its own shared gc lock; ``drain`` waits for every upload to end.
+        """
+        if not self._usable(writing=True):
+            return
+        with self._lock:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="optbuild-upload")
+            self._uploads.append(self._pool.submit(self._push_held, entry, local, step))
+
+    def _push_held(self, entry: ActionEntry, local: LocalStore, step: str) -> str:
+        with local.shared_gc_lock():
+            return self.push(entry, local, step)
+
+    def drain(self) -> None:
+        """Wait for the background uploads (a cancelled run makes them give up at once)."""
+        with self._lock:
+            pending, self._uploads = self._uploads, []
+            pool, self._pool = self._pool, None
+        for future in pending:
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 (push reports its own faults; this is a bug)
+                self.warn(f"upload failed: {_describe(exc)}")
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _upload_blob(self, source: Path, digest: str, size: int, label: str) -> None:
+        token = self.progress.start("up", label, size) if self.progress else None
+        ok = False
+
+        def fn(touch: Callable[[int], None]) -> None:
+            def counting(nbytes: int) -> None:
+                touch(nbytes)
+                if self.progress and nbytes:
+                    self.progress.advance(token, nbytes)
+            self.store._upload(source, self.store.blob_path(digest), counting)
+
+        try:
+            self._call(f"uploading blob {digest[:8]} of {label}", fn, size=size)
+            self._count(bytes_up=size, blobs_up=1)
+            ok = True
+        finally:
+            if self.progress:
+                self.progress.finish(token, ok)
+
+    def _has_entry(self, key: str) -> bool:
+        try:
+            data = self._call(f"reading the entry {key[:8]}", self.store._read_entry, key, missing_ok=True)
+        except FileNotFoundError:
+            return False
+        try:
+            decode_entry(data, key, self.store.signing_key)
+        except _Rejected:
+            return False
+        return True
+
+    # --- audit -------------------------------------------------------------------------
+    def audit(self, *, rehash: bool = False) -> RemoteAudit:
+        """Check the whole remote: every entry acceptable, every blob it names present with
+        its recorded size (and with ``rehash``, downloaded and hashed). Nothing is changed."""
+        report = RemoteAudit()
+        if not self._usable():
+            report.problems.append("remote not readable")
+            return report
+        try:
+            entries = self._call("listing entries", self.store._list, "ac")
+            blobs = self._call("listing blobs", self.store._list, "cas")
+        except _Failed as exc:
+            report.problems.append(f"cannot list the remote: {exc}")
+            return report
+        sizes = {}
+        for path, size in blobs.items():
+            parts = path.rsplit("/", 2)
+            sizes[parts[-2] + parts[-1]] = size
+        report.blobs = len(sizes)
+        named: set[str] = set()
+        for path in sorted(entries):
+            parts = path.rsplit("/", 2)
+            if not parts[-1].endswith(".json"):
+                continue
+            key = parts[-2] + parts[-1][: -len(".json")]
+            report.entries += 1
+            try:
+                data = self._call(f"reading entry {key[:8]}", self.store._read_entry, key, missing_ok=True)
+                entry = decode_entry(data, key, self.store.signing_key)
+            except (FileNotFoundError, _Failed):
+                continue
+            except _Rejected as exc:
+                report.problems.append(f"entry {key}: {exc}")
+                continue
+            recorded = {o.digest: o.size for o in entry.outputs.values()}
+            for digest in sorted(entry.blob_digests()):
+                named.add(digest)
+                if digest not in sizes:
+                    report.problems.append(f"entry {key} ({entry.step}) names missing blob {digest}")
+                elif digest in recorded and sizes[digest] != recorded[digest]:
+                    report.problems.append(f"blob {digest}: {sizes[digest]} bytes, {recorded[digest]} recorded")
+        if rehash:
+            fs, _ = self.store.filesystem()
+            for digest in sorted(set(sizes) & named):
+                data = fs.cat_file(self.store.blob_path(digest))
+                if digest_bytes(data) != digest:
+                    report.problems.append(f"blob {digest} is corrupt")
+        report.orphan_blobs = len(set(sizes) - named)
+        return report
+
+    # --- counters ----------------------------------------------------------------------
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            return {"url": self.url, **self.stats.__dict__}
+
+
+@dataclass
+class RemoteAudit:
+    entries: int = 0
+    blobs: int = 0
+    orphan_blobs: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        lines = [f"remote: checked {self.entries} entries and {self.blobs} blobs: "
+                 + ("all intact" if self.ok else "PROBLEMS FOUND")]
+        lines += [f"  {p}" for p in self.problems]
+        if self.orphan_blobs:
+            lines.append(f"  {self.orphan_blobs} blobs that no entry names")
+        return "\n".join(lines)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+# --- statistics --------------------------------------------------------------------------
+def run_stats(outcomes: dict[str, Any], session: RemoteSession | None) -> dict[str, Any]:
+    """Hits and misses per cache level for one run (the "cache" event and stats line)."""
+    local_hits = sum(1 for o in outcomes.values() if o.status == "cached" and o.key)
+    local_misses = sum(1 for o in outcomes.values() if o.key and o.status != "cached")
+    return {"local": {"hits": local_hits, "misses": local_misses},
+            "remote": session.summary() if session is not None else None}
+
+
+def describe_stats(stats: dict[str, Any]) -> str:
+    """One line for people: "cache: local 3 hits, 1 miss; remote s3://...: 1 hit, ..."."""
+    local = stats.get("local") or {}
+    text = f"cache: local {_n(local.get('hits', 0), 'hit')}, {_n(local.get('misses', 0), 'miss')}"
+    remote = stats.get("remote")
+    if remote:
+        text += (f"; remote {remote['url']}: {_n(remote['hits'], 'hit')}, {_n(remote['misses'], 'miss')}, "
+                 f"{_n(remote['errors'], 'error')}")
+        if remote.get("rejected"):
+            text += f", {remote['rejected']} rejected"
+        text += f", {human_bytes(remote['bytes_down'])} down, {human_bytes(remote['bytes_up'])} up"
+        if remote.get("disabled"):
+            text += " (remote disabled during the run)"
+    return text
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "es" if word.endswith("s") else "s")
+
+
+def append_stats(cache_dir: Path, record: dict[str, Any]) -> None:
+    """Add one line to cache/stats.jsonl (best effort; trimmed to stay small)."""
+    path = Path(cache_dir) / STATS_FILE
+    line = json.dumps({"time": time.time(), **record}, default=str, separators=(",", ":")) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as f:  # O_APPEND: concurrent lines stay whole
+            f.write(line)
+        if path.stat().st_size > STATS_MAX_BYTES:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            tmp = path.with_name(f".{STATS_FILE}.{os.getpid()}.tmp")
+            tmp.write_text("".join(lines[len(lines) // 2:]), encoding="utf-8")
+            os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache still builds
+
+
+def read_stats(cache_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
+        text = (Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def human_bytes(size: float) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+# --- push and pull (``optbuild cache push/pull``) ---------------------------------------
+@dataclass
+class TransferReport:
+    done: list[str] = field(default_factory=list)  # pushed / pulled
+    present: list[str] = field(default_factory=list)  # already there
+    missing: list[str] = field(default_factory=list)  # not available to transfer
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.failed)
+
+
+def pull(ws: Any, session: RemoteSession, targets: Iterable[str] = (), *, host: Any = None) -> TransferReport:
+    """Fetch into the local cache what the remote has for ``targets`` (and their ancestors),
+    without building anything; with ``host`` (a recorded Fingerprint), the keys are those
+    of that host. Keys of steps downstream of a remote hit are planned from the remote
+    entry, so a whole chain is found without building its head.
+    """
+    from optbuild.executor import Executor, Options
+    from optbuild.report import Reporter
+
+    report = TransferReport()
+    selected = ws.graph.select(list(targets))
+    planner = Executor(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), host=host,
+                       options=Options(jobs=1, dry_run=True), remote=session)
+    planned = planner.run(selected)
+    for sid in selected:
+        outcome = planned[sid]
+        if outcome.status == "cached":
+            report.present.append(sid)
+        elif getattr(outcome, "source", None) == "remote" and outcome.entry is not None:
+            with ws.store.shared_gc_lock(), ws.store.lock(outcome.key):
+                if ws.store.get_action(outcome.key) is not None:
+                    report.present.append(sid)
+                elif session.fetch(outcome.entry, ws.store, sid) is not None:
+                    report.done.append(sid)
+                else:
+                    report.failed.append(sid)
+        else:
+            report.missing.append(sid)
+    ws.hasher.flush()
+    return report
+
+
+def push(ws: Any, session: RemoteSession, targets: Iterable[str] = (), *,
+         everything: bool = False) -> TransferReport:
+    """Upload what the local cache holds for ``targets`` (their keys as recorded in the lock
+    file; all recorded steps when none), or with ``everything`` every local entry."""
+    from optbuild import lockfile
+
+    report = TransferReport()
+    if everything:
+        items = [(entry.step, key) for key, entry in ws.store.iter_entries() if entry is not None]
+    else:
+        records = lockfile.read(ws.project.lock_file)
+        targets = list(targets)
+        steps = ws.graph.select(targets) if targets else sorted(records)
+        items = []
+        for sid in steps:
+            if sid in records and "key" in records[sid]:
+                items.append((sid, records[sid]["key"]))
+            else:
+                report.missing.append(sid)
+    for sid, key in items:
+        with ws.store.shared_gc_lock():
+            entry = ws.store.get_action(key)
+            if entry is None:
+                report.missing.append(sid)
+                continue
+            result = session.push(entry, ws.store, sid, skip_if_present=True)
+        {"uploaded": report.done, "present": report.present}.get(result, report.failed).append(sid)
+    return report
