@@ -1,0 +1,775 @@
+"""Measure built models on this host: onnxruntime (CPU provider) latency and throughput of
+every ONNX / ORT-format artifact of the selected steps, PyTorch eager as the baseline where
+a recipe exports from PyTorch, and the figures of the verify steps that checked them.
+
+``bench(ws, targets, options)`` is what ``optbuild bench`` runs:
+
+1. Targets are steps ("recipe:step") or recipes (every step whose output is an ONNX or
+   ORT-format model: onnx, export, simplify, quantize, engine with backend onnxruntime, or
+   a plug-in kind with such an output; the others are skipped with a note).
+2. They are built with ``api.build`` (the cache makes that free when nothing changed), with
+   the verify steps whose candidate is one of them. ``build=False`` (``--no-build``) only
+   restores from the caches and fails, naming the steps, when any would have to build.
+3. Every model gets warm-up runs, then ``runs`` timed runs on seeded random inputs of its
+   declared shapes: a symbolic first dimension is ``batch``, other symbolic dimensions are
+   ``dim``; integer inputs (token ids) are drawn from the ``int_range`` of a verify step
+   that checks one of the models, else from [0, 8). Every model of a recipe gets the same
+   inputs. An export step also gives a "PyTorch eager" row: its callable, loaded the way the
+   export step loads it, run under ``torch.no_grad()`` on the same inputs.
+4. Timed runs are interleaved across the models of a recipe in ``rounds`` blocks (each block
+   opens with one untimed run), so load from other processes on a shared host hits every
+   row alike instead of whichever model was running at the time. The garbage collector is
+   off while timing, as in ``timeit``.
+5. ``build/<recipe>/bench.json`` is written for every recipe benched (and with ``plot``,
+   ``build/<recipe>/bench.png``).
+
+Figures per row: latency p50 / p90 / p99 / mean (ms), throughput (samples/s = batch / mean
+latency), session load time, model size, speed-up against the baseline row (the reference of
+the recipe's verify steps where there is one), and the verify step's cosine, max abs and
+top-1 from its ``report.json``.
+
+numpy, onnxruntime and torch are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optbuild.errors import OptbuildError
+
+if TYPE_CHECKING:
+    from optbuild.api import Workspace
+    from optbuild.recipe import StepSpec
+    from optbuild.report import Reporter
+    from optbuild.steps.calibdata import InputSpec
+
+BENCH_VERSION = 1
+BENCH_FILE = "bench.json"
+PLOT_FILE = "bench.png"
+MODEL_SUFFIXES = (".onnx", ".ort")
+TRT_KINDS = {"engine/tensorrt": "TensorRT", "engine/tensorrt-rtx": "TensorRT-RTX"}
+_OK = ("cached", "built", "restored")
+
+
+class BenchError(OptbuildError):
+    """The bench cannot run or measure what was asked (printed without a traceback)."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    runs: int = 100  # timed runs per model
+    warmup: int = 10  # untimed runs per model before timing
+    batch: int = 1  # size of a symbolic first dimension
+    threads: int | None = None  # intra-op threads (onnxruntime) / torch.set_num_threads; None: theirs
+    build: bool = True  # False: restore from the caches only (--no-build)
+    plot: bool = False  # also write bench.png (needs matplotlib)
+    seed: int = 0  # random inputs
+    dim: int = 16  # size of other symbolic dimensions
+    rounds: int = 10  # interleaving blocks (1: every model's runs in one go)
+
+    def __post_init__(self) -> None:
+        for name, low in (("runs", 1), ("warmup", 0), ("batch", 1), ("dim", 1), ("rounds", 1)):
+            if getattr(self, name) < low:
+                raise BenchError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise BenchError(f"threads must be at least 1, got {self.threads}")
+
+
+@dataclass
+class Row:
+    """One measured model (or the PyTorch module behind an export step)."""
+
+    step: str  # recipe:step
+    runtime: str  # "onnxruntime" | "torch"
+    label: str  # "ORT static INT8", "PyTorch eager", ...
+    precision: str  # "fp32", "static INT8", ...
+    artifact: Path | None  # the model file (for torch: the export's callable)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> shape, dtype
+    batch: int = 1
+    load_ms: float = 0.0
+    size_bytes: int | None = None
+    times_ns: list[int] = field(default_factory=list)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    throughput: float = 0.0  # samples per second
+    speedup: float | None = None  # baseline p50 / this p50
+    verify: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.step} ({self.runtime})"
+
+    def as_json(self, root: Path) -> dict[str, Any]:
+        artifact = None
+        if self.artifact is not None:
+            artifact = str(self.artifact.relative_to(root)) if self.artifact.is_relative_to(root) \
+                else str(self.artifact)
+        return {
+            "step": self.step, "runtime": self.runtime, "label": self.label, "precision": self.precision,
+            "artifact": artifact, "size_bytes": self.size_bytes, "inputs": self.inputs,
+            "batch": self.batch, "load_ms": round(self.load_ms, 3),
+            "latency_ms": {k: round(v, 4) for k, v in self.latency_ms.items()},
+            "throughput": round(self.throughput, 2), "speedup": None if self.speedup is None
+            else round(self.speedup, 3), "verify": self.verify,
+        }
+
+
+@dataclass
+class RecipeBench:
+    """The bench of one recipe: its rows, what was skipped, and where it was written."""
+
+    recipe: str
+    rows: list[Row]
+    settings: dict[str, Any]
+    host: dict[str, Any]
+    baseline: Row | None = None
+    notes: list[str] = field(default_factory=list)
+    file: Path | None = None  # bench.json
+    plot_file: Path | None = None
+
+    def as_json(self, root: Path) -> dict[str, Any]:
+        return {
+            "version": BENCH_VERSION, "recipe": self.recipe,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": self.host, "settings": self.settings,
+            "baseline": None if self.baseline is None else {"step": self.baseline.step,
+                                                             "runtime": self.baseline.runtime},
+            "rows": [row.as_json(root) for row in self.rows], "notes": self.notes,
+        }
+
+
+# --- what to bench -------------------------------------------------------------------------
+def is_model_step(spec: StepSpec) -> bool:
+    """Does the step's main output run on onnxruntime (an .onnx or .ort file)?"""
+    return spec.kind not in TRT_KINDS and Path(spec.step.primary_output or "").suffix in MODEL_SUFFIXES
+
+
+def _not_a_model(spec: StepSpec) -> str:
+    if spec.kind in TRT_KINDS:
+        source = spec.deps.get("input")
+        hint = f"; bench the ONNX model it is built from ({source})" if source else ""
+        return (f"{spec.id} is a {TRT_KINDS[spec.kind]} engine ({spec.step.primary_output}): bench runs "
+                f"models with onnxruntime on this host's CPU, which cannot load TensorRT engines{hint}")
+    return (f"{spec.id} is a {spec.kind} step: its output ({spec.step.primary_output or 'no file'}) is not "
+            "a model onnxruntime can run; bench takes onnx, export, simplify, quantize and "
+            "onnxruntime engine steps, or a recipe")
+
+
+def select(ws: Workspace, targets: list[str]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(recipe -> model steps to bench, recipe -> notes on the steps skipped), in graph order."""
+    if not targets:
+        raise BenchError("name a recipe or a recipe:step to bench")
+    steps = ws.project.steps
+    recipes = {spec.recipe for spec in steps.values()}
+    wanted: set[str] = set()
+    skipped: dict[str, dict[str, list[str]]] = {}
+    for target in targets:
+        if target in steps:
+            if not is_model_step(steps[target]):
+                raise BenchError(_not_a_model(steps[target]))
+            wanted.add(target)
+        elif target in recipes:
+            found = False
+            for sid, spec in steps.items():
+                if spec.recipe != target:
+                    continue
+                if is_model_step(spec):
+                    wanted.add(sid)
+                    found = True
+                else:
+                    why = (f"{TRT_KINDS[spec.kind]} engines, which onnxruntime cannot run here"
+                           if spec.kind in TRT_KINDS else "no model output")
+                    skipped.setdefault(target, {}).setdefault(why, []).append(spec.name)
+            if not found:
+                raise BenchError(f"recipe {target!r} has no step that gives an ONNX or ORT-format model")
+        else:
+            ws.graph.select([target])  # raises "unknown target ...; did you mean ...?"
+            raise BenchError(f"unknown target {target!r}")
+    chosen: dict[str, list[str]] = {}
+    for sid in ws.graph.order:
+        if sid in wanted:
+            chosen.setdefault(steps[sid].recipe, []).append(sid)
+    notes = {recipe: [f"not benched ({why}): {', '.join(names)}" for why, names in by_reason.items()]
+             for recipe, by_reason in skipped.items() if recipe in chosen}
+    return chosen, notes
+
+
+def verify_steps(ws: Workspace, models: list[str]) -> dict[str, list[str]]:
+    """model step -> the verify steps whose candidate it is."""
+    found: dict[str, list[str]] = {}
+    for sid in ws.graph.order:
+        spec = ws.project.steps[sid]
+        if spec.kind == "verify" and (candidate := spec.deps.get("candidate")) in models:
+            found.setdefault(candidate, []).append(sid)
+    return found
+
+
+# --- labels ----------------------------------------------------------------------------------
+def precision(ws: Workspace, sid: str, _seen: frozenset[str] = frozenset()) -> str:
+    """What a model computes in: a quantize step's mode, else that of the model it came from."""
+    spec = ws.project.steps[sid]
+    mode = getattr(spec.step.params, "mode", None)
+    if spec.kind == "quantize" and mode in ("static", "dynamic"):
+        return f"{mode} INT8"
+    if spec.kind == "quantize" and mode == "fp16":
+        return "fp16"
+    source = spec.deps.get("input")
+    if source is not None and source not in _seen and source in ws.project.steps:
+        return precision(ws, source, _seen | {sid})
+    return "source" if spec.kind == "onnx" else "fp32"
+
+
+def _label(ws: Workspace, sid: str) -> str:
+    spec = ws.project.steps[sid]
+    if spec.kind == "engine/onnxruntime":
+        return f"ORT-optimized {precision(ws, sid)}"
+    return f"ORT {precision(ws, sid)}"
+
+
+# --- building --------------------------------------------------------------------------------
+def _build(ws: Workspace, models: list[str], verifies: list[str], options: BenchOptions,
+           reporter: Reporter | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Build (or restore) the models and their verify steps: (outcomes, verify step -> note
+    for those that gave no report)."""
+    from optbuild import api
+    from optbuild.report import Reporter
+
+    result = api.build(ws, [*models, *verifies], reporter=reporter or Reporter(), keep_going=True,
+                       fetch_only=not options.build)
+    outcomes = result.outcomes
+    needed = ws.graph.select(models)
+    missing = [sid for sid in needed if outcomes.get(sid) is not None and outcomes[sid].status == "would-build"]
+    if missing:
+        listed = "\n".join(f"  {sid}" + (f"  ({'; '.join(outcomes[sid].reasons)})" if outcomes[sid].reasons else "")
+                           for sid in missing)
+        raise BenchError(f"--no-build: {len(missing)} step(s) the bench needs are in neither the local nor "
+                         f"the remote cache:\n{listed}\ndrop --no-build to build them here, or build them first "
+                         f"(optbuild build {' '.join(models)})")
+    problems = []
+    for sid in models:
+        outcome = outcomes.get(sid)
+        if outcome is None or outcome.status not in _OK:
+            status = outcome.status if outcome is not None else "not built"
+            error = (outcome.error or "").strip() if outcome is not None else ""
+            if not error and outcome is not None and outcome.status == "skipped":
+                error = "an upstream step failed"
+            problems.append(f"{sid} is {status}" + (f": {error}" if error else ""))
+    if problems:
+        raise BenchError("cannot bench what did not build:\n" + "\n".join(problems))
+    notes = {}
+    for sid in verifies:
+        outcome = outcomes.get(sid)
+        status = outcome.status if outcome is not None else "not built"
+        if status not in _OK:
+            what = {"failed": "failed (a threshold is exceeded or it could not run: see the build output)",
+                    "would-build": "is not built (--no-build)"}.get(status, f"is {status}")
+            notes[sid] = f"{sid} {what}: no verify figures from it"
+    return outcomes, notes
+
+
+def _artifact(ws: Workspace, sid: str, outcome: Any) -> Path:
+    spec = ws.project.steps[sid]
+    primary = outcome.entry.primary if outcome.entry is not None else None
+    path = ws.project.build_dir / spec.recipe / spec.name / primary if primary else None
+    if path is None or not path.is_file():
+        raise BenchError(f"{sid} has no model file in {ws.project.build_dir / spec.recipe / spec.name}")
+    return path
+
+
+def _verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | None:
+    """The figures of a verify step's report.json: worst over outputs, and per output."""
+    spec = ws.project.steps[sid]
+    path = ws.project.build_dir / spec.recipe / spec.name / (outcome.entry.primary or "report.json")
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    outputs = report.get("outputs") or {}
+
+    def worst(metric: str, pick: Callable) -> float | None:
+        values = [f[metric] for f in outputs.values() if isinstance(f.get(metric), (int, float))]
+        return pick(values) if values else None
+
+    return {
+        "step": sid, "reference": (report.get("reference") or {}).get("step"),
+        "cosine": worst("cosine", min), "max_abs": worst("max_abs", max), "top1": worst("top1", min),
+        "passed": report.get("passed"), "samples": (report.get("data") or {}).get("samples"),
+        "data": (report.get("data") or {}).get("source"),
+        "outputs": {name: {k: f.get(k) for k in ("cosine", "cosine_min", "max_abs", "max_rel", "top1")}
+                    for name, f in outputs.items()},
+    }
+
+
+# --- inputs ----------------------------------------------------------------------------------
+def concrete_specs(specs: list[InputSpec], batch: int, dim: int) -> list[InputSpec]:
+    """Specs with every unknown dim given: ``batch`` on axis 0, ``dim`` elsewhere; a symbolic
+    name gets one value everywhere (``batch`` if it is on axis 0 of any input)."""
+    batch_names = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
+    out = []
+    for spec in specs:
+        shape = []
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, int):
+                shape.append(d)
+            elif axis == 0 or (isinstance(d, str) and d in batch_names):
+                shape.append(batch)
+            else:
+                shape.append(dim)
+        out.append(replace(spec, shape=tuple(shape)))
+    return out
+
+
+def _int_range(ws: Workspace, verifies: list[str]) -> tuple[int, int]:
+    for sid in verifies:
+        value = getattr(ws.project.steps[sid].step.params, "int_range", None)
+        if value:
+            return int(value[0]), int(value[1])
+    return 0, 8
+
+
+def _batch_of(specs: list[InputSpec]) -> int:
+    first = specs[0].shape if specs else ()
+    return int(first[0]) if first and isinstance(first[0], int) else 1
+
+
+# --- runners ---------------------------------------------------------------------------------
+@dataclass
+class _Runner:
+    row: Row
+    call: Callable[[], Any]
+
+
+def _ort_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions,
+                int_range: tuple[int, int]) -> tuple[_Runner, list[str]]:
+    from optbuild.steps import calibdata
+
+    notes = []
+    started = time.perf_counter()
+    try:
+        sess = calibdata.session(path, threads=options.threads or 0)
+    except Exception as exc:
+        raise BenchError(f"onnxruntime cannot load {sid} ({path.name}): {type(exc).__name__}: "
+                         f"{_first_line(exc)}") from None
+    load_ms = (time.perf_counter() - started) * 1000
+    declared = calibdata.input_specs(sess)
+    specs = concrete_specs(declared, options.batch, options.dim)
+    feeds = calibdata.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0]
+    if declared and declared[0].shape and isinstance(declared[0].shape[0], int) \
+            and declared[0].shape[0] != options.batch:
+        notes.append(f"{sid}: the model fixes batch {declared[0].shape[0]}; --batch {options.batch} "
+                     "does not apply to it")
+    try:
+        sess.run(None, feeds)
+    except Exception as exc:
+        shapes = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
+        raise BenchError(f"{sid} fails on onnxruntime with inputs {shapes}: {type(exc).__name__}: "
+                         f"{_first_line(exc)}") from None
+    row = Row(sid, "onnxruntime", _label(ws, sid), precision(ws, sid), path,
+              inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
+              batch=_batch_of(specs), load_ms=load_ms, size_bytes=path.stat().st_size)
+    return _Runner(row, lambda: sess.run(None, feeds)), notes
+
+
+@contextmanager
+def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOptions,
+                  int_range: tuple[int, int]) -> Iterator[_Runner]:
+    """The export step's PyTorch module, loaded as the export step loads it, on the inputs the
+    exported model gets. Open while measuring: the model's sibling modules stay importable."""
+    import torch
+
+    from optbuild.fingerprint import Fingerprint
+    from optbuild.steps import calibdata
+    from optbuild.steps.base import StepContext
+    from optbuild.steps.export import _module_from_file
+
+    spec = ws.project.steps[sid]
+    step = spec.step  # an optbuild.steps.export.Export
+    file, _, attr = step.params.model.rpartition(":")
+    path = (step.base_dir / file).resolve()
+    started = time.perf_counter()
+    with _module_from_file(path, step.params.model) as namespace:
+        module, examples = step._build(namespace, attr, path)
+        if step.params.weights is not None:
+            ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, {}, Fingerprint())
+            step._load_weights(ctx, module)
+        module.eval()
+        load_ms = (time.perf_counter() - started) * 1000
+        # the inputs the exported model gets (same seed, same shapes), by the export's input names
+        sess = calibdata.session(export_model)
+        specs = concrete_specs(calibdata.input_specs(sess), options.batch, options.dim)
+        feeds = calibdata.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0]
+        names = list(step.params.input_names) or [s.name for s in specs]
+        args = tuple(torch.from_numpy(feeds[names[i]]) if i < len(names) and names[i] in feeds else example
+                     for i, example in enumerate(examples))
+        with torch.no_grad():
+            try:
+                module(*args)
+            except Exception as exc:
+                raise BenchError(f"the PyTorch module of {sid} ({step.params.model}) fails on the bench "
+                                 f"inputs: {type(exc).__name__}: {_first_line(exc)}") from None
+
+        def call() -> None:
+            with torch.no_grad():
+                module(*args)
+
+        row = Row(sid, "torch", "PyTorch eager", precision(ws, sid), path,
+                  inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
+                  batch=int(args[0].shape[0]) if args and args[0].dim() else 1, load_ms=load_ms)
+        yield _Runner(row, call)
+
+
+# --- measuring -------------------------------------------------------------------------------
+def _blocks(total: int, rounds: int) -> list[int]:
+    rounds = max(1, min(rounds, total))
+    return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
+
+
+def measure(runners: list[_Runner], options: BenchOptions) -> None:
+    """Warm up every runner, then time ``runs`` calls of each, interleaved in blocks."""
+    import numpy as np
+
+    for runner in runners:
+        for _ in range(options.warmup):
+            runner.call()
+    blocks = _blocks(options.runs, options.rounds)
+    clock = time.perf_counter_ns
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for size in blocks:
+            for runner in runners:
+                if len(blocks) > 1:
+                    runner.call()  # untimed: caches and thread pools after the previous model
+                times = runner.row.times_ns
+                call = runner.call
+                for _ in range(size):
+                    started = clock()
+                    call()
+                    times.append(clock() - started)
+    finally:
+        if enabled:
+            gc.enable()
+    for runner in runners:
+        row = runner.row
+        ms = np.asarray(row.times_ns, dtype=np.float64) / 1e6
+        p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+        row.latency_ms = {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
+                          "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())}
+        row.throughput = row.batch / (row.latency_ms["mean"] / 1000)
+
+
+def _baseline(rows: list[Row]) -> Row | None:
+    """The reference most verify steps compare with, else the first onnxruntime fp32 row."""
+    references = Counter(v["reference"] for row in rows for v in row.verify if v.get("reference"))
+    for reference, _ in references.most_common():
+        for row in rows:
+            if row.step == reference and row.runtime == "onnxruntime":
+                return row
+    if len(rows) < 2:
+        return None
+    ort = [row for row in rows if row.runtime == "onnxruntime"]
+    fp32 = [row for row in ort if row.precision == "fp32" and not row.label.startswith("ORT-optimized")]
+    return (fp32 or ort or rows or [None])[0]
+
+
+def _host(torch_version: str | None) -> dict[str, Any]:
+    import numpy
+    import onnxruntime
+
+    from optbuild.fingerprint import Fingerprint
+
+    host = Fingerprint()
+    return {"hostname": platform.node(), "cpu": host.get("cpu.model"), "arch": host.get("cpu.arch"),
+            "cpu_count": host.get("cpu.count"), "os": platform.platform(),
+            "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
+            "onnxruntime_provider": "CPUExecutionProvider", "numpy": numpy.__version__,
+            "torch": torch_version}
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not on Windows
+        return None
+
+
+def _imports() -> None:
+    try:
+        import numpy  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise BenchError(f"bench needs onnxruntime and numpy ({exc}): pip install 'optbuild[onnx]'") from None
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None, *,
+          reporter: Reporter | None = None, progress: Callable[[str], None] | None = None) -> list[RecipeBench]:
+    """Build ``targets`` (or with ``options.build`` False, restore them), measure their models,
+    and write ``build/<recipe>/bench.json`` for each recipe. Returns one result per recipe."""
+    options = options or BenchOptions()
+    say = progress or (lambda message: None)
+    if options.plot:
+        _plot_module()  # fail before minutes of measuring, not after
+    chosen, skipped = select(ws, targets)
+    models = [sid for sids in chosen.values() for sid in sids]
+    verify_of = verify_steps(ws, models)
+    verifies = [v for sid in models for v in verify_of.get(sid, [])]
+    _imports()
+    outcomes, build_notes = _build(ws, models, list(dict.fromkeys(verifies)), options, reporter)
+    figures = {v: f for v in dict.fromkeys(verifies)
+               if outcomes.get(v) is not None and outcomes[v].status in _OK
+               and (f := _verify_figures(ws, v, outcomes[v])) is not None}
+    torch_version = _torch_version() if any(ws.project.steps[s].kind == "export" for s in models) else None
+    results = []
+    for recipe, sids in chosen.items():
+        notes = list(skipped.get(recipe, []))
+        recipe_verifies = [v for sid in sids for v in verify_of.get(sid, [])]
+        notes += [build_notes[v] for v in dict.fromkeys(recipe_verifies) if v in build_notes]
+        int_range = _int_range(ws, recipe_verifies)
+        runners: list[_Runner] = []
+        with ExitStack() as stack:
+            for sid in sids:
+                path = _artifact(ws, sid, outcomes[sid])
+                if ws.project.steps[sid].kind == "export":
+                    if torch_version is None:
+                        notes.append(f"{sid}: no PyTorch eager baseline: torch is not installed "
+                                     "(pip install 'optbuild[torch]')")
+                    else:
+                        runners.append(stack.enter_context(_torch_runner(ws, sid, path, options, int_range)))
+                runner, row_notes = _ort_runner(ws, sid, path, options, int_range)
+                runners.append(runner)
+                notes += row_notes
+                runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
+            load = _load_average()
+            cpus = os.cpu_count() or 1
+            if load is not None and load > cpus:
+                notes.append(f"load average {load:.2f} on {cpus} CPUs as measuring began: other work "
+                             "competes for the CPUs, expect noisy figures")
+            say(f"measuring {recipe}: {len(runners)} models, {options.warmup} warm-up + {options.runs} "
+                f"timed runs each, batch {options.batch}, threads {options.threads or 'default'}")
+            with _torch_threads(options.threads, any(r.row.runtime == "torch" for r in runners)) as torch_threads:
+                measure(runners, options)
+        rows = [r.row for r in runners]
+        baseline = _baseline(rows)
+        if baseline is not None:
+            for row in rows:
+                row.speedup = baseline.latency_ms["p50"] / row.latency_ms["p50"]
+        settings = {"runs": options.runs, "warmup": options.warmup, "batch": options.batch,
+                    "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
+                    "other_dims": options.dim, "int_range": list(int_range),
+                    "rounds": len(_blocks(options.runs, options.rounds)), "gc_disabled": True}
+        result = RecipeBench(recipe, rows, settings, {**_host(torch_version), "load_average": load},
+                             baseline, notes)
+        out_dir = ws.project.build_dir / recipe
+        result.file = out_dir / BENCH_FILE
+        _write_atomic(result.file, (json.dumps(result.as_json(ws.project.root), indent=1) + "\n").encode())
+        if options.plot:
+            result.plot_file = out_dir / PLOT_FILE
+            plot(result, result.plot_file)
+        results.append(result)
+    return results
+
+
+@contextmanager
+def _torch_threads(threads: int | None, used: bool) -> Iterator[int | None]:
+    if not used:
+        yield None
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".optbuild-bench-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --- presenting ------------------------------------------------------------------------------
+COLUMNS = ("model", "step", "MB", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up",
+           "cosine", "max abs", "top-1", "verified by")
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 10 else f"{value:.2f}" if value < 100 else f"{value:.1f}"
+
+
+def table_rows(result: RecipeBench) -> list[list[str]]:
+    """The table's cells, as text (COLUMNS)."""
+    cells = []
+    for row in result.rows:
+        verify = row.verify[0] if row.verify else {}
+
+        def fig(key: str, fmt: str, verify: dict[str, Any] = verify) -> str:
+            value = verify.get(key)
+            return format(value, fmt) if isinstance(value, (int, float)) else ""
+
+        step = row.step.split(":", 1)[1]
+        speedup = "" if row.speedup is None else f"{row.speedup:.2f}x"
+        if row is result.baseline:
+            speedup += " (base)"
+        checked = ""
+        if verify:
+            checked = verify["step"].split(":", 1)[1] + ("" if verify.get("passed") else " FAILED")
+            if len(row.verify) > 1:
+                checked += f" (+{len(row.verify) - 1})"
+        cells.append([
+            row.label, step, "" if row.size_bytes is None else f"{row.size_bytes / 1e6:.2f}",
+            _ms(row.latency_ms["p50"]), _ms(row.latency_ms["p90"]), _ms(row.latency_ms["p99"]),
+            f"{row.throughput:,.0f}", speedup, fig("cosine", ".5f"), fig("max_abs", ".3g"),
+            fig("top1", ".3f"), checked,
+        ])
+    return cells
+
+
+def title(result: RecipeBench) -> str:
+    s = result.settings
+    threads = f"{s['threads']} thread{'s' if s['threads'] != 1 else ''}" if s["threads"] else "default threads"
+    versions = f"onnxruntime {result.host['onnxruntime']} CPU"
+    if result.host.get("torch"):
+        versions += f", torch {result.host['torch']}"
+    return (f"{result.recipe}: batch {s['batch']}, {threads}, {s['runs']} timed runs after {s['warmup']} "
+            f"warm-up ({versions}; {result.host.get('cpu') or result.host.get('arch')})")
+
+
+def footer(result: RecipeBench) -> list[str]:
+    lines = []
+    if result.baseline is not None:
+        lines.append(f"speed-up: p50 of {result.baseline.step} ({result.baseline.label}) / p50 of the row; "
+                     "samples/s: batch / mean latency")
+    refs = sorted({v["reference"] for row in result.rows for v in row.verify if v.get("reference")})
+    if refs:
+        lines.append(f"cosine, max abs, top-1: the verify step's report, candidate vs {', '.join(refs)}")
+    lines += [f"note: {n}" for n in result.notes]
+    if result.file is not None:
+        lines.append(f"written: {result.file}" + (f", {result.plot_file}" if result.plot_file else ""))
+    return lines
+
+
+def plain_table(result: RecipeBench) -> str:
+    cells = table_rows(result)
+    right = {2, 3, 4, 5, 6, 7, 8, 9, 10}
+    widths = [max(len(COLUMNS[i]), *(len(r[i]) for r in cells)) for i in range(len(COLUMNS))]
+
+    def line(values: list[str] | tuple[str, ...]) -> str:
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    return "\n".join([title(result), line(COLUMNS), line(["-" * w for w in widths]),
+                      *(line(r) for r in cells), *footer(result)])
+
+
+def rich_table(result: RecipeBench) -> Any:  # rich.table.Table
+    """The table for a terminal (title and footer are printed apart: see print_rich)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, name in enumerate(COLUMNS):
+        table.add_column(name, justify="left" if i in (0, 1, 11) else "right", no_wrap=True)
+    for row, cells in zip(result.rows, table_rows(result)):
+        table.add_row(*cells, style="bold" if row is result.baseline else None)
+    return table
+
+
+def print_rich(results: list[RecipeBench]) -> None:
+    """Rich tables on stdout, never squeezed: a terminal narrower than a table wraps its lines."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(highlight=False)
+    terminal = console.width
+    for i, result in enumerate(results):
+        table = rich_table(result)
+        natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console.width = max(terminal, natural)
+        if i:
+            console.print()
+        console.print(title(result), style="bold", markup=False)
+        console.print(table)
+        for line in footer(result):
+            console.print(line, style="dim", markup=False)
+
+
+def _plot_module() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise BenchError("--plot needs matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(result: RecipeBench, path: Path) -> None:
+    """Horizontal bars per row: p50 latency, with p99 beside it."""
+    plt = _plot_module()
+    labels = [f"{row.label}\n{row.step.split(':', 1)[1]}" for row in result.rows]
+    p50 = [row.latency_ms["p50"] for row in result.rows]
+    p99 = [row.latency_ms["p99"] for row in result.rows]
+    positions = list(range(len(labels)))
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(labels)))
+    try:
+        ax.barh([p - 0.2 for p in positions], p50, height=0.4, label="p50", color="#4c72b0")
+        ax.barh([p + 0.2 for p in positions], p99, height=0.4, label="p99", color="#dd8452")
+        for p, a, b in zip(positions, p50, p99):
+            ax.text(a, p - 0.2, f" {_ms(a)}", va="center", fontsize=8)
+            ax.text(b, p + 0.2, f" {_ms(b)}", va="center", fontsize=8)
+        ax.set_yticks(positions, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("latency (ms)")
+        ax.set_title(title(result), fontsize=8, loc="left", wrap=True)
+        ax.legend(loc="lower right")
+        ax.set_xlim(0, max(p99) * 1.2)
+        fig.tight_layout()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".optbuild-bench-", suffix=".png")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, dpi=120)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    finally:
+        plt.close(fig)
+
+
+def as_json(results: list[RecipeBench], root: Path) -> dict[str, Any]:
+    return {"version": BENCH_VERSION,
+            "recipes": [{**r.as_json(root), "file": str(r.file) if r.file else None,
+                         "plot": str(r.plot_file) if r.plot_file else None} for r in results]}

@@ -1,0 +1,66 @@
+"""optbuild bench TARGET... : latency and throughput of built models on this host.
+
+Builds the targets first (from the cache when nothing changed), then measures every ONNX /
+ORT-format model with onnxruntime (CPU provider), with PyTorch eager as the baseline where a
+recipe exports from PyTorch; see optbuild.bench. Heavy libraries load only in ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+
+def _count(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("targets", nargs="+", metavar="TARGET",
+                        help="recipe (every step that gives an ONNX / ORT model) or recipe:step")
+    parser.add_argument("--runs", type=_count(1), default=100, help="timed runs per model (default 100)")
+    parser.add_argument("--warmup", type=_count(0), default=10, help="untimed runs first (default 10)")
+    parser.add_argument("--batch", type=_count(1), default=1,
+                        help="size of a symbolic batch (first) dimension (default 1)")
+    parser.add_argument("--threads", type=_count(1), default=None,
+                        help="intra-op threads for onnxruntime and torch.set_num_threads "
+                             "(default: each library's own)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--plot", action="store_true",
+                        help="also write build/<recipe>/bench.png (needs matplotlib)")
+    parser.add_argument("--no-build", action="store_true",
+                        help="only restore from the caches; fail, naming them, if steps would have to build")
+
+
+def run(args: argparse.Namespace) -> int:
+    from optbuild import api
+    from optbuild import bench as benchmod
+    from optbuild.report import make_reporter
+
+    options = benchmod.BenchOptions(runs=args.runs, warmup=args.warmup, batch=args.batch,
+                                    threads=args.threads, build=not args.no_build, plot=args.plot)
+    ws = api.open_workspace(args.directory)
+    try:
+        results = benchmod.bench(ws, args.targets, options, reporter=make_reporter(False),
+                                 progress=lambda message: print(message, file=sys.stderr, flush=True))
+        root = ws.project.root
+    finally:
+        ws.close()
+    if args.json:
+        print(json.dumps(benchmod.as_json(results, root), indent=1))
+    elif sys.stdout.isatty():
+        benchmod.print_rich(results)
+    else:
+        print("\n\n".join(benchmod.plain_table(result) for result in results))
+    return 0
