@@ -93,7 +93,7 @@ class ProjectDir:
     def cli(self, *args: str, timeout: float = 300) -> CliRun:
         proc = subprocess.run(
             [sys.executable, "-m", "optbuild.cli", *args], cwd=self.root, capture_output=True,
-            text=True, timeout=timeout, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            text=True, timeout=timeout, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, check=False,
         )
         return CliRun(proc.returncode, proc.stdout, proc.stderr)
 

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import REPO, ProjectDir  # noqa: E402
+from conftest import REPO, ProjectDir
 
 pytestmark = pytest.mark.slow
 

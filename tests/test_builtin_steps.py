@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-from conftest import REPO  # noqa: E402
 from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
 from optbuild.pyimports import local_imports

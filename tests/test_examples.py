@@ -5,8 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
-from conftest import REPO, ProjectDir  # noqa: E402
+from conftest import REPO, ProjectDir
 
 pytestmark = pytest.mark.slow
 

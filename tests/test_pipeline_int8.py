@@ -8,8 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-
-from conftest import REPO, ProjectDir  # noqa: E402
+from conftest import REPO, ProjectDir
 
 pytestmark = pytest.mark.slow
 ort = pytest.importorskip("onnxruntime")

@@ -18,9 +18,9 @@ from optbuild.steps.base import Artifact, StepContext
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
 
-from optbuild.steps.calibrate import Calibrate, CalibrateParams, read_table  # noqa: E402
+from optbuild.steps.calibrate import Calibrate, CalibrateParams, read_table
 
 OPSET = 17
 

@@ -13,10 +13,10 @@ from optbuild.fingerprint import Fingerprint
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from test_step_calibrate import run_step, save  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
+from test_step_calibrate import run_step, save
 
-from optbuild.steps.engine_ort import OrtEngine, OrtEngineParams  # noqa: E402
+from optbuild.steps.engine_ort import OrtEngine, OrtEngineParams
 
 
 def make_convnet(path: Path) -> Path:

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest_steps import INPUT_NAME, MODELS, RECIPES, REPO, build_example, context, exported_example, recipe_step
+from conftest_steps import (
+    INPUT_NAME,
+    MODELS,
+    RECIPES,
+    REPO,
+    build_example,
+    context,
+    exported_example,
+    recipe_step,
+)
 from pydantic import ValidationError
 
 from optbuild.errors import StepError

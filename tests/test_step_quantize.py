@@ -13,10 +13,10 @@ from optbuild.errors import StepError
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-from onnx import numpy_helper  # noqa: E402
-from test_step_calibrate import calibrate, make_mlp, make_two_inputs, run_step  # noqa: E402
+from onnx import numpy_helper
+from test_step_calibrate import calibrate, make_mlp, make_two_inputs, run_step
 
-from optbuild.steps.quantize import Quantize, QuantizeParams  # noqa: E402
+from optbuild.steps.quantize import Quantize, QuantizeParams
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_static_from_a_calibrate_step(tmp_path, mlp):
     calib = tmp_path / "out" / "calibrate" / "calibration.json"
     model, _ = quantize(tmp_path, mlp, mode="static", calibration=calib)
     low, high = json.loads(calib.read_text())["tensors"]["x"]
-    scale, zero = quant_params(model, "x")
+    scale, _zero = quant_params(model, "x")
     assert float(scale) == pytest.approx((high - low) / 255, rel=1e-5)
     reference, got = run(mlp, X)[0], run(model, X)[0]
     cosine = float(np.dot(reference.ravel(), got.ravel()) / np.linalg.norm(reference) / np.linalg.norm(got))
@@ -92,7 +92,7 @@ def test_static_options(tmp_path, mlp):
     calib = table(tmp_path, ranges, method="entropy")
     model, _ = quantize(tmp_path, mlp, "q1", calib, mode="static", activation_type="int8",
                         symmetric_activations=True, per_channel=True, reduce_range=True)
-    scale, zero = quant_params(model, "x")
+    _scale, zero = quant_params(model, "x")
     assert zero.dtype == np.int8 and int(zero) == 0  # symmetric int8 activations
     dq_w1 = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("w1"))
     weights, w_scale = initializer(model, dq_w1.input[0]), initializer(model, dq_w1.input[1])
@@ -154,7 +154,7 @@ def elem_types(model) -> dict[str, int]:
 ])
 def test_fp16(tmp_path, mlp, keep, x_type, y_type):
     pytest.importorskip("onnxconverter_common")
-    model, ctx = quantize(tmp_path, mlp, mode="fp16", keep_io_types=keep)
+    model, _ctx = quantize(tmp_path, mlp, mode="fp16", keep_io_types=keep)
     types = elem_types(model)
     assert types == {"x": getattr(onnx.TensorProto, x_type), "y": getattr(onnx.TensorProto, y_type)}
     assert initializer(model, "w1").dtype == np.float16

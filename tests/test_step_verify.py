@@ -14,9 +14,9 @@ from optbuild.fingerprint import Fingerprint
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from test_step_calibrate import make_mlp, make_two_inputs, run_step  # noqa: E402
+from test_step_calibrate import make_mlp, make_two_inputs, run_step
 
-from optbuild.steps.verify import Verify, VerifyParams  # noqa: E402
+from optbuild.steps.verify import Verify, VerifyParams
 
 
 def verify(tmp_path: Path, reference: Path, candidate: Path, name: str = "verify", **params):

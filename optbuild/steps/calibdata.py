@@ -126,7 +126,7 @@ class InputSpec:
         return f"{self.name}: {self.describe()}"
 
 
-def session(path: Path, level: str | None = None, threads: int = 0):  # noqa: ANN201
+def session(path: Path, level: str | None = None, threads: int = 0):
     """A CPU InferenceSession over an .onnx or ORT-format (.ort) model."""
     import onnxruntime as ort
 
@@ -281,7 +281,7 @@ def _load_folder(path: Path, specs: list[InputSpec], source: str) -> list[dict[s
     return _columns_to_feeds(columns, specs, source)
 
 
-def _load_callable(value: str, base_dir: Path):  # noqa: ANN202
+def _load_callable(value: str, base_dir: Path):
     file, _, name = value.rpartition(":")
     path = (base_dir / file).resolve()
     if not path.is_file():

@@ -158,7 +158,7 @@ class Calibrate(Step):
             def __init__(self) -> None:
                 self._feeds = iter(samples.feeds)
 
-            def get_next(self):  # noqa: ANN202
+            def get_next(self):
                 return next(self._feeds, None)
 
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,

@@ -428,7 +428,7 @@ class _TensorRTBase(Step):
         try:
             cache = config.create_timing_cache(data)
             usable = cache is not None and config.set_timing_cache(cache, False)
-        except Exception:  # noqa: BLE001 - a damaged file; TensorRT's error types vary
+        except Exception:  # a damaged file; TensorRT's error types vary
             usable = False
         if not usable:
             ctx.log(f"timing cache {path.name} is unusable for this build; starting a new one")
@@ -460,7 +460,7 @@ class _TensorRTBase(Step):
                     other = config.create_timing_cache(path.read_bytes())
                     cache.combine(other, False)
                     serialized = bytes(memoryview(cache.serialize()))
-                except Exception as exc:  # noqa: BLE001 - a foreign or damaged file: ours replaces it
+                except Exception as exc:  # a foreign or damaged file: ours replaces it
                     ctx.log(f"timing cache {path.name} not merged: {exc}")
             write_atomic(path, serialized)
         ctx.metrics["timing_cache_bytes"] = len(serialized)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 
-def session(path: Path):  # noqa: ANN201 (onnxruntime.InferenceSession, imported lazily)
+def session(path: Path):
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -166,10 +166,10 @@ class Quantize(Step):
         extra = dict(p.extra_options)
         if p.symmetric_weights is not None:
             extra["WeightSymmetric"] = p.symmetric_weights
-        common = dict(op_types_to_quantize=p.op_types_to_quantize or None, per_channel=p.per_channel,
-                      reduce_range=p.reduce_range, weight_type=types[p.weight_type],
-                      nodes_to_quantize=p.nodes_to_quantize or None,
-                      nodes_to_exclude=p.nodes_to_exclude or None)
+        common = {"op_types_to_quantize": p.op_types_to_quantize or None, "per_channel": p.per_channel,
+                      "reduce_range": p.reduce_range, "weight_type": types[p.weight_type],
+                      "nodes_to_quantize": p.nodes_to_quantize or None,
+                      "nodes_to_exclude": p.nodes_to_exclude or None}
         self._check_node_names(source)
         if p.mode == "dynamic":
             try:
@@ -267,8 +267,8 @@ class Quantize(Step):
                                 f"(it has {io_names})")
             if not_float := [n for n in keep if n not in floats]:
                 raise StepError(f"keep_io_types: {not_float} are not float32 tensors")
-        kwargs = dict(min_positive_val=p.min_positive_val, max_finite_val=p.max_finite_val,
-                      keep_io_types=keep is True, node_block_list=p.node_block_list or None)
+        kwargs = {"min_positive_val": p.min_positive_val, "max_finite_val": p.max_finite_val,
+                      "keep_io_types": keep is True, "node_block_list": p.node_block_list or None}
         if p.op_block_list is not None:
             kwargs["op_block_list"] = p.op_block_list
         try:

@@ -95,7 +95,7 @@ class Verify(Step):
     def tool_names(self) -> tuple[str, ...]:
         return (ort_distribution(), "numpy")
 
-    def key_files(self):  # noqa: ANN201
+    def key_files(self):
         files = super().key_files()
         files.extend(p for p in data_key_files(self.params.data, self.base_dir, self.project_root)
                      if p not in files)
@@ -225,7 +225,7 @@ def _check(output: str, metric: str, value: Any, op: str, threshold: Any, ok: bo
     return {"output": output, "metric": metric, "value": value, "op": op, "threshold": threshold, "ok": ok}
 
 
-def _cosine(a, b) -> float:  # noqa: ANN001
+def _cosine(a, b) -> float:
     import numpy as np
 
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))

@@ -472,7 +472,7 @@ class RemoteSession:
         def target() -> None:
             try:
                 box["value"] = fn(*args, touch)
-            except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
+            except BaseException as exc:  # handed to the waiting thread
                 box["error"] = exc
             finally:
                 done.set()
@@ -658,7 +658,7 @@ class RemoteSession:
         for future in pending:
             try:
                 future.result()
-            except Exception as exc:  # noqa: BLE001 (push reports its own faults; this is a bug)
+            except Exception as exc:  # push reports its own faults; this is a bug
                 self.warn(f"upload failed: {_describe(exc)}")
         if pool is not None:
             pool.shutdown(wait=True)
