@@ -210,3 +210,24 @@ def test_tools_follow_the_mode():
     assert "onnxconverter-common" in tools(mode="fp16")
     assert "onnxconverter-common" not in tools(mode="dynamic")
     assert "onnxruntime" in tools(mode="static", calibration="c")
+
+
+@pytest.mark.parametrize("mode", ["calibrate", "dynamic", "static"])
+def test_onnxruntime_never_writes_into_the_upstream_artifact(tmp_path, mode):
+    """onnxruntime.quantization writes ``<model>-inferred.onnx`` beside the model it is given
+    and deletes it: in an upstream artifact that races the other steps reading it (seen as a
+    FileNotFoundError when calibrate and quantize ran at once). A folder squatting on that
+    name makes any such write fail here."""
+    upstream = tmp_path / "upstream"
+    model = make_mlp(upstream / "model.onnx")
+    (upstream / "model-inferred.onnx").mkdir()
+    before = sorted(p.name for p in upstream.iterdir())
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    if mode == "calibrate":
+        calibrate(tmp_path, model, data="calib.npz")
+    elif mode == "dynamic":
+        quantize(tmp_path, model, mode="dynamic")
+    else:
+        ranges = {name: [-4.0, 4.0] for name in ("x", "h", "hb", "r", "y")}
+        quantize(tmp_path, model, mode="static", calibration=table(tmp_path, ranges))
+    assert sorted(p.name for p in upstream.iterdir()) == before

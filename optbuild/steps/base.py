@@ -9,7 +9,10 @@ recipes, and a no-op build must stay instant. Import torch/onnx/tensorrt inside 
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 import typing
 from dataclasses import dataclass, field
 from functools import cache
@@ -110,6 +113,22 @@ class StepContext:
     def log(self, message: str) -> None:
         """A line for the step's log (stored with its action entry)."""
         print(message, file=sys.stderr, flush=True)
+
+    def private_copy(self, model: Path) -> Path:
+        """``model`` seen from a fresh folder of its own, its sibling files (external data)
+        beside it: hard links, or copies across file systems. For libraries that write next
+        to the file they are given (onnxruntime.quantization writes ``model-inferred.onnx``
+        and deletes it): they must not touch the upstream artifact, nor race the other steps
+        that read it at the same time. The folder lies in the step's staging area (on the
+        cache's file system), removed with it."""
+        folder = Path(tempfile.mkdtemp(prefix="private-", dir=self.out_dir.parent))
+        for source in model.parent.iterdir():
+            if source.is_file():
+                try:
+                    os.link(source, folder / source.name)
+                except OSError:
+                    shutil.copyfile(source, folder / source.name)
+        return folder / model.name
 
 
 class Step:

@@ -166,7 +166,7 @@ class Calibrate(Step):
         with tempfile.TemporaryDirectory(prefix="optbuild-calib-") as tmp:
             try:
                 calibrator = create_calibrator(
-                    Path(model), p.op_types or None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                    ctx.private_copy(model), p.op_types or None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                     calibrate_method=method, extra_options=self._ort_options())
                 calibrator.collect_data(Reader())
                 ranges = calibrator.compute_data()

@@ -171,6 +171,7 @@ class Quantize(Step):
                       "nodes_to_quantize": p.nodes_to_quantize or None,
                       "nodes_to_exclude": p.nodes_to_exclude or None}
         self._check_node_names(source)
+        source = ctx.private_copy(source)  # onnxruntime writes beside the model it is given
         if p.mode == "dynamic":
             try:
                 quantize_dynamic(str(source), str(out), extra_options=extra, **common)
