@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 
 IMAGE = (3, 64, 64)  # cnn.py: SmallCNN input
-VOCAB, SEQ = 1000, 32  # transformer.py: TinyEncoder vocabulary and sequence length
+VOCAB = 1000  # transformer.py: vocabulary of both sizes
+SEQ = 32  # transformer.py: TINY's sequence length (BASE's, 128, comes as data_args)
 
 
 def images(count: int = 64, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
@@ -24,8 +25,8 @@ def images(count: int = 64, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
         yield {"image": rng.standard_normal((1, *IMAGE)).astype(np.float32)}
 
 
-def tokens(count: int = 64, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+def tokens(count: int = 64, seed: int = 0, seq: int = SEQ) -> Iterator[dict[str, np.ndarray]]:
     """Uniform token ids over the vocabulary."""
     rng = np.random.default_rng(seed)
     for _ in range(count):
-        yield {"tokens": rng.integers(0, VOCAB, size=(1, SEQ), dtype=np.int64)}
+        yield {"tokens": rng.integers(0, VOCAB, size=(1, seq), dtype=np.int64)}
