@@ -18,6 +18,7 @@ other checkouts) are not ours to track. Not found: names built at run time
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -65,14 +66,26 @@ def _literal_import(node: ast.Call) -> str | None:
     return None
 
 
-def _imported(path: Path, roots: list[Path]) -> list[Path]:
-    """The local files ``path`` imports directly, in source order (may repeat)."""
+@lru_cache(maxsize=512)
+def _import_nodes(path: Path, signature: tuple[int, int, int]) -> tuple[ast.AST, ...]:
+    """The import statements and calls of ``path``, in source order. Cached by the file's
+    (inode, size, mtime): planning asks for the same few model and data files once per
+    step that names them, and parsing is most of what keying an export costs."""
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
-        return []  # the file itself still keys the step; nothing inside it can be followed
+        return ()  # the file itself still keys the step; nothing inside it can be followed
     nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom, ast.Call))]
-    nodes.sort(key=lambda n: (n.lineno, n.col_offset))
+    return tuple(sorted(nodes, key=lambda n: (n.lineno, n.col_offset)))
+
+
+def _imported(path: Path, roots: list[Path]) -> list[Path]:
+    """The local files ``path`` imports directly, in source order (may repeat)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return []
+    nodes = _import_nodes(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
     found: list[Path] = []
     for node in nodes:
         if isinstance(node, ast.Import):
