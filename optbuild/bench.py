@@ -390,19 +390,11 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
     from optbuild.fingerprint import Fingerprint
     from optbuild.steps import calibdata
     from optbuild.steps.base import StepContext
-    from optbuild.steps.export import _module_from_file
 
-    spec = ws.project.steps[sid]
-    step = spec.step  # an optbuild.steps.export.Export
-    file, _, attr = step.params.model.rpartition(":")
-    path = (step.base_dir / file).resolve()
+    step = ws.project.steps[sid].step  # an optbuild.steps.export.Export
+    ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, {}, Fingerprint())
     started = time.perf_counter()
-    with _module_from_file(path, step.params.model) as namespace:
-        module, examples = step._build(namespace, attr, path)
-        if step.params.weights is not None:
-            ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, {}, Fingerprint())
-            step._load_weights(ctx, module)
-        module.eval()
+    with step.load_module(ctx) as (module, examples):
         load_ms = (time.perf_counter() - started) * 1000
         # the inputs the exported model gets (same seed, same shapes), by the export's input names
         sess = calibdata.session(export_model)
@@ -422,7 +414,8 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
             with torch.no_grad():
                 module(*args)
 
-        row = Row(sid, "torch", "PyTorch eager", precision(ws, sid), path,
+        source = ctx.path(step.params.model.rpartition(":")[0])
+        row = Row(sid, "torch", "PyTorch eager", precision(ws, sid), source,
                   inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
                   batch=int(args[0].shape[0]) if args and args[0].dim() else 1, load_ms=load_ms)
         yield _Runner(row, call)

@@ -134,14 +134,9 @@ class Export(Step):
         import torch
 
         p = self.params
-        file, _, attr = p.model.rpartition(":")
-        path = ctx.path(file)
+        path = ctx.path(p.model.rpartition(":")[0])
         out = ctx.out_dir / "model.onnx"
-        with _module_from_file(path, p.model) as namespace:
-            module, inputs = self._build(namespace, attr, path)
-            if p.weights is not None:
-                self._load_weights(ctx, module)
-            module.eval()
+        with self.load_module(ctx) as (module, inputs):
             self._check_axes(inputs)
             with torch.no_grad():
                 try:
@@ -154,6 +149,21 @@ class Export(Step):
                 ctx.metrics["export_s"] = round(time.perf_counter() - started, 3)
                 self._finish(ctx, out)
                 self._verify(ctx, out, module, inputs, expected)
+
+    @contextmanager
+    def load_module(self, ctx: StepContext) -> Iterator[tuple[Any, tuple]]:
+        """The PyTorch module (weights loaded, in eval mode) and its example inputs, exactly
+        as the export sees them; also what `optbuild bench` runs as the eager baseline. Use it
+        inside the ``with``: the module's sibling files stay importable until it closes."""
+        p = self.params
+        file, _, attr = p.model.rpartition(":")
+        path = ctx.path(file)
+        with _module_from_file(path, p.model) as namespace:
+            module, inputs = self._build(namespace, attr, path)
+            if p.weights is not None:
+                self._load_weights(ctx, module)
+            module.eval()
+            yield module, inputs
 
     def _build(self, namespace: Any, attr: str, path: Path) -> tuple[Any, tuple]:
         import torch
