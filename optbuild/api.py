@@ -69,7 +69,7 @@ def build(
     jobs: int | None = None,
     keep_going: bool | None = None,
     dry_run: bool = False,
-    skip_unavailable: bool = False,
+    skip_unavailable: bool | None = None,
     toolchain: Toolchain | None = None,
     host: Fingerprint | None = None,
     fetch_only: bool = False,
@@ -78,13 +78,14 @@ def build(
 
     With ``fetch_only`` nothing builds: what the local or remote cache holds is restored,
     and every step that would have to build is a "would-build" outcome (the result is not ok).
+    ``jobs``, ``keep_going`` and ``skip_unavailable`` left at None take optbuild.toml's [build].
     """
     config = ws.project.config.build
     options = Options(
         jobs=jobs or config.jobs or os.cpu_count() or 1,
         keep_going=config.keep_going if keep_going is None else keep_going,
         dry_run=dry_run,
-        skip_unavailable=skip_unavailable,
+        skip_unavailable=config.skip_unavailable if skip_unavailable is None else skip_unavailable,
         fetch_only=fetch_only,
     )
     reporter = reporter or Reporter()

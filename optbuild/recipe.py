@@ -51,6 +51,9 @@ class CacheSection(_Section):
 class BuildSection(_Section):
     jobs: int = Field(0, ge=0, description="parallel steps; 0 = number of CPUs")
     keep_going: bool = False
+    # Default of build / plan --skip-unavailable: steps this host cannot run (a GPU step on a
+    # CPU host) are reported unavailable, with what they need, and the rest builds green.
+    skip_unavailable: bool = False
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

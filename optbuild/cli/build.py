@@ -21,8 +21,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="recipe or recipe:step (default: everything)")
     parser.add_argument("--json", action="store_true", help="print events as JSON lines")
-    parser.add_argument("--skip-unavailable", action="store_true",
-                        help="build what this host can; skip steps it cannot run (e.g. no GPU)")
+    parser.add_argument("--skip-unavailable", action=argparse.BooleanOptionalAction, default=None,
+                        help="build what this host can; skip steps it cannot run (e.g. no GPU), "
+                             "listing what they need (default: [build] skip_unavailable)")
     add_remote_flags(parser)
 
 

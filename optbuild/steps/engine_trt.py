@@ -13,13 +13,15 @@ Networks are strongly typed: precision comes from the ONNX graph (fp16 tensors, 
 for INT8). TensorRT 11 knows nothing else; with TensorRT 10, ``precision_flags`` may still ask
 for the old weakly typed FP16/INT8 builder flags.
 
+Where this host has a GPU the new engine runs on, it is then loaded and timed on random
+inputs through ``optbuild.backends.tensorrt`` (the runtime code verify steps share).
+
 Nothing heavy is imported at module level: TensorRT is imported inside ``run``, in the worker.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import re
 import statistics
@@ -31,7 +33,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from optbuild.errors import StepError
+from optbuild.backends.tensorrt import RUNTIMES, Runtime
+from optbuild.backends.tensorrt.host import (
+    canonical_targets,
+    gpu_missing,
+    module_missing,
+    runtime_distribution,
+    target_number,
+)
+from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
+from optbuild.errors import StepError, StepUnavailable
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 
 if typing.TYPE_CHECKING:
@@ -142,13 +153,6 @@ class TensorRTParams(EngineParams):
         return self
 
 
-_TARGET = re.compile(r"^(?:sm_?(\d{2,3})|(\d{1,2})\.(\d))$", re.IGNORECASE)
-
-
-def _target_number(target: str) -> int:
-    return int(target[2:])
-
-
 class TensorRTRTXParams(EngineParams):
     backend: Literal["tensorrt-rtx"]
     # Compute capabilities to build for: "sm86", "sm_89" or "8.6". Empty: TensorRT-RTX's
@@ -164,61 +168,7 @@ class TensorRTRTXParams(EngineParams):
     @field_validator("targets")
     @classmethod
     def _canonical_targets(cls, value: list[str]) -> list[str]:
-        names = set()
-        for target in value:
-            match = _TARGET.match(target.strip())
-            if match is None:
-                hint = (" ('current' would tie the engine to the build host's GPU, which this key"
-                        " does not cover)" if target.strip().lower() == "current" else "")
-                raise ValueError(f"not a compute capability: {target!r} (write e.g. 'sm86' or "
-                                 f"'8.6'){hint}")
-            sm = match.group(1) or f"{match.group(2)}{match.group(3)}"
-            names.add(f"sm{int(sm)}")
-        return sorted(names, key=_target_number)
-
-
-# --- TensorRT's logger ----------------------------------------------------------------------
-# TensorRT keeps the first logger a process gives it (a later builder's logger is ignored,
-# with a warning), so each module gets one logger for the process, whose messages go to the
-# list of the build under way. Steps run one per worker process; tests build one at a time.
-_LOGGERS: dict[str, Any] = {}
-# Emitted on every first builder of TensorRT-RTX 1.7 as INTERNAL_ERROR, harmless.
-_NOISE = ("Thread context has not been set",)
-
-
-def _logger(trt: Any) -> Any:
-    if trt.__name__ not in _LOGGERS:
-
-        class CaptureLogger(trt.ILogger):
-            def __init__(self) -> None:
-                trt.ILogger.__init__(self)
-                self.messages: list[tuple[int, str]] = []
-
-            def log(self, severity: Any, msg: str) -> None:
-                if int(severity) <= int(trt.ILogger.Severity.WARNING) and not msg.startswith(_NOISE):
-                    self.messages.append((int(severity), msg))
-
-        _LOGGERS[trt.__name__] = CaptureLogger()
-    logger = _LOGGERS[trt.__name__]
-    logger.messages = []
-    return logger
-
-
-def _errors(trt: Any, logger: Any) -> list[str]:
-    limit = int(trt.ILogger.Severity.ERROR)
-    return [msg for severity, msg in logger.messages if severity <= limit]
-
-
-def _warnings(trt: Any, logger: Any) -> list[str]:
-    return [msg for severity, msg in logger.messages
-            if severity == int(trt.ILogger.Severity.WARNING)]
-
-
-def _quote(messages: list[str], limit: int = 12) -> str:
-    shown = [f"  {m}" for m in messages[:limit]]
-    if len(messages) > limit:
-        shown.append(f"  ... and {len(messages) - limit} more")
-    return "\n".join(shown)
+        return canonical_targets(value)
 
 
 # --- model inputs and profiles --------------------------------------------------------------
@@ -323,19 +273,10 @@ class _TensorRTBase(Step):
 
     # --- what the key covers -------------------------------------------------------------
     def tool_names(self) -> tuple[str, ...]:
-        from optbuild.fingerprint import DISTRIBUTIONS, installed_distribution
-
-        distribution, _ = installed_distribution(self.module)
-        return (distribution or DISTRIBUTIONS[self.module][-1],)
+        return (runtime_distribution(self.module),)
 
     def _module_missing(self) -> str | None:
-        try:
-            found = importlib.util.find_spec(self.module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return f"{self.label}'s Python module {self.module!r} (pip install 'optbuild[{self.extra}]')"
-        return None
+        return module_missing(self.module, self.label, self.extra)
 
     # --- execution -----------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
@@ -343,14 +284,14 @@ class _TensorRTBase(Step):
         trt = importlib.import_module(self.module)
         version = str(trt.__version__)
         self._check_api(trt, version)
-        logger = _logger(trt)
+        logger = capture_logger(trt)
         builder = trt.Builder(logger)
         network = builder.create_network(self._network_flags(trt))
         parser = trt.OnnxParser(network, logger)
         self._configure_parser(trt, parser)
         if not parser.parse_from_file(str(model)):
             raise StepError(f"{self.label} {version} cannot parse {model.name}:\n"
-                            + _quote(_parser_errors(parser) or _errors(trt, logger)))
+                            + quote(_parser_errors(parser) or errors(trt, logger)))
         if network.num_outputs == 0:  # protobuf reads some junk as an empty ModelProto
             raise StepError(f"{self.label} {version} read {model.name} as a model with no graph "
                             "outputs: not an ONNX model, or an empty one")
@@ -368,18 +309,18 @@ class _TensorRTBase(Step):
             for name, rng in profile.items():
                 trt_profile.set_shape(name, rng.min, rng.opt, rng.max)
             if config.add_optimization_profile(trt_profile) < 0:
-                raise StepError(f"{self.label} rejected profile {index}:\n" + _quote(_errors(trt, logger)))
+                raise StepError(f"{self.label} rejected profile {index}:\n" + quote(errors(trt, logger)))
         cache = self._load_timing_cache(trt, config, ctx, version)
 
         started = time.perf_counter()
         plan = builder.build_serialized_network(network, config)
         build_s = time.perf_counter() - started
-        for message in _warnings(trt, logger):
+        for message in warnings(trt, logger):
             ctx.log(f"{self.label}: {message}")
         if plan is None:
-            errors = _errors(trt, logger) or ["(no error message; run with a verbose logger)"]
+            logged = errors(trt, logger) or ["(no error message; run with a verbose logger)"]
             raise StepError(f"{self.label} {version} could not build an engine from {model.name}:\n"
-                            + _quote(errors))
+                            + quote(logged))
         engine_path = ctx.out_dir / "model.engine"
         engine_path.write_bytes(plan)
         self._write_manifest(ctx, version, inputs, outputs)
@@ -482,112 +423,37 @@ class _TensorRTBase(Step):
         return {}
 
     # --- an inference check, where a suitable GPU is present ------------------------------
-    def _no_run_reason(self, host: Fingerprint) -> str | None:
-        if not host.get("gpu.count"):
-            return host.get("gpu.error") or "no NVIDIA GPU"
-        return None
+    def _runtime(self) -> Runtime:
+        return Runtime(self.backend, self.module, self.label, self.extra)
 
-    def _maybe_infer(self, ctx: StepContext, trt: Any, logger: Any, plan: Any) -> None:
-        # The fingerprint first: a TensorRT runtime created without a GPU can segfault.
-        reason = self._no_run_reason(ctx.host)
-        if reason is None:
-            try:
-                from cuda.bindings import runtime as cudart
-            except ImportError:
-                try:
-                    from cuda import cudart  # cuda-python before 12.6
-                except ImportError:
-                    cudart = None
-            if cudart is None:
-                reason = f"cuda-python is not installed (pip install 'optbuild[{self.extra}]')"
-        if reason is not None:
-            ctx.metrics["inference"] = f"skipped: {reason}"
-            ctx.log(f"inference check skipped: {reason}")
+    def _run_targets(self) -> list[str]:
+        """The compute capabilities the engine runs on; empty: the backend's default."""
+        return []
+
+    def _maybe_infer(self, ctx: StepContext, trt: Any, logger: Any, plan: Any, runs: int = 10) -> None:
+        """Load the new engine and time ``runs`` inferences on random data at profile 0's
+        opt shapes, where this host can; otherwise record why not (the build stands)."""
+        from optbuild.backends.tensorrt.loader import load_engine
+        from optbuild.backends.tensorrt.runner import TrtRunner, UnsupportedEngine, random_feed
+
+        times = []
+        try:
+            loaded = load_engine(trt, plan, ctx.host, runtime=self._runtime(),
+                                 targets=self._run_targets(), logger=logger)
+            with TrtRunner(loaded) as runner:
+                feed = random_feed(runner)
+                for _ in range(runs + 1):
+                    runner.infer(feed)
+                    times.append(runner.last_inference_ms)
+        except (StepUnavailable, UnsupportedEngine) as exc:
+            ctx.metrics["inference"] = f"skipped: {exc}"
+            ctx.log(f"inference check skipped: {exc}")
             return
-        runtime = trt.Runtime(logger)
-        if hasattr(runtime, "get_engine_validity"):
-            validity, diagnostics = runtime.get_engine_validity(plan)
-            if validity == trt.EngineValidity.INVALID:
-                ctx.metrics["inference"] = (f"skipped: the engine is not valid on gpu.0 "
-                                            f"({_diagnostics(trt, diagnostics)})")
-                ctx.log(f"inference check {ctx.metrics['inference']}")
-                return
-        engine = runtime.deserialize_cuda_engine(plan)
-        if engine is None:
-            raise StepError(f"the new engine does not load on gpu.0 ({ctx.host.get('gpu.0.name')}):\n"
-                            + _quote(_errors(trt, logger)))
-        figures = _infer(trt, engine, cudart)
-        if "skipped" in figures:
-            ctx.metrics["inference"] = f"skipped: {figures['skipped']}"
-            ctx.log(f"inference check {ctx.metrics['inference']}")
-            return
+        figures = {"first_run_ms": round(times[0], 3), "latency_ms": round(statistics.median(times[1:]), 4)}
         ctx.metrics.update(figures)
         ctx.metrics["inference"] = "ok"
         ctx.log(f"inference on gpu.0: {figures['latency_ms']:.3f} ms (first run "
                 f"{figures['first_run_ms']:.1f} ms)")
-
-
-def _diagnostics(trt: Any, bits: Any) -> str:
-    """Names of the EngineInvalidityDiagnostics flags set in ``bits``."""
-    flags = getattr(trt, "EngineInvalidityDiagnostics", None)
-    members = getattr(flags, "__members__", {})
-    names = [name.lower().replace("_", " ") for name, m in members.items() if int(bits) & int(m)]
-    return ", ".join(names) or f"diagnostics {int(bits)}"
-
-
-def _cuda_check(result: Any, what: str) -> Any:
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise StepError(f"CUDA {what} failed: {err}")
-    return rest[0] if len(rest) == 1 else rest
-
-
-def _infer(trt: Any, engine: Any, cudart: Any, runs: int = 10) -> dict[str, Any]:
-    """Run the engine on random data at each input's opt shape (profile 0); time it."""
-    import numpy as np
-
-    context = engine.create_execution_context()
-    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
-    for name in names:
-        if is_input[name]:
-            shape = tuple(engine.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                shape = tuple(engine.get_tensor_profile_shape(name, 0)[1])
-            context.set_input_shape(name, shape)
-    stream = _cuda_check(cudart.cudaStreamCreate(), "cudaStreamCreate")
-    buffers = []
-    rng = np.random.default_rng(0)
-    try:
-        for name in names:
-            shape = tuple(context.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                return {"skipped": f"the shape of {name!r} depends on data"}
-            try:
-                dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
-            except (TypeError, KeyError):
-                return {"skipped": f"no numpy type for {engine.get_tensor_dtype(name)}"}
-            nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-            pointer = _cuda_check(cudart.cudaMalloc(nbytes), "cudaMalloc")
-            buffers.append(pointer)
-            if is_input[name]:
-                data = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
-                host = np.ascontiguousarray(data)
-                _cuda_check(cudart.cudaMemcpy(pointer, host.ctypes.data, host.nbytes,
-                                              cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
-            context.set_tensor_address(name, int(pointer))
-        times = []
-        for _ in range(runs + 1):
-            started = time.perf_counter()
-            if not context.execute_async_v3(int(stream)):
-                raise StepError("the engine failed to run (execute_async_v3 returned False)")
-            _cuda_check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-            times.append((time.perf_counter() - started) * 1000)
-        return {"first_run_ms": round(times[0], 3), "latency_ms": round(statistics.median(times[1:]), 4)}
-    finally:
-        for pointer in buffers:
-            cudart.cudaFree(pointer)
-        cudart.cudaStreamDestroy(stream)
 
 
 _HW_LEVELS = {"ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
@@ -598,9 +464,9 @@ class TensorRTEngine(_TensorRTBase):
 
     kind = "engine/tensorrt"
     Params = TensorRTParams
-    module = "tensorrt"
-    label = "TensorRT"
-    extra = "gpu"
+    module = RUNTIMES["tensorrt"].module
+    label = RUNTIMES["tensorrt"].label
+    extra = RUNTIMES["tensorrt"].extra
     backend = "tensorrt"
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
@@ -615,10 +481,7 @@ class TensorRTEngine(_TensorRTBase):
 
     def unavailable(self, host: Fingerprint) -> str | None:
         needs = []
-        if not host.get("gpu.count"):
-            error = str(host.get("gpu.error") or "none found")
-            if error.startswith("no NVIDIA GPU (") and error.endswith(")"):
-                error = error[len("no NVIDIA GPU ("):-1]
+        if (error := gpu_missing(host)) is not None:
             needs.append(f"an NVIDIA GPU to build on (here: {error}; backend 'tensorrt-rtx' "
                          "builds without one)")
         elif self.params.hardware_compatibility == "ampere+":
@@ -673,9 +536,9 @@ class TensorRTRTXEngine(_TensorRTBase):
 
     kind = "engine/tensorrt-rtx"
     Params = TensorRTRTXParams
-    module = "tensorrt_rtx"
-    label = "TensorRT-RTX"
-    extra = "rtx"
+    module = RUNTIMES["tensorrt-rtx"].module
+    label = RUNTIMES["tensorrt-rtx"].label
+    extra = RUNTIMES["tensorrt-rtx"].extra
     backend = "tensorrt-rtx"
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
@@ -694,7 +557,7 @@ class TensorRTRTXEngine(_TensorRTBase):
         unknown = [t for t in self.params.targets if t not in offered]
         if unknown:
             raise StepError(f"TensorRT-RTX {version} cannot build for {', '.join(unknown)}; it "
-                            f"offers {', '.join(sorted(offered, key=_target_number))}")
+                            f"offers {', '.join(sorted(offered, key=target_number))}")
 
     def _configure(self, trt: Any, config: Any, ctx: StepContext) -> None:
         # No timing cache: in TensorRT-RTX the ITimingCache API is a deprecated no-op (1.2+)
@@ -714,12 +577,5 @@ class TensorRTRTXEngine(_TensorRTBase):
     def _manifest_extra(self) -> dict[str, Any]:
         return {"targets": list(self.params.targets) or "default"}
 
-    def _no_run_reason(self, host: Fingerprint) -> str | None:
-        if (reason := super()._no_run_reason(host)) is not None:
-            return reason
-        cc = str(host.get("gpu.0.compute_capability") or "")
-        sm = "sm" + cc.replace(".", "")
-        if self.params.targets and sm not in self.params.targets:
-            return (f"gpu.0 ({host.get('gpu.0.name')}, compute capability {cc}) is not among the "
-                    f"targets {', '.join(self.params.targets)}")
-        return None
+    def _run_targets(self) -> list[str]:
+        return list(self.params.targets)

@@ -25,20 +25,61 @@ fails with that table as its message; nothing is cached, and the next build runs
 
 Hardware: quantized kernels differ between CPUs (x86 without VNNI saturates where VNNI
 does not), so the key holds cpu.arch and cpu.flags: a verdict is reused only on CPUs alike.
+
+Engine candidates: with ``candidate_runtime = "tensorrt"`` or ``"tensorrt-rtx"`` the
+candidate is the ``model.engine`` of an engine step of that backend. The reference still
+runs on onnxruntime (CPU); the candidate runs on gpu.0 through
+``optbuild.backends.tensorrt``'s TrtRunner, over the same samples, each of which must fit
+one of the engine's optimization profiles (checked first, from its ``engine.json``). Such a
+step is hardware-bound: it is unavailable on a host without an NVIDIA GPU, without the
+runtime's module or cuda-python, or (TensorRT-RTX) whose gpu.0 is not among
+``candidate_targets`` (empty: the GPUs an engine built with default targets runs on). Its key
+adds the runtime's distribution and version, and gpu.0's compute capability: the kernels
+that ran depend on it (the engine's own bytes, tactics included, are in the key already, as
+the candidate's content). TensorRT-RTX specializes an engine for the GPU that loads it, so
+its key holds gpu.0's model name too.
+
+Why the runtime is a parameter, not read from the candidate step: a step's key and its
+availability are decided from its own parameters and the host (``host_key``,
+``unavailable``), with no view of the step it takes its input from. The run checks the
+parameter against the candidate's ``engine.json``, so a wrong one fails with the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from typing import Annotated, Any
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from optbuild.errors import StepError
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.backends.tensorrt import RUNTIMES, Runtime
+from optbuild.backends.tensorrt.host import (
+    canonical_targets,
+    cudart_missing,
+    gpu_missing,
+    module_missing,
+    rtx_target_missing,
+    runtime_distribution,
+)
+from optbuild.errors import StepError, StepUnavailable
+from optbuild.steps.base import Artifact, Step, StepContext, StepParams, StepRef
 from optbuild.steps.calibdata import DataArg, check_data_source, data_key_files, non_default, ort_distribution
+
+if typing.TYPE_CHECKING:
+    from optbuild.fingerprint import Fingerprint
 
 REPORT_VERSION = 1
 DataSource = Annotated[str, AfterValidator(check_data_source)]
@@ -46,7 +87,7 @@ DataSource = Annotated[str, AfterValidator(check_data_source)]
 
 class VerifyParams(StepParams):
     reference: StepRef  # the model taken as right (e.g. the fp32 "simplify")
-    candidate: StepRef  # the model under test (.onnx or ORT format)
+    candidate: StepRef  # the model under test (.onnx or ORT format, or an engine: candidate_runtime)
     data: DataSource | None = None  # sample inputs; None: seeded random inputs
     data_args: dict[str, DataArg] = {}  # keyword arguments for a data callable
     samples: int | None = Field(None, ge=1, description="with data: at most this many; random: this many (8)")
@@ -59,6 +100,12 @@ class VerifyParams(StepParams):
     min_cosine: float | None = Field(None, ge=-1, le=1)
     min_top1: float | None = Field(None, ge=0, le=1)
     top1_outputs: list[str] = []  # where min_top1 applies; empty: float outputs with a class axis
+    # What runs the candidate: onnxruntime (CPU), or for an engine step's model.engine its
+    # backend. Checked against the candidate's engine.json when the step runs.
+    candidate_runtime: Literal["onnxruntime", "tensorrt", "tensorrt-rtx"] = "onnxruntime"
+    # tensorrt-rtx: the engine step's targets, so that a host whose gpu.0 is not among them
+    # reports this step unavailable. Empty: the GPUs of TensorRT-RTX's default targets.
+    candidate_targets: list[str] = []
 
     @field_validator("int_range")
     @classmethod
@@ -67,8 +114,24 @@ class VerifyParams(StepParams):
             raise ValueError(f"int_range must be [low, high) with low < high, got {value}")
         return value
 
+    @field_validator("candidate_targets")
+    @classmethod
+    def _targets(cls, value: list[str]) -> list[str]:
+        return canonical_targets(value)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The dump is key material: fields added later stay out of it at their defaults, so
+        # that the verify steps that do not use them keep the keys they had.
+        data = handler(self)
+        for name in set(_LATER_FIELDS) - set(non_default(self, _LATER_FIELDS)):
+            data.pop(name, None)
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> VerifyParams:
+        if self.candidate_targets and self.candidate_runtime != "tensorrt-rtx":
+            raise ValueError("'candidate_targets' only apply to candidate_runtime = 'tensorrt-rtx'")
         if self.reference == self.candidate:
             raise ValueError("reference and candidate name the same step")
         if all(t is None for t in (self.max_abs, self.max_rel, self.min_cosine, self.min_top1)):
@@ -86,14 +149,98 @@ class VerifyParams(StepParams):
         return self
 
 
+_LATER_FIELDS = ("candidate_runtime", "candidate_targets")
+# GPU fields in the key of a verify step whose candidate is an engine of that runtime.
+_GPU_FIELDS = {
+    "tensorrt": ("gpu.0.compute_capability",),
+    "tensorrt-rtx": ("gpu.0.compute_capability", "gpu.0.name"),  # specialized at load, per GPU
+}
+
+
 class Verify(Step):
     kind = "verify"
     Params = VerifyParams
     primary_output = "report.json"
     host_fields = ("cpu.arch", "cpu.flags")
 
+    @property
+    def runtime(self) -> Runtime | None:
+        """The TensorRT flavour that runs an engine candidate; None for onnxruntime."""
+        return RUNTIMES.get(self.params.candidate_runtime)
+
     def tool_names(self) -> tuple[str, ...]:
-        return (ort_distribution(), "numpy")
+        if (runtime := self.runtime) is None:
+            return (ort_distribution(), "numpy")
+        return (ort_distribution(), "numpy", runtime_distribution(runtime.module))
+
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        fields = self.host_fields + _GPU_FIELDS.get(self.params.candidate_runtime, ())
+        return {name: host.get(name) for name in fields}
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        if (runtime := self.runtime) is None:
+            return None
+        needs = []
+        if (error := gpu_missing(host)) is not None:
+            needs.append(f"an NVIDIA GPU to run the {runtime.label} engine (here: {error})")
+        elif runtime.backend == "tensorrt-rtx" and (
+                why := rtx_target_missing(host, self.params.candidate_targets)) is not None:
+            needs.append(f"a GPU the {runtime.label} engine runs on: {why}")
+        for missing in (module_missing(runtime.module, runtime.label, runtime.extra),
+                        cudart_missing(runtime.extra)):
+            if missing is not None:
+                needs.append(missing)
+        return "needs " + " and ".join(needs) if needs else None
+
+    def _engine_manifest(self, art: Artifact) -> dict[str, Any] | None:
+        """The ``engine.json`` of an engine candidate; None for an ONNX / ORT-format one.
+        StepError when ``candidate_runtime`` (or ``candidate_targets``) misdescribes it."""
+        p, primary = self.params, art.primary
+        if primary is None or primary.suffix != ".engine":
+            if p.candidate_runtime != "onnxruntime":
+                raise StepError(f"candidate_runtime = {p.candidate_runtime!r}, but the candidate {art.step} "
+                                f"gives {primary.name if primary else 'no file'}, not an engine (model.engine)")
+            return None
+        try:
+            manifest = json.loads(Path(art.files.get("engine.json") or art.dir / "engine.json").read_text())
+            backend = manifest["backend"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StepError(f"the candidate {art.step} has no readable engine.json beside {primary.name} "
+                            f"({type(exc).__name__}: {exc}); verify takes engines from engine steps") from None
+        if backend != p.candidate_runtime:
+            label = RUNTIMES[backend].label if backend in RUNTIMES else backend
+            raise StepError(f"the candidate {art.step} is a {label} engine ({primary.name}): set "
+                            f"candidate_runtime = {backend!r} in this verify step (it is "
+                            f"{p.candidate_runtime!r}) to run it with {label}")
+        built = manifest.get("targets")
+        built = [] if built in (None, "default") else list(built)
+        if p.candidate_runtime == "tensorrt-rtx" and p.candidate_targets and p.candidate_targets != built:
+            raise StepError(f"candidate_targets {p.candidate_targets} differ from the targets the engine "
+                            f"{art.step} was built for ({', '.join(built) or 'default'}): make them the "
+                            "same, so that a host the engine cannot run on reports this step unavailable")
+        return manifest
+
+    def _engine_infer(self, ctx: StepContext, art: Artifact, names: list[str],
+                      stack: contextlib.ExitStack) -> tuple[Callable[[dict[str, Any]], list], str]:
+        """(feed -> outputs in ``names`` order, what runs it) for the engine candidate ``art``,
+        on a TrtRunner that ``stack`` closes."""
+        from optbuild.backends.tensorrt.loader import open_engine
+        from optbuild.backends.tensorrt.runner import TrtRunner
+
+        runtime = self.runtime
+        assert runtime is not None and art.primary is not None
+        try:
+            loaded = open_engine(art.primary, ctx.host, runtime=runtime, targets=self.params.candidate_targets)
+        except StepUnavailable as exc:
+            raise StepError(f"the candidate {art.step} cannot run on this host: {exc}") from None
+        runner = stack.enter_context(TrtRunner(loaded))
+        ctx.log(f"candidate {art.step}: {loaded.label} on {loaded.device}")
+
+        def infer(feed: dict[str, Any]) -> list:
+            outputs = runner.infer(feed)
+            return [outputs[name] for name in names]
+
+        return infer, f"{loaded.label} on {loaded.device}"
 
     def key_files(self):
         files = super().key_files()
@@ -108,8 +255,9 @@ class Verify(Step):
 
         p = self.params
         ref_art, cand_art = ctx.inputs["reference"], ctx.inputs["candidate"]
+        manifest = self._engine_manifest(cand_art)  # None: the candidate runs on onnxruntime
         sessions = {}
-        for role, art in (("reference", ref_art), ("candidate", cand_art)):
+        for role, art in (("reference", ref_art), ("candidate", cand_art))[:1 if manifest else 2]:
             if art.primary is None or art.primary.suffix not in (".onnx", ".ort"):
                 raise StepError(f"{role} {art.step} gives no ONNX or ORT-format model")
             try:
@@ -117,10 +265,19 @@ class Verify(Step):
             except Exception as exc:
                 raise StepError(f"onnxruntime cannot load the {role} {art.step}: {exc}") from None
         ref_specs = calibdata.input_specs(sessions["reference"])
-        cand_specs = {s.name: s for s in calibdata.input_specs(sessions["candidate"])}
-        if missing := [s.name for s in ref_specs if s.name not in cand_specs]:
+        if manifest is None:
+            cand_specs = {s.name: s for s in calibdata.input_specs(sessions["candidate"])}
+            cand_inputs = sorted(cand_specs)
+            cand_names = [o.name for o in sessions["candidate"].get_outputs()]
+        else:
+            cand_inputs = [entry["name"] for entry in manifest["inputs"]]
+            cand_names = [entry["name"] for entry in manifest["outputs"]]
+            if extra := [n for n in cand_inputs if n not in {s.name for s in ref_specs}]:
+                raise StepError(f"the candidate engine {cand_art.step} has inputs {extra} the reference "
+                                f"{ref_art.step} lacks (it has {[s.name for s in ref_specs]})")
+        if missing := [s.name for s in ref_specs if s.name not in cand_inputs]:
             raise StepError(f"the candidate {cand_art.step} lacks inputs {missing} of the reference "
-                            f"(it has {sorted(cand_specs)})")
+                            f"(it has {cand_inputs})")
         if p.data is not None:
             samples = calibdata.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
             source = p.data + (f" ({', '.join(f'{k}={v}' for k, v in p.data_args.items())})" if p.data_args else "")
@@ -130,13 +287,14 @@ class Verify(Step):
             source = samples.source
 
         ref_names = [o.name for o in sessions["reference"].get_outputs()]
-        cand_names = [o.name for o in sessions["candidate"].get_outputs()]
         names = p.outputs or ref_names
         for name in names:
             if name not in ref_names:
                 raise StepError(f"outputs: the reference {ref_art.step} has no output {name!r} (it has {ref_names})")
             if name not in cand_names:
                 raise StepError(f"the candidate {cand_art.step} has no output {name!r} (it has {cand_names})")
+        if manifest is not None:
+            _check_profiles(manifest, samples.feeds, source, cand_art.step)
 
         def cast(feed: dict[str, Any]) -> dict[str, Any]:
             out = {}
@@ -150,18 +308,28 @@ class Verify(Step):
         results: dict[str, dict[str, list]] = {"reference": {n: [] for n in names},
                                                "candidate": {n: [] for n in names}}
         latency = {}
-        for role, feeds in (("reference", samples.feeds), ("candidate", [cast(f) for f in samples.feeds])):
-            sess = sessions[role]
-            try:
-                sess.run(names, feeds[0])  # warm-up
-                started = time.perf_counter()
-                for feed in feeds:
-                    for name, value in zip(names, sess.run(names, feed)):
-                        results[role][name].append(np.asarray(value))
-                latency[role] = (time.perf_counter() - started) / len(feeds) * 1000
-            except Exception as exc:
-                art = ref_art if role == "reference" else cand_art
-                raise StepError(f"the {role} {art.step} fails on the samples: {type(exc).__name__}: {exc}") from None
+        engine_runtime = None  # what ran an engine candidate, for the report
+        with contextlib.ExitStack() as stack:
+            infer: dict[str, Callable[[dict[str, Any]], list]] = {
+                "reference": lambda feed: sessions["reference"].run(names, feed)}
+            if manifest is None:
+                infer["candidate"] = lambda feed: sessions["candidate"].run(names, feed)
+                cand_feeds = [cast(f) for f in samples.feeds]
+            else:
+                infer["candidate"], engine_runtime = self._engine_infer(ctx, cand_art, names, stack)
+                cand_feeds = samples.feeds  # the runner casts to the engine's types
+            for role, feeds in (("reference", samples.feeds), ("candidate", cand_feeds)):
+                try:
+                    infer[role](feeds[0])  # warm-up
+                    started = time.perf_counter()
+                    for feed in feeds:
+                        for name, value in zip(names, infer[role](feed)):
+                            results[role][name].append(np.asarray(value))
+                    latency[role] = (time.perf_counter() - started) / len(feeds) * 1000
+                except Exception as exc:
+                    art = ref_art if role == "reference" else cand_art
+                    raise StepError(f"the {role} {art.step} fails on the samples: {type(exc).__name__}: "
+                                    f"{exc}") from None
 
         figures = {n: _figures(results["reference"][n], results["candidate"][n]) for n in names}
         top1_names = p.top1_outputs or [n for n in names if figures[n].get("top1") is not None]
@@ -200,6 +368,8 @@ class Verify(Step):
             "latency_ms": {k: round(v, 4) for k, v in latency.items()},
             "passed": passed,
         }
+        if manifest is not None:
+            report["runtime"] = {"reference": "onnxruntime (CPU)", "candidate": engine_runtime}
         text = _table(ctx.step_id, report)
         ctx.log(text)
         for n in names:
@@ -213,6 +383,21 @@ class Verify(Step):
             raise StepError(text)
         (ctx.out_dir / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
         (ctx.out_dir / "report.txt").write_text(text + "\n")
+
+
+def _check_profiles(manifest: dict[str, Any], feeds: list[dict[str, Any]], source: str, step: str) -> None:
+    """StepError unless every sample fits one of the engine's optimization profiles: said
+    before any GPU work, naming the sample, the input, its shape and the profile's bounds."""
+    from optbuild.backends.tensorrt.profiles import ShapeMismatch, choose_profile, from_manifest
+
+    inputs, profiles = from_manifest(manifest)
+    for index, feed in enumerate(feeds):
+        try:
+            choose_profile(inputs, profiles, {name: feed[name].shape for name in inputs})
+        except ShapeMismatch as exc:
+            raise StepError(f"sample {index} of {source} does not fit the candidate engine {step}: {exc}. "
+                            "Feed samples the engine takes (e.g. a smaller batch), or widen the engine "
+                            "step's profiles") from None
 
 
 def _holds(value: float | None, op: str, threshold: float) -> bool:
@@ -321,8 +506,13 @@ def _table(step_id: str, report: dict[str, Any]) -> str:
             lines.append("  ".join("-" * w for w in widths))
     lat = report["latency_ms"]
     lines.append("")
-    lines.append(f"latency per sample (CPU, this host): reference {lat['reference']:.3f} ms, "
-                 f"candidate {lat['candidate']:.3f} ms")
+    if "runtime" in report:
+        lines.append(f"latency per sample (this host): reference {lat['reference']:.3f} ms on "
+                     f"{report['runtime']['reference']}, candidate {lat['candidate']:.3f} ms on "
+                     f"{report['runtime']['candidate']}")
+    else:
+        lines.append(f"latency per sample (CPU, this host): reference {lat['reference']:.3f} ms, "
+                     f"candidate {lat['candidate']:.3f} ms")
     failed = [c for c in report["checks"] if not c["ok"]]
     total = len(report["checks"])
     if failed:
