@@ -116,6 +116,9 @@ class StepSpec:
     step: Step
     doc: TomlDocument
     deps: dict[str, str] = field(default_factory=dict)  # param field -> upstream step id
+    # Step.key_files() as found when the project was loaded (a Project is a snapshot):
+    # finding an export's imports means reading its sources, which planning need not repeat.
+    key_files: tuple[Path, ...] | None = None
 
     @property
     def loc(self) -> tuple[str, ...]:
@@ -272,6 +275,7 @@ def _check_files(steps: dict[str, StepSpec], problems: list[Problem]) -> None:
         except FileNotFoundError as exc:
             problems.append(spec.problem(f"file not found: {exc.filename}"))
             continue
+        spec.key_files = tuple(files)
         for path in files:
             if not path.is_file():
                 field_name = _field_naming(spec, path)
@@ -333,4 +337,6 @@ def load_project(start: Path | None = None) -> Project:
     _check_files(steps, problems)
     if problems:
         raise ProjectError(problems)
+    for spec in steps.values():
+        spec.step.bind({field_name: steps[target].step for field_name, target in spec.deps.items()})
     return Project(root, config_file, config, recipe_files, steps)

@@ -1,8 +1,8 @@
 """kind = "verify" with a TensorRT / TensorRT-RTX engine as the candidate; [build] skip_unavailable.
 
 On a host without a GPU: what such a step needs (``unavailable``), what of the GPU its key
-holds, the checks that come before any GPU work (the runtime named in the recipe, samples that
-fit the engine's profiles), and that the example project still builds green, listing these
+holds (all learnt from the engine step the candidate names), the checks that come before any
+GPU work (samples that fit the engine's profiles), and that the example project still builds green, listing these
 steps as unavailable. The ``gpu`` test runs a real engine candidate against onnxruntime.
 """
 
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from conftest import REPO, ProjectDir
 from conftest_trt import MATMUL_PROFILE, make_ctx, matmul_relu
-from pydantic import ValidationError
 
 from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
-from optbuild.steps.base import Artifact, StepContext
+from optbuild.recipe import load_project
+from optbuild.steps.base import Artifact, Step, StepContext
 from optbuild.steps.calibdata import ort_distribution
 from optbuild.steps.verify import Verify, VerifyParams
 
@@ -43,13 +43,24 @@ RTX_4090, RTX_5090 = gpu_host("NVIDIA GeForce RTX 4090", "8.9"), gpu_host("NVIDI
 H100 = gpu_host("NVIDIA H100 80GB HBM3", "9.0")
 
 
-def verify_step(tmp_path: Path = Path("."), **params) -> Verify:
+def engine_step(backend: str = "tensorrt-rtx", **params) -> Step:
+    from optbuild.steps.engine_trt import TensorRTEngine, TensorRTRTXEngine
+
+    cls = TensorRTRTXEngine if backend == "tensorrt-rtx" else TensorRTEngine
+    return cls(cls.Params.model_validate({"backend": backend, "input": "simplify", **params}), Path("."), Path("."))
+
+
+def verify_step(tmp_path: Path = Path("."), candidate_step: Step | None = None, **params) -> Verify:
+    """A verify step as the project loader leaves it: bound to the candidate step it names."""
     params = {"reference": "simplify", "candidate": "rtx_fp32", "max_abs": 0.01, **params}
-    return Verify(VerifyParams.model_validate(params), tmp_path, tmp_path)
+    step = Verify(VerifyParams.model_validate(params), tmp_path, tmp_path)
+    if candidate_step is not None:
+        step.bind({"candidate": candidate_step})
+    return step
 
 
-def rtx_verify(tmp_path: Path = Path("."), **params) -> Verify:
-    return verify_step(tmp_path, candidate_runtime="tensorrt-rtx", **params)
+def rtx_verify(tmp_path: Path = Path("."), targets: list[str] | None = None, **params) -> Verify:
+    return verify_step(tmp_path, engine_step(**({"targets": targets} if targets else {})), **params)
 
 
 # --- what the step needs, and what of the host its key holds -------------------------------------------
@@ -57,7 +68,7 @@ def test_unavailable_on_this_host_names_the_gpu_it_needs():
     here = Fingerprint()
     if here.get("gpu.count"):
         pytest.skip("this host has an NVIDIA GPU")
-    message = rtx_verify(candidate_targets=["sm86", "sm89"]).unavailable(here)
+    message = rtx_verify(targets=["sm86", "sm89"]).unavailable(here)
     error = here.get("gpu.error")
     assert message.startswith("needs an NVIDIA GPU to run the TensorRT-RTX engine (here: ")
     assert error.removeprefix("no NVIDIA GPU (").removesuffix(")") in message
@@ -67,7 +78,7 @@ def test_unavailable_on_this_host_names_the_gpu_it_needs():
 def test_unavailable_names_gpu_targets_and_packages():
     assert rtx_verify().unavailable(NO_GPU).startswith(
         "needs an NVIDIA GPU to run the TensorRT-RTX engine (here: NVIDIA driver not loaded)")
-    step = rtx_verify(candidate_targets=["sm86", "sm89"])
+    step = rtx_verify(targets=["sm86", "sm89"])
     assert step.unavailable(RTX_5090).startswith(
         "needs a GPU the TensorRT-RTX engine runs on: gpu.0 (NVIDIA GeForce RTX 5090, compute capability "
         "12.0) is not among the targets sm86, sm89")
@@ -77,7 +88,7 @@ def test_unavailable_names_gpu_targets_and_packages():
         assert rtx_verify().unavailable(RTX_5090) is None  # sm120 is among the default targets
     else:
         assert "pip install 'optbuild[rtx]'" in step.unavailable(RTX_4090)
-    trt = verify_step(candidate_runtime="tensorrt")
+    trt = verify_step(candidate_step=engine_step("tensorrt"))
     assert "to run the TensorRT engine (here: NVIDIA driver not loaded)" in trt.unavailable(NO_GPU)
     if importlib.util.find_spec("tensorrt") is None:
         assert trt.unavailable(H100) == ("needs TensorRT's Python module 'tensorrt' (pip install "
@@ -90,7 +101,7 @@ def test_host_key_holds_the_gpu_fields_that_change_the_verdict():
     cpu = {"cpu.arch": "x86_64", "cpu.flags": "avx2,fma"}
     ort = verify_step()
     assert ort.host_key(RTX_3090) == ort.host_key(NO_GPU) == cpu  # as before: the CPU only
-    trt = verify_step(candidate_runtime="tensorrt")
+    trt = verify_step(candidate_step=engine_step("tensorrt"))
     assert trt.host_key(RTX_3090) == {**cpu, "gpu.0.compute_capability": "8.6"}
     assert trt.host_key(RTX_3090) == trt.host_key(RTX_A6000)  # same kernels on the same architecture
     assert trt.host_key(RTX_3090) != trt.host_key(RTX_4090)
@@ -111,22 +122,52 @@ def test_steps_without_an_engine_keep_their_key_material():
         "int_range": [0, 8], "outputs": [], "max_abs": 0.02, "max_rel": None, "min_cosine": 0.99,
         "min_top1": 0.95, "top1_outputs": []}
     assert step.tool_names() == (ort_distribution(), "numpy")
-    engine = rtx_verify(candidate_targets=["8.9", "sm_86"])
-    dump = engine.params.model_dump(mode="json")
-    assert dump["candidate_runtime"] == "tensorrt-rtx" and dump["candidate_targets"] == ["sm86", "sm89"]
-    assert VerifyParams.model_validate(dump) == engine.params  # the worker re-validates the dump
+    engine = rtx_verify(targets=["8.9", "sm_86"], candidate="quantize_int8", data="models/calib.py:images",
+                        max_abs=0.02, data_args={"count": 64, "seed": 1}, min_cosine=0.99, min_top1=0.95)
+    assert engine.params == step.params  # what the engine step says is not written in the verify step
+    assert engine.targets == ("sm86", "sm89")
     assert engine.tool_names()[:2] == (ort_distribution(), "numpy")
     assert engine.tool_names()[2].startswith("tensorrt-rtx")
 
 
-def test_engine_params_are_validated():
-    with pytest.raises(ValidationError, match="'candidate_targets' only apply to candidate_runtime = "
-                                              "'tensorrt-rtx'"):
-        verify_step(candidate_targets=["sm86"])
-    with pytest.raises(ValidationError, match="not a compute capability: 'ampere'"):
-        rtx_verify(candidate_targets=["ampere"])
-    with pytest.raises(ValidationError):
-        verify_step(candidate_runtime="tensorrt-llm")
+def test_the_project_loader_binds_verify_steps_to_their_candidates(tmp_path):
+    (tmp_path / "optbuild.toml").write_text("")
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "m.toml").write_text(NEEDS_RECIPE)
+    matmul_relu(tmp_path / "recipes" / "m.onnx")
+    project = load_project(tmp_path)
+    on_engine, on_model = project.steps["m:check_engine"].step, project.steps["m:check_model"].step
+    assert on_engine.runtime is not None and on_engine.runtime.backend == "tensorrt-rtx"
+    assert on_engine.targets == ("sm89",)
+    assert on_engine.unavailable(RTX_3090).startswith("needs a GPU the TensorRT-RTX engine runs on: gpu.0 "
+                                                      "(NVIDIA GeForce RTX 3090, compute capability 8.6) is "
+                                                      "not among the targets sm89")
+    assert on_model.runtime is None and on_model.unavailable(NO_GPU) is None
+
+
+NEEDS_RECIPE = """
+[steps.model]
+kind = "onnx"
+path = "m.onnx"
+
+[steps.rtx]
+kind = "engine"
+backend = "tensorrt-rtx"
+input = "model"
+targets = ["sm89"]
+
+[steps.check_engine]
+kind = "verify"
+reference = "model"
+candidate = "rtx"
+max_abs = 0.01
+
+[steps.check_model]
+kind = "verify"
+reference = "rtx"
+candidate = "model"
+max_abs = 0.01
+"""
 
 
 # --- before any GPU work: a real TensorRT-RTX engine, run on a host without a GPU -----------------------
@@ -161,39 +202,33 @@ def test_samples_outside_the_engine_profile_are_named(tmp_path, rtx_engine):
     model, engine = rtx_engine
     np.savez(tmp_path / "big.npz", x=np.zeros((2, 12, 16), np.float32))  # 2 samples of batch 12
     with pytest.raises(StepError) as info:
-        run_verify(tmp_path, model, engine, candidate_runtime="tensorrt-rtx", data="big.npz")
+        run_verify(tmp_path, model, engine, data="big.npz")
     assert str(info.value).startswith(
         "sample 0 of big.npz does not fit the candidate engine t:rtx: input 'x' has shape [12, 16], outside "
         "the engine's optimization profile (min [1, 16], max [8, 16])")
     with pytest.raises(StepError, match=r"sample 0 of random \(seed 0\) .*shape \[9, 16\]"):
-        run_verify(tmp_path, model, engine, candidate_runtime="tensorrt-rtx", dynamic_size=9)
+        run_verify(tmp_path, model, engine, dynamic_size=9)
 
 
-def test_the_runtime_named_must_be_the_engine_s(tmp_path, rtx_engine):
+def test_an_engine_without_its_manifest_is_refused(tmp_path, rtx_engine):
     model, engine = rtx_engine
-    with pytest.raises(StepError, match=r"the candidate t:rtx is a TensorRT-RTX engine \(model.engine\): set "
-                                        r"candidate_runtime = 'tensorrt-rtx' in this verify step \(it is "
-                                        r"'onnxruntime'\)"):
-        run_verify(tmp_path, model, engine)
-    with pytest.raises(StepError, match="set candidate_runtime = 'tensorrt-rtx' .*it is 'tensorrt'"):
-        run_verify(tmp_path, model, engine, candidate_runtime="tensorrt")
-    with pytest.raises(StepError, match=r"candidate_targets \['sm89', 'sm120'\] differ from the targets the "
-                                        r"engine t:rtx was built for \(sm86, sm89\)"):
-        run_verify(tmp_path, model, engine, candidate_runtime="tensorrt-rtx", candidate_targets=["sm89", "sm120"])
-    onnx_candidate = Artifact(step="t:onnx", dir=model.parent, files={model.name: model}, primary=model)
-    with pytest.raises(StepError, match="the candidate t:onnx gives m.onnx, not an engine"):
-        run_verify(tmp_path, model, onnx_candidate, candidate_runtime="tensorrt-rtx")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(engine.primary, bare / "model.engine")
+    alone = Artifact(step="t:bare", dir=bare, files={"model.engine": bare / "model.engine"},
+                     primary=bare / "model.engine")
+    with pytest.raises(StepError, match=r"the candidate t:bare has no readable engine.json beside model.engine"):
+        run_verify(tmp_path, model, alone)
 
 
 def test_a_host_that_cannot_run_the_engine_gets_a_message_not_a_crash(tmp_path, rtx_engine):
     model, engine = rtx_engine
     with pytest.raises(StepError, match=r"the candidate t:rtx cannot run on this host: no NVIDIA GPU \(NVIDIA "
                                         r"driver not loaded\)"):
-        run_verify(tmp_path, model, engine, candidate_runtime="tensorrt-rtx", candidate_targets=["sm86", "sm89"])
+        run_verify(tmp_path, model, engine)
     with pytest.raises(StepError, match=r"cannot run on this host: gpu.0 \(NVIDIA H100 80GB HBM3.* not among "
                                         r"the targets sm86, sm89"):
-        run_verify(tmp_path, model, engine, host=H100, candidate_runtime="tensorrt-rtx",
-                   candidate_targets=["sm86", "sm89"])
+        run_verify(tmp_path, model, engine, host=H100)
 
 
 # --- [build] skip_unavailable ------------------------------------------------------------------------
@@ -313,7 +348,7 @@ def test_verify_runs_an_rtx_engine_candidate_against_onnxruntime(tmp_path):
     if not HAS_RTX or not HAS_CUDA_PYTHON:
         pytest.skip("needs tensorrt-rtx and cuda-python (pip install 'optbuild[rtx]')")
     target = "sm" + host.get("gpu.0.compute_capability").replace(".", "")
-    step = rtx_verify(tmp_path, candidate_targets=[target])
+    step = rtx_verify(tmp_path, targets=[target])
     if (missing := step.unavailable(host)) is not None:
         pytest.skip(missing)
     from optbuild.steps.engine_trt import TensorRTRTXEngine
@@ -324,8 +359,7 @@ def test_verify_runs_an_rtx_engine_candidate_against_onnxruntime(tmp_path):
     TensorRTRTXEngine(TensorRTRTXEngine.Params.model_validate(params), tmp_path, tmp_path).run(ctx)
     files = {p.name: p for p in ctx.out_dir.iterdir()}
     engine = Artifact(step="t:rtx", dir=ctx.out_dir, files=files, primary=files["model.engine"])
-    run_verify(tmp_path, model, engine, host=host, candidate_runtime="tensorrt-rtx", candidate_targets=[target],
-               samples=6, dynamic_size=4, max_abs=None, max_rel=1e-2, min_cosine=0.9999)
+    run_verify(tmp_path, model, engine, host=host, samples=6, dynamic_size=4, max_abs=None, max_rel=1e-2, min_cosine=0.9999)
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["passed"] and report["candidate"]["file"] == "model.engine"
     assert report["runtime"]["candidate"].startswith("TensorRT-RTX ") and "gpu.0" in report["runtime"]["candidate"]

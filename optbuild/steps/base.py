@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -162,6 +163,12 @@ class Step:
             for name in fields_with(type(self.params), STEP_REF)
             if (value := getattr(self.params, name)) is not None
         }
+
+    def bind(self, upstream: Mapping[str, Step]) -> None:
+        """Called once the project is loaded, with the steps that this step's StepRef fields
+        name (field -> step), before any key is made. For a step whose needs depend on what
+        its inputs are, e.g. a verify that runs an engine: it learns that here, instead of
+        the recipe repeating it. Default: nothing to learn."""
 
     def key_files(self) -> list[Path]:
         """Absolute paths of the files whose bytes enter the key.

@@ -26,23 +26,18 @@ fails with that table as its message; nothing is cached, and the next build runs
 Hardware: quantized kernels differ between CPUs (x86 without VNNI saturates where VNNI
 does not), so the key holds cpu.arch and cpu.flags: a verdict is reused only on CPUs alike.
 
-Engine candidates: with ``candidate_runtime = "tensorrt"`` or ``"tensorrt-rtx"`` the
-candidate is the ``model.engine`` of an engine step of that backend. The reference still
-runs on onnxruntime (CPU); the candidate runs on gpu.0 through
-``optbuild.backends.tensorrt``'s TrtRunner, over the same samples, each of which must fit
-one of the engine's optimization profiles (checked first, from its ``engine.json``). Such a
-step is hardware-bound: it is unavailable on a host without an NVIDIA GPU, without the
-runtime's module or cuda-python, or (TensorRT-RTX) whose gpu.0 is not among
-``candidate_targets`` (empty: the GPUs an engine built with default targets runs on). Its key
-adds the runtime's distribution and version, and gpu.0's compute capability: the kernels
-that ran depend on it (the engine's own bytes, tactics included, are in the key already, as
-the candidate's content). TensorRT-RTX specializes an engine for the GPU that loads it, so
-its key holds gpu.0's model name too.
-
-Why the runtime is a parameter, not read from the candidate step: a step's key and its
-availability are decided from its own parameters and the host (``host_key``,
-``unavailable``), with no view of the step it takes its input from. The run checks the
-parameter against the candidate's ``engine.json``, so a wrong one fails with the fix.
+Engine candidates: when ``candidate`` names an engine step with backend "tensorrt" or
+"tensorrt-rtx", the reference still runs on onnxruntime (CPU) and the candidate's
+``model.engine`` on gpu.0 through ``optbuild.backends.tensorrt``'s TrtRunner, over the same
+samples, each of which must fit one of the engine's optimization profiles (checked first,
+from its ``engine.json``). Such a step is hardware-bound: it is unavailable on a host without
+an NVIDIA GPU, without the runtime's module or cuda-python, or (TensorRT-RTX) whose gpu.0 is
+not among the engine step's targets. Its key adds the runtime's distribution and version,
+and gpu.0's compute capability: the kernels that ran depend on it (the engine's own bytes,
+tactics included, are in the key already, as the candidate's content). TensorRT-RTX
+specializes an engine for the GPU that loads it, so its key holds gpu.0's model name too.
+Nothing of this is written in the verify step: planning learns it from the candidate step
+(``bind``), the worker from the engine's ``engine.json``.
 """
 
 from __future__ import annotations
@@ -52,22 +47,14 @@ import json
 import math
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import (
-    AfterValidator,
-    Field,
-    SerializerFunctionWrapHandler,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt.host import (
-    canonical_targets,
     cudart_missing,
     gpu_missing,
     module_missing,
@@ -87,7 +74,7 @@ DataSource = Annotated[str, AfterValidator(check_data_source)]
 
 class VerifyParams(StepParams):
     reference: StepRef  # the model taken as right (e.g. the fp32 "simplify")
-    candidate: StepRef  # the model under test (.onnx or ORT format, or an engine: candidate_runtime)
+    candidate: StepRef  # the model under test (.onnx or ORT format, or an engine step's model.engine)
     data: DataSource | None = None  # sample inputs; None: seeded random inputs
     data_args: dict[str, DataArg] = {}  # keyword arguments for a data callable
     samples: int | None = Field(None, ge=1, description="with data: at most this many; random: this many (8)")
@@ -100,12 +87,6 @@ class VerifyParams(StepParams):
     min_cosine: float | None = Field(None, ge=-1, le=1)
     min_top1: float | None = Field(None, ge=0, le=1)
     top1_outputs: list[str] = []  # where min_top1 applies; empty: float outputs with a class axis
-    # What runs the candidate: onnxruntime (CPU), or for an engine step's model.engine its
-    # backend. Checked against the candidate's engine.json when the step runs.
-    candidate_runtime: Literal["onnxruntime", "tensorrt", "tensorrt-rtx"] = "onnxruntime"
-    # tensorrt-rtx: the engine step's targets, so that a host whose gpu.0 is not among them
-    # reports this step unavailable. Empty: the GPUs of TensorRT-RTX's default targets.
-    candidate_targets: list[str] = []
 
     @field_validator("int_range")
     @classmethod
@@ -114,24 +95,8 @@ class VerifyParams(StepParams):
             raise ValueError(f"int_range must be [low, high) with low < high, got {value}")
         return value
 
-    @field_validator("candidate_targets")
-    @classmethod
-    def _targets(cls, value: list[str]) -> list[str]:
-        return canonical_targets(value)
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # The dump is key material: fields added later stay out of it at their defaults, so
-        # that the verify steps that do not use them keep the keys they had.
-        data = handler(self)
-        for name in set(_LATER_FIELDS) - set(non_default(self, _LATER_FIELDS)):
-            data.pop(name, None)
-        return data
-
     @model_validator(mode="after")
     def _consistent(self) -> VerifyParams:
-        if self.candidate_targets and self.candidate_runtime != "tensorrt-rtx":
-            raise ValueError("'candidate_targets' only apply to candidate_runtime = 'tensorrt-rtx'")
         if self.reference == self.candidate:
             raise ValueError("reference and candidate name the same step")
         if all(t is None for t in (self.max_abs, self.max_rel, self.min_cosine, self.min_top1)):
@@ -149,7 +114,6 @@ class VerifyParams(StepParams):
         return self
 
 
-_LATER_FIELDS = ("candidate_runtime", "candidate_targets")
 # GPU fields in the key of a verify step whose candidate is an engine of that runtime.
 _GPU_FIELDS = {
     "tensorrt": ("gpu.0.compute_capability",),
@@ -163,10 +127,17 @@ class Verify(Step):
     primary_output = "report.json"
     host_fields = ("cpu.arch", "cpu.flags")
 
-    @property
-    def runtime(self) -> Runtime | None:
-        """The TensorRT flavour that runs an engine candidate; None for onnxruntime."""
-        return RUNTIMES.get(self.params.candidate_runtime)
+    # What the candidate step says of itself (see bind): its TensorRT flavour, None for a
+    # model onnxruntime runs, and for TensorRT-RTX the compute capabilities it targets.
+    runtime: Runtime | None = None
+    targets: tuple[str, ...] = ()
+
+    def bind(self, upstream: Mapping[str, Step]) -> None:
+        candidate = upstream.get("candidate")
+        backend = getattr(candidate, "backend", None)  # engine steps: "tensorrt" / "tensorrt-rtx"
+        if candidate is not None and backend in RUNTIMES:
+            self.runtime = RUNTIMES[backend]
+            self.targets = tuple(getattr(candidate.params, "targets", None) or ())
 
     def tool_names(self) -> tuple[str, ...]:
         if (runtime := self.runtime) is None:
@@ -174,8 +145,8 @@ class Verify(Step):
         return (ort_distribution(), "numpy", runtime_distribution(runtime.module))
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
-        fields = self.host_fields + _GPU_FIELDS.get(self.params.candidate_runtime, ())
-        return {name: host.get(name) for name in fields}
+        gpu = _GPU_FIELDS[self.runtime.backend] if self.runtime is not None else ()
+        return {name: host.get(name) for name in self.host_fields + gpu}
 
     def unavailable(self, host: Fingerprint) -> str | None:
         if (runtime := self.runtime) is None:
@@ -183,8 +154,7 @@ class Verify(Step):
         needs = []
         if (error := gpu_missing(host)) is not None:
             needs.append(f"an NVIDIA GPU to run the {runtime.label} engine (here: {error})")
-        elif runtime.backend == "tensorrt-rtx" and (
-                why := rtx_target_missing(host, self.params.candidate_targets)) is not None:
+        elif runtime.backend == "tensorrt-rtx" and (why := rtx_target_missing(host, self.targets)) is not None:
             needs.append(f"a GPU the {runtime.label} engine runs on: {why}")
         for missing in (module_missing(runtime.module, runtime.label, runtime.extra),
                         cudart_missing(runtime.extra)):
@@ -192,14 +162,12 @@ class Verify(Step):
                 needs.append(missing)
         return "needs " + " and ".join(needs) if needs else None
 
-    def _engine_manifest(self, art: Artifact) -> dict[str, Any] | None:
-        """The ``engine.json`` of an engine candidate; None for an ONNX / ORT-format one.
-        StepError when ``candidate_runtime`` (or ``candidate_targets``) misdescribes it."""
-        p, primary = self.params, art.primary
+    @staticmethod
+    def _engine_manifest(art: Artifact) -> dict[str, Any] | None:
+        """The ``engine.json`` of an engine candidate (its backend, targets, profiles); None
+        for an ONNX / ORT-format model."""
+        primary = art.primary
         if primary is None or primary.suffix != ".engine":
-            if p.candidate_runtime != "onnxruntime":
-                raise StepError(f"candidate_runtime = {p.candidate_runtime!r}, but the candidate {art.step} "
-                                f"gives {primary.name if primary else 'no file'}, not an engine (model.engine)")
             return None
         try:
             manifest = json.loads(Path(art.files.get("engine.json") or art.dir / "engine.json").read_text())
@@ -207,30 +175,24 @@ class Verify(Step):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StepError(f"the candidate {art.step} has no readable engine.json beside {primary.name} "
                             f"({type(exc).__name__}: {exc}); verify takes engines from engine steps") from None
-        if backend != p.candidate_runtime:
-            label = RUNTIMES[backend].label if backend in RUNTIMES else backend
-            raise StepError(f"the candidate {art.step} is a {label} engine ({primary.name}): set "
-                            f"candidate_runtime = {backend!r} in this verify step (it is "
-                            f"{p.candidate_runtime!r}) to run it with {label}")
-        built = manifest.get("targets")
-        built = [] if built in (None, "default") else list(built)
-        if p.candidate_runtime == "tensorrt-rtx" and p.candidate_targets and p.candidate_targets != built:
-            raise StepError(f"candidate_targets {p.candidate_targets} differ from the targets the engine "
-                            f"{art.step} was built for ({', '.join(built) or 'default'}): make them the "
-                            "same, so that a host the engine cannot run on reports this step unavailable")
+        if backend not in RUNTIMES:
+            raise StepError(f"the candidate {art.step} is an engine of backend {backend!r}; verify runs "
+                            f"engines of {', '.join(map(repr, RUNTIMES))}")
         return manifest
 
-    def _engine_infer(self, ctx: StepContext, art: Artifact, names: list[str],
+    @staticmethod
+    def _engine_infer(ctx: StepContext, art: Artifact, manifest: dict[str, Any], names: list[str],
                       stack: contextlib.ExitStack) -> tuple[Callable[[dict[str, Any]], list], str]:
         """(feed -> outputs in ``names`` order, what runs it) for the engine candidate ``art``,
         on a TrtRunner that ``stack`` closes."""
         from optbuild.backends.tensorrt.loader import open_engine
         from optbuild.backends.tensorrt.runner import TrtRunner
 
-        runtime = self.runtime
-        assert runtime is not None and art.primary is not None
+        targets = manifest.get("targets")
+        targets = [] if targets in (None, "default") else list(targets)
+        assert art.primary is not None
         try:
-            loaded = open_engine(art.primary, ctx.host, runtime=runtime, targets=self.params.candidate_targets)
+            loaded = open_engine(art.primary, ctx.host, runtime=RUNTIMES[manifest["backend"]], targets=targets)
         except StepUnavailable as exc:
             raise StepError(f"the candidate {art.step} cannot run on this host: {exc}") from None
         runner = stack.enter_context(TrtRunner(loaded))
@@ -316,7 +278,7 @@ class Verify(Step):
                 infer["candidate"] = lambda feed: sessions["candidate"].run(names, feed)
                 cand_feeds = [cast(f) for f in samples.feeds]
             else:
-                infer["candidate"], engine_runtime = self._engine_infer(ctx, cand_art, names, stack)
+                infer["candidate"], engine_runtime = self._engine_infer(ctx, cand_art, manifest, names, stack)
                 cand_feeds = samples.feeds  # the runner casts to the engine's types
             for role, feeds in (("reference", samples.feeds), ("candidate", cand_feeds)):
                 try:
