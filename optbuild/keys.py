@@ -28,7 +28,7 @@ def canonical(value: Any) -> bytes:
 
 def key_files(spec: StepSpec) -> list[Path]:
     """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source."""
-    files = list(spec.step.key_files())
+    files = list(spec.key_files if spec.key_files is not None else spec.step.key_files())
     impl_file, _, _ = spec.target.rpartition(":")
     if impl_file.endswith(".py"):
         files.append(Path(impl_file))
