@@ -266,22 +266,19 @@ class _TensorRTBase(Step):
     version = "1"
     primary_output = "model.engine"
     # The Python module and how to get it; set by the two backends below.
-    module: ClassVar[str]
-    label: ClassVar[str]
-    extra: ClassVar[str]
-    backend: ClassVar[str]
+    runtime: ClassVar[Runtime]  # which TensorRT: module, label, pip extra, backend name
 
     # --- what the key covers -------------------------------------------------------------
     def tool_names(self) -> tuple[str, ...]:
-        return (runtime_distribution(self.module),)
+        return (runtime_distribution(self.runtime.module),)
 
     def _module_missing(self) -> str | None:
-        return module_missing(self.module, self.label, self.extra)
+        return module_missing(self.runtime.module, self.runtime.label, self.runtime.extra)
 
     # --- execution -----------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
         model = self._model(ctx)
-        trt = importlib.import_module(self.module)
+        trt = importlib.import_module(self.runtime.module)
         version = str(trt.__version__)
         self._check_api(trt, version)
         logger = capture_logger(trt)
@@ -290,10 +287,10 @@ class _TensorRTBase(Step):
         parser = trt.OnnxParser(network, logger)
         self._configure_parser(trt, parser)
         if not parser.parse_from_file(str(model)):
-            raise StepError(f"{self.label} {version} cannot parse {model.name}:\n"
+            raise StepError(f"{self.runtime.label} {version} cannot parse {model.name}:\n"
                             + quote(_parser_errors(parser) or errors(trt, logger)))
         if network.num_outputs == 0:  # protobuf reads some junk as an empty ModelProto
-            raise StepError(f"{self.label} {version} read {model.name} as a model with no graph "
+            raise StepError(f"{self.runtime.label} {version} read {model.name} as a model with no graph "
                             "outputs: not an ONNX model, or an empty one")
         inputs = [(t.name, tuple(t.shape)) for t in (network.get_input(i) for i in range(network.num_inputs))]
         outputs = [(t.name, tuple(t.shape)) for t in (network.get_output(i) for i in range(network.num_outputs))]
@@ -309,17 +306,17 @@ class _TensorRTBase(Step):
             for name, rng in profile.items():
                 trt_profile.set_shape(name, rng.min, rng.opt, rng.max)
             if config.add_optimization_profile(trt_profile) < 0:
-                raise StepError(f"{self.label} rejected profile {index}:\n" + quote(errors(trt, logger)))
+                raise StepError(f"{self.runtime.label} rejected profile {index}:\n" + quote(errors(trt, logger)))
         cache = self._load_timing_cache(trt, config, ctx, version)
 
         started = time.perf_counter()
         plan = builder.build_serialized_network(network, config)
         build_s = time.perf_counter() - started
         for message in warnings(trt, logger):
-            ctx.log(f"{self.label}: {message}")
+            ctx.log(f"{self.runtime.label}: {message}")
         if plan is None:
             logged = errors(trt, logger) or ["(no error message; run with a verbose logger)"]
-            raise StepError(f"{self.label} {version} could not build an engine from {model.name}:\n"
+            raise StepError(f"{self.runtime.label} {version} could not build an engine from {model.name}:\n"
                             + quote(logged))
         engine_path = ctx.out_dir / "model.engine"
         engine_path.write_bytes(plan)
@@ -327,7 +324,7 @@ class _TensorRTBase(Step):
         ctx.metrics["build_s"] = round(build_s, 3)
         ctx.metrics["engine_bytes"] = engine_path.stat().st_size
         self._save_timing_cache(trt, config, cache, ctx)
-        ctx.log(f"{self.label} {version}: {model.name} -> model.engine "
+        ctx.log(f"{self.runtime.label} {version}: {model.name} -> model.engine "
                 f"({ctx.metrics['engine_bytes']} bytes) in {build_s:.2f} s")
         self._maybe_infer(ctx, trt, logger, plan)
 
@@ -364,7 +361,7 @@ class _TensorRTBase(Step):
         if device is None or ctx.state_dir is None:
             ctx.metrics.setdefault("timing_cache", "disabled")
             return None
-        path = timing_cache_file(ctx.state_dir, self.backend, version, device)
+        path = timing_cache_file(ctx.state_dir, self.runtime.backend, version, device)
         data = path.read_bytes() if path.is_file() else b""
         try:
             cache = config.create_timing_cache(data)
@@ -410,7 +407,7 @@ class _TensorRTBase(Step):
         import json
 
         manifest = {
-            "backend": self.backend,
+            "backend": self.runtime.backend,
             "tensorrt_version": version,
             "inputs": [{"name": n, "shape": list(s)} for n, s in inputs],
             "outputs": [{"name": n, "shape": list(s)} for n, s in outputs],
@@ -423,9 +420,6 @@ class _TensorRTBase(Step):
         return {}
 
     # --- an inference check, where a suitable GPU is present ------------------------------
-    def _runtime(self) -> Runtime:
-        return Runtime(self.backend, self.module, self.label, self.extra)
-
     def _run_targets(self) -> list[str]:
         """The compute capabilities the engine runs on; empty: the backend's default."""
         return []
@@ -438,7 +432,7 @@ class _TensorRTBase(Step):
 
         times = []
         try:
-            loaded = load_engine(trt, plan, ctx.host, runtime=self._runtime(),
+            loaded = load_engine(trt, plan, ctx.host, runtime=self.runtime,
                                  targets=self._run_targets(), logger=logger)
             with TrtRunner(loaded) as runner:
                 feed = random_feed(runner)
@@ -464,10 +458,7 @@ class TensorRTEngine(_TensorRTBase):
 
     kind = "engine/tensorrt"
     Params = TensorRTParams
-    module = RUNTIMES["tensorrt"].module
-    label = RUNTIMES["tensorrt"].label
-    extra = RUNTIMES["tensorrt"].extra
-    backend = "tensorrt"
+    runtime = RUNTIMES["tensorrt"]
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
         policy, level = self.params.fingerprint, self.params.hardware_compatibility
@@ -536,10 +527,7 @@ class TensorRTRTXEngine(_TensorRTBase):
 
     kind = "engine/tensorrt-rtx"
     Params = TensorRTRTXParams
-    module = RUNTIMES["tensorrt-rtx"].module
-    label = RUNTIMES["tensorrt-rtx"].label
-    extra = RUNTIMES["tensorrt-rtx"].extra
-    backend = "tensorrt-rtx"
+    runtime = RUNTIMES["tensorrt-rtx"]
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
         return {}  # the targets (parameters) replace the build host's GPU

@@ -134,9 +134,9 @@ class Verify(Step):
 
     def bind(self, upstream: Mapping[str, Step]) -> None:
         candidate = upstream.get("candidate")
-        backend = getattr(candidate, "backend", None)  # engine steps: "tensorrt" / "tensorrt-rtx"
-        if candidate is not None and backend in RUNTIMES:
-            self.runtime = RUNTIMES[backend]
+        runtime = getattr(candidate, "runtime", None)  # TensorRT / TensorRT-RTX engine steps
+        if isinstance(runtime, Runtime):
+            self.runtime = runtime
             self.targets = tuple(getattr(candidate.params, "targets", None) or ())
 
     def tool_names(self) -> tuple[str, ...]:
