@@ -8,6 +8,7 @@ points that backend at the API-identical ``tensorrt_rtx`` module.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -26,6 +27,7 @@ from conftest_trt import (
 )
 from pydantic import ValidationError
 
+from optbuild.backends.tensorrt import RUNTIMES
 from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
 from optbuild.steps.engine_trt import (
@@ -53,7 +55,7 @@ def trt_step(tmp_path, cls=TensorRTEngine, **params) -> TensorRTEngine:
 class TensorRTCodeOnRTX(TensorRTEngine):
     """The tensorrt backend's implementation, driven through TensorRT-RTX's module."""
 
-    module = "tensorrt_rtx"
+    runtime = dataclasses.replace(RUNTIMES["tensorrt"], module="tensorrt_rtx")
 
 
 def engine_of(ctx):
