@@ -46,7 +46,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.errors import OptbuildError
+from optbuild.atomic import write_atomic
+from optbuild.errors import OptbuildError, first_line
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
@@ -359,7 +360,7 @@ def _ort_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions,
         sess = calibdata.session(path, threads=options.threads or 0)
     except Exception as exc:
         raise BenchError(f"onnxruntime cannot load {sid} ({path.name}): {type(exc).__name__}: "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
     load_ms = (time.perf_counter() - started) * 1000
     declared = calibdata.input_specs(sess)
     specs = concrete_specs(declared, options.batch, options.dim)
@@ -373,7 +374,7 @@ def _ort_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions,
     except Exception as exc:
         shapes = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
         raise BenchError(f"{sid} fails on onnxruntime with inputs {shapes}: {type(exc).__name__}: "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
     row = Row(sid, "onnxruntime", _label(ws, sid), precision(ws, sid), path,
               inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
               batch=_batch_of(specs), load_ms=load_ms, size_bytes=path.stat().st_size)
@@ -408,7 +409,7 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
                 module(*args)
             except Exception as exc:
                 raise BenchError(f"the PyTorch module of {sid} ({step.params.model}) fails on the bench "
-                                 f"inputs: {type(exc).__name__}: {_first_line(exc)}") from None
+                                 f"inputs: {type(exc).__name__}: {first_line(exc)}") from None
 
         def call() -> None:
             with torch.no_grad():
@@ -572,7 +573,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                              baseline, notes)
         out_dir = ws.project.build_dir / recipe
         result.file = out_dir / BENCH_FILE
-        _write_atomic(result.file, (json.dumps(result.as_json(ws.project.root), indent=1) + "\n").encode())
+        write_atomic(result.file, (json.dumps(result.as_json(ws.project.root), indent=1) + "\n").encode())
         if options.plot:
             result.plot_file = out_dir / PLOT_FILE
             plot(result, result.plot_file)
@@ -594,23 +595,6 @@ def _torch_threads(threads: int | None, used: bool) -> Iterator[int | None]:
         yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".optbuild-bench-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- presenting ------------------------------------------------------------------------------

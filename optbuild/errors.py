@@ -10,6 +10,13 @@ class OptbuildError(Exception):
     """Base of every error the CLI prints as a plain message with a non-zero exit."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none): libraries'
+    multi-line errors, tracebacks included, shortened for a one-line message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with the project, located as precisely as we can."""

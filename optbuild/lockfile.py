@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from optbuild.atomic import write_atomic
 
 FORMAT = 1
 
@@ -44,10 +45,5 @@ def update(path: Path, records: dict[str, dict[str, Any]], lock_path: Path) -> b
             return False
         text = json.dumps({"format": FORMAT, "steps": dict(sorted(merged.items()))}, indent=1,
                           sort_keys=True) + "\n"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, text.encode())
         return True

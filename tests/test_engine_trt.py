@@ -27,6 +27,7 @@ from conftest_trt import (
 )
 from pydantic import ValidationError
 
+from optbuild.atomic import write_atomic
 from optbuild.backends.tensorrt import RUNTIMES
 from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
@@ -35,7 +36,6 @@ from optbuild.steps.engine_trt import (
     TensorRTRTXEngine,
     check_profiles,
     timing_cache_file,
-    write_atomic,
 )
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None

@@ -22,10 +22,8 @@ Nothing heavy is imported at module level: TensorRT is imported inside ``run``, 
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import statistics
-import tempfile
 import time
 import typing
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from optbuild.atomic import write_atomic
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt.host import (
     canonical_targets,
@@ -235,21 +234,6 @@ def _slug(text: str) -> str:
 def timing_cache_file(state_dir: Path, backend: str, version: str, device: str) -> Path:
     """Where the timing cache of ``backend`` ``version`` for ``device`` lives."""
     return Path(state_dir) / "tensorrt-timing" / f"{_slug(backend)}-{_slug(version)}-{_slug(device)}.cache"
-
-
-def write_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` (bytes or a buffer) to ``path``: temp file in the same folder + os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _cache_entries(cache: Any) -> int | None:

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from optbuild.errors import StepError
+from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
 from optbuild.steps.base import CallableRef, InputPath, Step, StepContext, StepParams
 
@@ -143,7 +143,7 @@ class Export(Step):
                     expected = module(*inputs)
                 except Exception as exc:
                     raise StepError(f"{p.model}: the module fails on its own example inputs: "
-                                    f"{type(exc).__name__}: {_first_line(exc)}{_where(exc, path.parent)}") from None
+                                    f"{type(exc).__name__}: {first_line(exc)}{_where(exc, path.parent)}") from None
                 started = time.perf_counter()
                 self._export(ctx, module, inputs, out)
                 ctx.metrics["export_s"] = round(time.perf_counter() - started, 3)
@@ -180,7 +180,7 @@ class Export(Step):
         try:
             result = target()
         except (Exception, SystemExit) as exc:
-            raise StepError(f"{ref} raised {type(exc).__name__}: {_first_line(exc)}"
+            raise StepError(f"{ref} raised {type(exc).__name__}: {first_line(exc)}"
                             f"{_where(exc, path.parent)}") from None
         shape = "(torch.nn.Module, tuple of example input tensors)"
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
@@ -210,7 +210,7 @@ class Export(Step):
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise StepError(f"weights {path} cannot be loaded with weights_only=True (a state_dict "
-                            f"of tensors is expected): {type(exc).__name__}: {_first_line(exc)}") from None
+                            f"of tensors is expected): {type(exc).__name__}: {first_line(exc)}") from None
         if not isinstance(state, Mapping):
             raise StepError(f"weights {path} holds a {type(state).__name__}, not a state_dict")
         try:
@@ -256,7 +256,7 @@ class Export(Step):
                         if p.exporter == "torchscript" and isinstance(exc, (AttributeError, ImportError,
                                                                             NotImplementedError)) else "")
                 raise StepError(f"torch.onnx.export ({p.exporter}) failed for {p.model}: "
-                                f"{type(exc).__name__}: {_shorten(_first_line(exc))}{hint}") from None
+                                f"{type(exc).__name__}: {_shorten(first_line(exc))}{hint}") from None
         for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught
                                      if not issubclass(w.category, (DeprecationWarning, FutureWarning))):
             ctx.log(f"export warning: {_shorten(message)}")
@@ -283,7 +283,7 @@ class Export(Step):
         try:
             onnx.checker.check_model(str(out))
         except Exception as exc:
-            raise StepError(f"the export of {p.model} fails onnx.checker: {_first_line(exc)}") from None
+            raise StepError(f"the export of {p.model} fails onnx.checker: {first_line(exc)}") from None
         ctx.metrics.update(exporter=p.exporter, opset=opset, nodes=len(model.graph.node),
                            bytes=out.stat().st_size)
 
@@ -311,14 +311,14 @@ class Export(Step):
         try:
             session = onnxcheck.session(out)
         except Exception as exc:
-            raise StepError(f"onnxruntime cannot load the export of {p.model}: {_first_line(exc)}") from None
+            raise StepError(f"onnxruntime cannot load the export of {p.model}: {first_line(exc)}") from None
         names = [o.name for o in session.get_outputs()]
         reference = [t.detach().cpu().numpy() for t in _tensors(expected)]
         feeds = self._feeds(session, inputs)
         try:
             outputs = session.run(None, feeds)
         except Exception as exc:
-            raise StepError(f"onnxruntime fails to run the export of {p.model}: {_first_line(exc)}") from None
+            raise StepError(f"onnxruntime fails to run the export of {p.model}: {first_line(exc)}") from None
         result = compare_outputs(names, reference, outputs)
         ctx.metrics.update(max_abs_error=result.max_abs, max_rel_error=result.max_rel)
         ctx.log(f"onnxruntime vs PyTorch: max abs error {result.max_abs:.3g}, relative {result.max_rel:.3g}")
@@ -331,7 +331,7 @@ class Export(Step):
         try:
             expected = module(*grown)
         except Exception as exc:
-            ctx.log(f"dynamic axes not re-checked: PyTorch itself fails at {sizes}: {_first_line(exc)}")
+            ctx.log(f"dynamic axes not re-checked: PyTorch itself fails at {sizes}: {first_line(exc)}")
             return
         reference = [t.detach().cpu().numpy() for t in _tensors(expected)]
         hint = ("; the trace baked a size into the graph (a Python int taken from a tensor "
@@ -341,7 +341,7 @@ class Export(Step):
             outputs = session.run(None, self._feeds(session, grown))
         except Exception as exc:
             raise StepError(f"the export of {p.model} does not run with dynamic axes at {sizes}: "
-                            f"{_first_line(exc)}{hint}") from None
+                            f"{first_line(exc)}{hint}") from None
         result = compare_outputs(names, reference, outputs)
         ctx.metrics.update(dynamic_check=sizes, dynamic_max_rel_error=result.max_rel)
         if result.problem or not result.max_rel <= p.tolerance:
@@ -483,7 +483,7 @@ def _module_from_file(path: Path, ref: str) -> Iterator[Any]:
             spec.loader.exec_module(module)
         except (Exception, SystemExit) as exc:
             raise StepError(f"{ref}: importing {path} failed: {type(exc).__name__}: "
-                            f"{_first_line(exc)}{_where(exc, directory)}") from None
+                            f"{first_line(exc)}{_where(exc, directory)}") from None
         yield module
     finally:
         sys.path[:] = saved_path
@@ -512,11 +512,6 @@ def _where(exc: BaseException, directory: Path) -> str:
     ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(directory)]
     frame = (ours or frames)[-1]
     return f" (at {frame.filename}:{frame.lineno})"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _shorten(text: str, limit: int = 600) -> str:

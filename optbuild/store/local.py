@@ -32,7 +32,7 @@ from pathlib import Path
 import xxhash
 
 from optbuild.digest import FileHasher, digest_bytes, hash_file
-from optbuild.errors import CacheError
+from optbuild.errors import CacheError, first_line
 from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path
 
 _HEX = re.compile(r"[0-9a-f]{32}")
@@ -273,7 +273,7 @@ class LocalStore:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            self.last_miss_reason = f"its cache entry was corrupt ({_first_line(exc)}) and was removed"
+            self.last_miss_reason = f"its cache entry was corrupt ({first_line(exc)}) and was removed"
             path.unlink(missing_ok=True)
             return None
         names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}  # first name wins
@@ -573,11 +573,6 @@ def _parse_entry(path: Path, key: str) -> ActionEntry:
     if problem is not None:
         raise ValueError(f"it {problem}")
     return entry
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _owned_name(label: str) -> str:
