@@ -74,6 +74,16 @@ class ProjectDir:
     def __init__(self, root: Path):
         self.root = root
 
+    @classmethod
+    def with_test_kinds(cls, root: Path) -> ProjectDir:
+        """A new project folder with the fast test kinds (kinds.py) and data/input.txt;
+        its optbuild.toml and recipes are the caller's."""
+        proj = cls(root)
+        proj.root.mkdir()
+        shutil.copy(FIXTURES / "kinds.py", proj.root / "kinds.py")
+        proj.write("data/input.txt", "hello")
+        return proj
+
     def write(self, relative: str, text: str) -> Path:
         path = self.root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,10 +117,7 @@ class ProjectDir:
 @pytest.fixture
 def project(tmp_path: Path) -> ProjectDir:
     """A project with the fast test kinds and one recipe `chain`: src -> mid -> out, src -> side."""
-    proj = ProjectDir(tmp_path / "proj")
-    proj.root.mkdir()
-    shutil.copy(FIXTURES / "kinds.py", proj.root / "kinds.py")
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
     proj.write("optbuild.toml", CONFIG)
-    proj.write("data/input.txt", "hello")
     proj.write("recipes/chain.toml", PIPELINE)
     return proj

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CONFIG, FIXTURES, PIPELINE, ProjectDir
+from conftest import CONFIG, PIPELINE, ProjectDir
 
 from optbuild.digest import FileHasher
 from optbuild.store.local import LocalStore
@@ -163,11 +162,8 @@ def machines(tmp_path: Path) -> Machines:
     """``make(name, remote_section, extra_steps="")``: a project copy with its own caches."""
 
     def make(name: str, remote_section: str = "", extra_steps: str = "") -> ProjectDir:
-        proj = ProjectDir(tmp_path / name)
-        proj.root.mkdir()
-        shutil.copy(FIXTURES / "kinds.py", proj.root / "kinds.py")
+        proj = ProjectDir.with_test_kinds(tmp_path / name)
         proj.write("optbuild.toml", CONFIG + "\n" + remote_section)
-        proj.write("data/input.txt", "hello")
         proj.write("recipes/chain.toml", PIPELINE + extra_steps)
         return proj
 

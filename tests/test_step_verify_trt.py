@@ -256,13 +256,8 @@ class Needs(Step):
 @pytest.fixture
 def unicorn_project(tmp_path: Path) -> ProjectDir:
     """One step this host can run (src) and one it cannot (horn)."""
-    from conftest import FIXTURES
-
-    proj = ProjectDir(tmp_path / "proj")
-    proj.root.mkdir()
-    shutil.copy(FIXTURES / "kinds.py", proj.root / "kinds.py")
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
     proj.write("needs.py", NEEDS_KIND)
-    proj.write("data/input.txt", "hello")
     proj.write("recipes/r.toml", '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n\n'
                                  '[steps.horn]\nkind = "needs"\n')
     return proj
