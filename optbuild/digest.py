@@ -1,4 +1,9 @@
-"""Content digests (xxh3-128) with a persistent stat cache.
+"""Content digests (BLAKE3-256) with a persistent stat cache.
+
+Every digest that names content or an action is BLAKE3-256: cache blobs, the file digests
+in keys, action keys, and whatever a remote cache or a signature vouches for. A
+non-cryptographic hash (xxh3) lets anyone who can write a file or a remote blob make a
+twin with the same digest in seconds, and the cache would serve it as the original.
 
 A file whose (device, inode, size, mtime_ns, ctime_ns) match a recorded entry is not
 read again, as in ninja, git, Bazel and DVC. A file modified less than ``RACY_SECONDS``
@@ -10,21 +15,37 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
 
-import xxhash
+import blake3
 
-ALGORITHM = "xxh3_128"
+ALGORITHM = "blake3-256"
+DIGEST_HEX = 64
+DIGEST_RE = re.compile(rf"[0-9a-f]{{{DIGEST_HEX}}}")
 RACY_SECONDS = 2.0
 _CHUNK = 8 << 20
 _MMAP_MIN = 1 << 20
+# The table's name carries the digest function, so digests of another one are never read.
+_TABLE = "stat_" + re.sub(r"\W", "_", ALGORITHM)
+
+
+def is_digest(value: object) -> bool:
+    """Whether ``value`` is a digest as this module writes them (64 lowercase hex)."""
+    return isinstance(value, str) and DIGEST_RE.fullmatch(value) is not None
+
+
+def new_hasher() -> blake3.blake3:
+    """An incremental hasher (``update`` / ``hexdigest``) of the digest function."""
+    return blake3.blake3()
 
 
 def digest_bytes(data: bytes) -> str:
-    return xxhash.xxh3_128_hexdigest(data)
+    return blake3.blake3(data).hexdigest()
 
 
 def hash_file(path: Path) -> tuple[str, int]:
@@ -33,8 +54,8 @@ def hash_file(path: Path) -> tuple[str, int]:
         size = os.fstat(f.fileno()).st_size
         if size >= _MMAP_MIN:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                return xxhash.xxh3_128_hexdigest(m), size
-        h = xxhash.xxh3_128()
+                return blake3.blake3(m).hexdigest(), size
+        h = blake3.blake3()
         buf = bytearray(min(_CHUNK, max(size, 1)))
         view = memoryview(buf)
         read = 0
@@ -44,6 +65,12 @@ def hash_file(path: Path) -> tuple[str, int]:
         return h.hexdigest(), read
 
 
+def _damaged(exc: BaseException) -> bool:
+    """A database whose file is not sound (corrupt page, not a database), as opposed to one
+    that is busy, read-only or cannot be opened (OperationalError)."""
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
+
+
 def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -51,8 +78,9 @@ def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
 class FileHasher:
     """Digests files, remembering them by stat signature in an sqlite database.
 
-    Safe for concurrent processes (sqlite WAL) and threads; a database that cannot be
-    opened or written only costs re-reading files, never a wrong digest.
+    Safe for concurrent processes (sqlite WAL) and threads. The database is only a cache:
+    one that cannot be opened or written costs re-reading files, never a wrong digest, and
+    one that is damaged (a bad page, garbage) is set aside and made anew, with one warning.
     """
 
     def __init__(self, db_path: Path | None):
@@ -62,23 +90,76 @@ class FileHasher:
         self._db_path = db_path
         self._pending: list[tuple] = []
         self._lock = threading.RLock()
+        self._rebuilt = False
 
     def _connect(self) -> sqlite3.Connection | None:
         if self._db is None and self._db_path is not None:
             try:
-                self._db_path.parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self._db_path, timeout=30, isolation_level=None,
-                                     check_same_thread=False)
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.execute(
-                    "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, dev INT, ino INT,"
-                    " size INT, mtime INT, ctime INT, digest TEXT)"
-                )
-                self._db = db
-            except sqlite3.Error:
-                self._db_path = None
+                self._db = self._open(self._db_path)
+            except (sqlite3.Error, OSError) as exc:
+                if _damaged(exc):
+                    self._recover(exc)
+                else:  # unwritable folder, locked for too long...: hash without it
+                    self._db_path = None
         return self._db
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLE} (path TEXT PRIMARY KEY, dev INT, ino INT,"
+                       " size INT, mtime INT, ctime INT, digest TEXT)")
+            db.execute("DROP TABLE IF EXISTS stat")  # xxh3 digests of an older optbuild
+            db.execute(f"SELECT count(*) FROM {_TABLE}").fetchone()  # reads every page of the table
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _recover(self, exc: sqlite3.Error) -> None:
+        """A damaged database: warn once, set it aside, start an empty one, go on.
+
+        Called with the lock held. If even a fresh database fails, files are hashed
+        without one for the rest of the run.
+        """
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        path = self._db_path
+        if path is None or self._rebuilt:
+            self._db_path = None
+            return
+        self._rebuilt = True
+        print(f"optbuild: warning: the stat cache {path} is damaged ({exc}); "
+              "rebuilding it (files are hashed again once)", file=sys.stderr)
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            side = path.with_name(path.name + suffix)
+            try:
+                os.replace(side, path.with_name(f"{path.name}{suffix}.damaged"))
+            except FileNotFoundError:
+                pass
+            except OSError:
+                self._db_path = None
+                return
+        try:
+            self._db = self._open(path)
+        except (sqlite3.Error, OSError):
+            self._db_path = None
+
+    def _query(self, sql: str, args: tuple) -> tuple | None:
+        """One row of ``sql``, or None; database errors are recovered from, never raised."""
+        db = self._connect()
+        if db is None:
+            return None
+        try:
+            return db.execute(sql, args).fetchone()
+        except sqlite3.Error as exc:
+            if _damaged(exc):
+                self._recover(exc)
+            return None  # busy for longer than the timeout, say: just hash
 
     def digest(self, path: Path) -> str:
         """Digest of the file at ``path`` (FileNotFoundError if missing)."""
@@ -87,13 +168,10 @@ class FileHasher:
         sig = _signature(st)
         key = str(path.absolute())
         with self._lock:
-            db = self._connect()
-            if db is not None:
-                row = db.execute(
-                    "SELECT dev, ino, size, mtime, ctime, digest FROM stat WHERE path=?", (key,)
-                ).fetchone()
-                if row is not None and tuple(row[:5]) == sig:
-                    return row[5]
+            row = self._query(f"SELECT dev, ino, size, mtime, ctime, digest FROM {_TABLE} WHERE path=?",
+                              (key,))
+            if row is not None and tuple(row[:5]) == sig and is_digest(row[5]):
+                return row[5]
         digest, read = hash_file(path)
         # Record only if the file did not change while we read it and is not too fresh.
         after = os.stat(path)
@@ -111,23 +189,24 @@ class FileHasher:
         key = str(Path(path).absolute())
         with self._lock:
             self._pending = [p for p in self._pending if p[0] != key]
-            db = self._connect()
-            if db is not None:
-                try:
-                    db.execute("DELETE FROM stat WHERE path=?", (key,))
-                except sqlite3.Error:
-                    pass
+            self._write(f"DELETE FROM {_TABLE} WHERE path=?", [(key,)])
 
     def flush(self) -> None:
         """Write recorded signatures; called at the end of a run (and every 256 files)."""
         with self._lock:
-            db = self._connect() if self._pending else None
-            if db is not None:
-                try:
-                    db.executemany("INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?,?,?)", self._pending)
-                except sqlite3.Error:
-                    pass
+            if self._pending:
+                self._write(f"INSERT OR REPLACE INTO {_TABLE} VALUES (?,?,?,?,?,?,?)", self._pending)
             self._pending.clear()
+
+    def _write(self, sql: str, rows: list[tuple]) -> None:
+        db = self._connect()
+        if db is None:
+            return
+        try:
+            db.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            if _damaged(exc):  # busy or read-only: the signatures are simply not recorded
+                self._recover(exc)
 
     def close(self) -> None:
         self.flush()

@@ -13,6 +13,7 @@ Imported by tests/test_remote.py (not a conftest.py: nothing here is global).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from conftest import CONFIG, PIPELINE, ProjectDir
 
 from optbuild.digest import FileHasher
 from optbuild.store.local import LocalStore
-from optbuild.store.remote import RemoteAudit, RemoteStore
+from optbuild.store.remote import SIGNATURE_PREFIX, RemoteAudit, RemoteStore
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -97,6 +98,19 @@ class Remote:
 
     def read(self, path: str) -> bytes:
         return self.fs.cat_file(path)
+
+    def read_entry(self, key: str) -> tuple[bytes, dict[str, Any]]:
+        """An entry's signature line (b"" when unsigned) and its JSON document."""
+        data = self.read(self.entry_path(key))
+        head = b""
+        if data.startswith(SIGNATURE_PREFIX):
+            line, _, data = data.partition(b"\n")
+            head = line + b"\n"
+        return head, json.loads(data)
+
+    def write_entry(self, key: str, head: bytes, doc: dict[str, Any]) -> None:
+        """Store ``doc`` as the entry of ``key`` behind the signature line ``head`` (kept as is)."""
+        self.write(self.entry_path(key), head + json.dumps(doc).encode())
 
     def write(self, path: str, data: bytes) -> None:
         if "://" not in self.url or self.url.startswith("file://"):

@@ -201,9 +201,10 @@ def test_signed_entries_reject_unsigned_and_wrongly_signed_ones(machines, s3_rem
 
     # an entry altered after signing, and one signed with another key, are rejected
     key = key_of(b, "chain:mid")
-    doc = json.loads(s3_remote.read(s3_remote.entry_path(key)))
+    head, doc = s3_remote.read_entry(key)
+    assert head  # signed
     doc["built_on"] = "attacker"
-    s3_remote.write(s3_remote.entry_path(key), json.dumps(doc).encode())
+    s3_remote.write_entry(key, head, doc)
     c = machines("c", signed)
     result = c.build(["chain:mid"])
     assert result.ok and step_events(result, "built") == ["chain:mid"]

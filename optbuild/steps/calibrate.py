@@ -19,7 +19,7 @@ The artifact is a portable calibration table, ``calibration.json`` (UTF-8 JSON):
       "rows": 64,                              # samples counted along the batch axis
       "data": "models/calib.py:tokens",        # the data source, as the recipe names it
       "model": {
-        "digest": "<xxh3-128 of the calibrated model file>",
+        "digest": "<BLAKE3-256 of the calibrated model file>",
         "inputs": {"tokens": {"dtype": "int64", "shape": ["batch", 32]}}
       },
       "onnxruntime": "1.32.0",                 # the calibrator's version

@@ -1,17 +1,62 @@
 """The action entry: what a cached step produced, and from what.
 
-Stored as JSON under ``ac/`` (local and remote alike). Output paths are validated so that
-an entry, wherever it came from, can never write outside its step's output folder.
+Stored as JSON under ``ac/`` (local and remote alike). An entry is checked by the same
+rules wherever it comes from (a fresh build, the local cache, a remote): its bytes are
+bounded in size and nesting before they are parsed, every digest is a BLAKE3-256 digest,
+and every output name is a safe relative path that a file system can hold, so no entry
+can write outside its step's output folder, crash the parser, or poison the local cache
+with a name that later restores cannot create.
 """
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import json
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-FORMAT = 1
+from optbuild.digest import ALGORITHM, DIGEST_HEX, is_digest
+
+FORMAT = 2  # 2: BLAKE3-256 digests, the digest function recorded
+MAX_ENTRY_BYTES = 16 << 20  # an entry larger than this is not an entry
+MAX_JSON_DEPTH = 64  # real entries nest about 8 deep; Python's parser recurses per level
+MAX_OUTPUTS = 100_000
+MAX_NAME_BYTES = 255  # one path component (NAME_MAX on Linux, macOS and Windows)
+MAX_PATH_DEPTH = 32  # components in one output name
+MAX_PATH_BYTES = 1024  # a whole output name
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+class EntryError(ValueError):
+    """Bytes or values that are not an acceptable action entry; the message says why."""
+
+
+def check_relative_path(name: str) -> str:
+    """Return ``name`` if it is a safe output name, else raise EntryError saying why.
+
+    Safe: relative, '/'-separated, no '.', '..' or empty parts, no backslash or control
+    characters, and within the lengths every common file system can create.
+    """
+    if not isinstance(name, str) or not name:
+        raise EntryError(f"output name {name!r} is empty")
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    parts = name.split("/")
+    if name.startswith("/") or "\\" in name or any(part in ("", ".", "..") for part in parts):
+        raise EntryError(f"output path {shown!r} escapes the output folder")
+    if _CONTROL.search(name):
+        raise EntryError(f"output name {shown!r} holds control characters")
+    encoded = name.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_PATH_BYTES:
+        raise EntryError(f"output name {shown!r} is {len(encoded)} bytes long (at most {MAX_PATH_BYTES})")
+    if len(parts) > MAX_PATH_DEPTH:
+        raise EntryError(f"output name {shown!r} is {len(parts)} folders deep (at most {MAX_PATH_DEPTH})")
+    for part in parts:
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise EntryError(f"output name {shown!r} has a part over {MAX_NAME_BYTES} bytes")
+    return name
 
 
 class OutputFile(BaseModel):
@@ -20,25 +65,26 @@ class OutputFile(BaseModel):
     digest: str
     size: int
 
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, value: str) -> str:
+        if not is_digest(value):
+            raise ValueError(f"{value[:80]!r} is not a digest ({DIGEST_HEX} lowercase hex)")
+        return value
 
-def check_relative_path(name: str) -> str:
-    """Reject absolute paths, '..', backslashes and empty parts in an output name."""
-    path = PurePosixPath(name)
-    if (
-        not name
-        or "\\" in name
-        or "\x00" in name
-        or path.is_absolute()
-        or any(part in ("", ".", "..") for part in name.split("/"))
-    ):
-        raise ValueError(f"output path {name!r} escapes the output folder")
-    return name
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
 
 
 class ActionEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: int = FORMAT
+    digest_function: str = ALGORITHM  # of the key and every digest below (as Bazel's remote API)
     key: str
     step: str  # "recipe:step" that built it (informational: keys are content-based)
     kind: str
@@ -51,15 +97,106 @@ class ActionEntry(BaseModel):
     created_at: float = 0.0
     built_on: str = ""  # hostname
 
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: int) -> int:
+        if value != FORMAT:
+            raise ValueError(f"entry format {value} is not this optbuild's ({FORMAT})")
+        return value
+
+    @field_validator("digest_function")
+    @classmethod
+    def _digest_function(cls, value: str) -> str:
+        if value != ALGORITHM:
+            raise ValueError(f"made with digest function {value[:40]!r}; this optbuild uses {ALGORITHM}")
+        return value
+
+    @field_validator("key", "log")
+    @classmethod
+    def _digests(cls, value: str | None) -> str | None:
+        if value is not None and not is_digest(value):
+            raise ValueError(f"{value[:80]!r} is not a digest ({DIGEST_HEX} lowercase hex)")
+        return value
+
     @field_validator("outputs")
     @classmethod
     def _safe_paths(cls, outputs: dict[str, OutputFile]) -> dict[str, OutputFile]:
+        if not outputs:
+            raise ValueError("an entry has at least one output")
+        if len(outputs) > MAX_OUTPUTS:
+            raise ValueError(f"{len(outputs)} outputs (at most {MAX_OUTPUTS})")
         for name in outputs:
             check_relative_path(name)
+        folders = {name[:i] for name in outputs for i, c in enumerate(name) if c == "/"}
+        clash = sorted(folders & outputs.keys())
+        if clash:
+            raise ValueError(f"output {clash[0]!r} is both a file and a folder")
         return outputs
+
+    @model_validator(mode="after")
+    def _primary(self) -> ActionEntry:
+        if self.primary is not None and self.primary not in self.outputs:
+            raise ValueError(f"its primary output {self.primary!r} is not one of its outputs")
+        return self
 
     def blob_digests(self) -> set[str]:
         digests = {o.digest for o in self.outputs.values()}
         if self.log:
             digests.add(self.log)
         return digests
+
+
+def check_json_bounds(data: bytes) -> None:
+    """Raise EntryError if ``data`` is too large or nests too deep to be parsed safely.
+
+    Runs before any parser sees the bytes: a hostile entry of 100,000 '[' would otherwise
+    raise RecursionError inside json.loads (or pydantic) and take the process with it.
+    """
+    if len(data) > MAX_ENTRY_BYTES:
+        raise EntryError(f"it is larger than {MAX_ENTRY_BYTES} bytes")
+    depth = deepest = 0
+    for bracket in _BRACKET.finditer(_STRING.sub(b'""', data)):
+        if bracket.group() in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    raise EntryError(f"it nests deeper than {MAX_JSON_DEPTH} levels")
+        else:
+            depth -= 1
+
+
+def parse_entry(data: bytes, expected_key: str) -> ActionEntry:
+    """The entry in ``data``, if it is an acceptable entry filed under ``expected_key``.
+
+    Raises EntryError saying why not; never anything else, whatever the bytes.
+    """
+    check_json_bounds(data)
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        raise EntryError("it is not valid JSON") from None
+    return entry_from_doc(doc, expected_key)
+
+
+def entry_from_doc(doc: Any, expected_key: str) -> ActionEntry:
+    """``parse_entry`` for a document already parsed (and bounded)."""
+    if not isinstance(doc, dict):
+        raise EntryError("it is not a JSON object")
+    try:
+        entry = ActionEntry.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])[:120]
+        raise EntryError(f"it is not a valid entry ({where}: {first['msg']})") from None
+    except RecursionError:
+        raise EntryError("it nests too deep") from None
+    if entry.key != expected_key:
+        raise EntryError(f"it is filed under key {expected_key} but was made for {entry.key!r}")
+    return entry
+
+
+def canonical_json(value: Any) -> bytes:
+    """Deterministic JSON bytes: sorted keys, no whitespace, ASCII only, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode()

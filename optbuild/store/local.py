@@ -1,7 +1,7 @@
 """The local cache: content-addressed blobs and action entries on disk.
 
-    cas/<2 hex>/<30 hex>        immutable blobs, read-only (0444)
-    ac/<2 hex>/<30 hex>.json    action entries (ActionEntry JSON); mtime = last use (LRU)
+    cas/<2 hex>/<62 hex>        immutable blobs (BLAKE3-256), read-only (0444)
+    ac/<2 hex>/<62 hex>.json    action entries (ActionEntry JSON); mtime = last use (LRU)
     tmp/<pid>@<host>@<label>-<random>   scratch of running builders, found by pid when stale
     locks/                      flock files: one per key, and the gc lock
 
@@ -29,13 +29,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-import xxhash
-
-from optbuild.digest import FileHasher, digest_bytes, hash_file
+from optbuild.digest import DIGEST_HEX, DIGEST_RE, FileHasher, digest_bytes, hash_file, new_hasher
 from optbuild.errors import CacheError, first_line
-from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path
+from optbuild.store.entry import MAX_ENTRY_BYTES, ActionEntry, OutputFile, check_relative_path, parse_entry
 
-_HEX = re.compile(r"[0-9a-f]{32}")
 _LOCK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _GC_LOCK = "@gc.lock"  # '@' is not allowed in lock names: no key can collide with it
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
@@ -294,9 +291,6 @@ class LocalStore:
         Blobs first, then the entry, so a reader never meets an entry without its blobs.
         Hold ``shared_gc_lock`` from the first put to this one, or gc may take the blobs.
         """
-        problem = _entry_problem(entry, entry.key)
-        if problem is not None:
-            raise CacheError(f"refusing to store entry {entry.key!r}: it {problem}")
         for digest in sorted(entry.blob_digests()):
             if not self.blob_path(digest).is_file():
                 raise CacheError(f"entry {entry.key} names blob {digest}, which is not stored")
@@ -448,7 +442,7 @@ class LocalStore:
             except FileNotFoundError:
                 continue
             digest = path.parent.name + path.name
-            valid = len(path.parent.name) == 2 and _HEX.fullmatch(digest) and stat.S_ISREG(st.st_mode)
+            valid = len(path.parent.name) == 2 and DIGEST_RE.fullmatch(digest) and stat.S_ISREG(st.st_mode)
             yield (digest if valid else None), path, st.st_size
 
     def size_bytes(self) -> int:
@@ -552,27 +546,14 @@ class LocalStore:
 
 # --- helpers ---------------------------------------------------------------------------
 def _check_hex(value: str, what: str) -> None:
-    if not isinstance(value, str) or not _HEX.fullmatch(value):
-        raise ValueError(f"not a {what} (32 lowercase hex digits): {value!r}")
-
-
-def _entry_problem(entry: ActionEntry, key: str) -> str | None:
-    """Why ``entry`` cannot be the entry filed under ``key``, or None."""
-    if entry.key != key:
-        return f"is filed under key {key} but was made for {entry.key!r}"
-    bad = sorted(d for d in entry.blob_digests() if not _HEX.fullmatch(d))
-    if bad:
-        return f"names {bad[0]!r}, which is not a digest"
-    return None
+    if not isinstance(value, str) or not DIGEST_RE.fullmatch(value):
+        raise ValueError(f"not a {what} ({DIGEST_HEX} lowercase hex digits): {value!r}")
 
 
 def _parse_entry(path: Path, key: str) -> ActionEntry:
-    """The entry in ``path`` (ValueError when it is not a valid entry for ``key``)."""
-    entry = ActionEntry.model_validate_json(path.read_bytes())
-    problem = _entry_problem(entry, key)
-    if problem is not None:
-        raise ValueError(f"it {problem}")
-    return entry
+    """The entry in ``path`` (EntryError, a ValueError, when it is not a valid entry for ``key``)."""
+    with open(path, "rb") as f:
+        return parse_entry(f.read(MAX_ENTRY_BYTES + 1), key)
 
 
 def _owned_name(label: str) -> str:
@@ -611,7 +592,7 @@ def _take(source: Path, tmp: Path) -> bool:
 
 def _copy_hashing(source: Path, target: Path) -> str:
     """Copy ``source`` to a new file ``target``; the digest of exactly the bytes copied."""
-    h = xxhash.xxh3_128()
+    h = new_hasher()
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     with open(source, "rb") as src, open(target, "xb") as dst:

@@ -1,11 +1,11 @@
 """The remote cache: the local store's layout behind an fsspec URL, shared between hosts.
 
-    <url>/cas/<2 hex>/<30 hex>        blobs (content-addressed, so any copy is as good)
-    <url>/ac/<2 hex>/<30 hex>.json    action entries (ActionEntry JSON, optionally signed)
+    <url>/cas/<2 hex>/<62 hex>        blobs (BLAKE3-256, so any copy is as good)
+    <url>/ac/<2 hex>/<62 hex>.json    action entries (ActionEntry JSON, optionally signed)
     <url>/tmp/                        uploads in flight, on file systems that can rename
 
 Reading (a local miss): the entry is fetched by key and validated (its key, every digest
-32 hex, output paths inside the output folder, the HMAC signature when a signing key is
+a BLAKE3-256 digest, output paths inside the output folder, the HMAC signature when a signing key is
 configured); every blob it names is downloaded to a temporary file, checked against its
 size and digest and only then put into the local store; the entry is stored locally last.
 Anything wrong is a miss with a warning, never a wrong hit, and nothing unverified reaches
@@ -43,10 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from optbuild.digest import digest_bytes, hash_file
-from optbuild.store.entry import ActionEntry, check_relative_path
+from optbuild.store.entry import MAX_ENTRY_BYTES, ActionEntry, EntryError, canonical_json, parse_entry
 
 if TYPE_CHECKING:
     from optbuild.recipe import RemoteSection
@@ -56,9 +54,8 @@ if TYPE_CHECKING:
 ENV_URL = "OPTBUILD_REMOTE"
 STATS_FILE = "stats.jsonl"
 STATS_MAX_BYTES = 512 << 10  # the stats file is trimmed to its newer half beyond this
-MAX_ENTRY_BYTES = 16 << 20  # an entry larger than this is not an entry
-SIGNATURE_FIELD = "signature"
-_HEX = re.compile(r"[0-9a-f]{32}")
+SIGNATURE_PREFIX = b"optbuild-hmac-sha256 "
+_SIGNATURE_LINE = len(SIGNATURE_PREFIX) + 64 + 1
 _OFF = {"off", "none", "no", "false", "0"}
 _RENAMING = {"file", "local", "sftp", "ssh"}  # protocols whose mv is an atomic rename
 _CHUNK = 8 << 20
@@ -107,77 +104,42 @@ def redact(url: str) -> str:
 
 
 # --- entry encoding and validation ---------------------------------------------------
-def canonical_bytes(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode()
-
-
-def sign(doc: dict[str, Any], key: bytes) -> str:
-    """HMAC-SHA256 of the canonical entry bytes (the signature field excluded)."""
-    body = {k: v for k, v in doc.items() if k != SIGNATURE_FIELD}
-    return hmac.new(key, canonical_bytes(body), hashlib.sha256).hexdigest()
+def sign(body: bytes, key: bytes) -> str:
+    """HMAC-SHA256 of an entry's exact bytes."""
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
 def encode_entry(entry: ActionEntry, key: bytes | None) -> bytes:
-    doc = entry.model_dump(mode="json")
-    if key is not None:
-        doc[SIGNATURE_FIELD] = sign(doc, key)
-    return canonical_bytes(doc)
+    """The entry's canonical JSON; with a signing key, behind a line carrying its HMAC.
+
+    The signature covers the bytes as sent, so a reader checks it before parsing anything.
+    """
+    body = canonical_json(entry.model_dump(mode="json"))
+    return body if key is None else SIGNATURE_PREFIX + sign(body, key).encode() + b"\n" + body
 
 
 def decode_entry(data: bytes, expected_key: str, signing_key: bytes | None) -> ActionEntry:
     """The entry in ``data`` if it is safe to use as the entry of ``expected_key``.
 
-    Raises _Rejected saying why not: not JSON, unsigned or wrongly signed (when a key is
-    configured), not an entry, filed under another key, digests that are not 32 hex,
-    output paths that leave the output folder or collide.
+    Raises _Rejected saying why not: too large or too deep, unsigned or wrongly signed (when
+    a key is configured; checked before the bytes are parsed), not an entry, filed under
+    another key, or any rule of ``store.entry`` broken (digests, output names).
     """
-    if len(data) > MAX_ENTRY_BYTES:
+    if len(data) > MAX_ENTRY_BYTES + _SIGNATURE_LINE:
         raise _Rejected(f"it is larger than {MAX_ENTRY_BYTES} bytes")
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        raise _Rejected("it is not valid JSON") from None
-    if not isinstance(doc, dict):
-        raise _Rejected("it is not a JSON object")
-    signature = doc.pop(SIGNATURE_FIELD, None)
+    signature = None
+    if data.startswith(SIGNATURE_PREFIX):
+        line, _, data = data.partition(b"\n")
+        signature = line[len(SIGNATURE_PREFIX):]
     if signing_key is not None:
-        if not isinstance(signature, str):
+        if signature is None:
             raise _Rejected("it is not signed, and a signing key is configured")
-        if not hmac.compare_digest(signature, sign(doc, signing_key)):
+        if not hmac.compare_digest(signature, sign(data, signing_key).encode()):
             raise _Rejected("its signature does not match (written without the signing key, or altered)")
     try:
-        entry = ActionEntry.model_validate(doc)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise _Rejected(f"it is not a valid entry ({where}: {first['msg']})") from None
-    check_entry(entry, expected_key)
-    return entry
-
-
-def check_entry(entry: ActionEntry, expected_key: str) -> None:
-    """Raise _Rejected unless ``entry`` is well-formed for ``expected_key``."""
-    if not _HEX.fullmatch(entry.key) or entry.key != expected_key:
-        raise _Rejected(f"it is filed under key {expected_key} but names key {entry.key[:40]!r}")
-    digests = [o.digest for o in entry.outputs.values()] + ([entry.log] if entry.log is not None else [])
-    for digest in digests:
-        if not isinstance(digest, str) or not _HEX.fullmatch(digest):
-            raise _Rejected(f"it names {str(digest)[:40]!r}, which is not a digest (32 hex)")
-    if not entry.outputs:
-        raise _Rejected("it has no outputs")
-    parents = {p.as_posix() for name in entry.outputs for p in Path(name).parents}
-    for name, output in entry.outputs.items():
-        try:
-            check_relative_path(name)
-        except ValueError as exc:
-            raise _Rejected(str(exc)) from None
-        if name in parents:
-            raise _Rejected(f"output {name!r} is both a file and a folder")
-        if output.size < 0:
-            raise _Rejected(f"output {name!r} has a negative size")
-    if entry.primary is not None and entry.primary not in entry.outputs:
-        raise _Rejected(f"its primary output {entry.primary!r} is not one of its outputs")
+        return parse_entry(data, expected_key)
+    except EntryError as exc:
+        raise _Rejected(str(exc)) from None
 
 
 # --- the store -------------------------------------------------------------------------
@@ -253,7 +215,7 @@ class RemoteStore:
     # --- raw operations (run under RemoteSession._call) --------------------------------
     def _read_entry(self, key: str, touch: Callable[[int], None]) -> bytes:
         fs, _ = self.filesystem()
-        return fs.cat_file(self.entry_path(key), start=0, end=MAX_ENTRY_BYTES + 1)
+        return fs.cat_file(self.entry_path(key), start=0, end=MAX_ENTRY_BYTES + _SIGNATURE_LINE + 1)
 
     def _blob_size(self, digest: str, touch: Callable[[int], None]) -> int | None:
         fs, _ = self.filesystem()
