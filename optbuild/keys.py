@@ -14,16 +14,10 @@ from typing import Any
 from optbuild.digest import ALGORITHM, FileHasher, digest_bytes
 from optbuild.fingerprint import Fingerprint
 from optbuild.recipe import StepSpec
+from optbuild.store.entry import canonical_json
 from optbuild.toolchain import Toolchain
 
 KEY_FORMAT = 1
-
-
-def canonical(value: Any) -> bytes:
-    """Deterministic JSON bytes: sorted keys, no whitespace, no NaN."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
 
 
 def key_files(spec: StepSpec) -> list[Path]:
@@ -82,7 +76,7 @@ def step_ingredients(
 
 
 def action_key(ingredients: dict[str, Any]) -> str:
-    return digest_bytes(canonical(ingredients))
+    return digest_bytes(canonical_json(ingredients))
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
