@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "clean": "remove build outputs (and the cache with --cache)",
     "cache": "the local and remote caches: ls, verify, gc, push, pull, stats, audit",
     "fingerprint": "print this host's fingerprint (GPU, CUDA, TensorRT, CPU, OS)",
+    "kinds": "the step kinds, and each kind's parameters (types, defaults, descriptions)",
     "bench": "latency and throughput of built models on this host (onnxruntime CPU, PyTorch eager)",
 }
 

@@ -70,22 +70,70 @@ _HISTOGRAM = ("entropy", "percentile")
 
 
 class CalibrateParams(StepParams):
-    input: StepRef  # the ONNX model to calibrate (e.g. "simplify")
-    data: DataSource  # "calib.npz", "folder/" of .npy files, or "file.py:callable"
-    data_args: dict[str, DataArg] = {}  # keyword arguments for a data callable
-    samples: int | None = Field(None, ge=1, description="use at most this many samples")
-    method: Literal["minmax", "entropy", "percentile"] = "minmax"
-    # Symmetric ranges (-m, m); None: onnxruntime's default (percentile True, others False).
-    symmetric: bool | None = None
-    # Tensors of these op types only (their inputs and outputs); empty: every float tensor.
-    op_types: list[str] = []
-    # percentile: the percentile of |x| (symmetric) or of each tail that bounds the range.
-    percentile: float = Field(99.999, gt=50, le=100)
-    # entropy / percentile: histogram bins; None: onnxruntime's (entropy 128, percentile 2048).
-    num_bins: int | None = Field(None, ge=16, le=65536)
-    num_quantized_bins: int = Field(128, ge=16, le=65536)  # entropy
-    moving_average: bool = False  # minmax: moving average of per-sample min/max
-    averaging_constant: float = Field(0.01, gt=0, lt=1)  # minmax with moving_average
+    input: StepRef = Field(
+        description="The step whose ONNX model is calibrated (quantize this same model: the table "
+                    "is matched to it by tensor name).",
+        examples=["simplify"])
+    data: DataSource = Field(
+        description="Calibration samples, relative to the recipe file: an .npz file (one array per "
+                    "input, under its name), a folder of `<input>.npy` files or `<input>/` "
+                    "sub-folders of per-sample .npy files, or 'file.py:callable' returning feed "
+                    "dicts (see 'Data sources and data callables'). The data files, or the "
+                    "callable's file and the project-local modules it imports, enter the key.",
+        examples=["models/calib.py:images", "calib/images.npz"])
+    data_args: dict[str, DataArg] = Field(
+        {},
+        description="Keyword arguments for a data callable: names -> strings, integers, floats or "
+                    "booleans, passed as `callable(**data_args)`. Only with a 'file.py:callable' "
+                    "data source; they enter the key.",
+        examples=[{"count": 64, "seed": 0}])
+    samples: int | None = Field(
+        None, ge=1,
+        description="Use at most this many samples (feed dicts) of data. Not set: all of them "
+                    "(a data callable must then end).",
+        examples=[128])
+    method: Literal["minmax", "entropy", "percentile"] = Field(
+        "minmax",
+        description="How observed values become one [min, max] range per tensor: 'minmax' (the "
+                    "extremes seen), 'entropy' (the range that minimizes KL divergence of the "
+                    "quantized histogram) or 'percentile' (clips the tails at `percentile`).",
+        examples=["percentile"])
+    symmetric: bool | None = Field(
+        None,
+        description="Ask for ranges symmetric around 0, (-m, m). Not set: onnxruntime's default "
+                    "(true for percentile, false for minmax and entropy).",
+        examples=[True])
+    op_types: list[str] = Field(
+        [],
+        description="Calibrate only the inputs and outputs of nodes of these ONNX op types. "
+                    "Empty: every float tensor.",
+        examples=[["Conv", "MatMul", "Gemm"]])
+    percentile: float = Field(
+        99.999, gt=50, le=100,
+        description="percentile only: the percentile (50 < p <= 100) of |x| (symmetric) or of "
+                    "each tail that bounds the range.",
+        examples=[99.99])
+    num_bins: int | None = Field(
+        None, ge=16, le=65536,
+        description="entropy and percentile only: histogram bins (16 to 65536). Not set: "
+                    "onnxruntime's (entropy 128, percentile 2048). For entropy to clip outliers, "
+                    "give more than num_quantized_bins (e.g. 512 or 2048).",
+        examples=[2048])
+    num_quantized_bins: int = Field(
+        128, ge=16, le=65536,
+        description="entropy only: bins of the quantized histogram the search compares with "
+                    "(16 to 65536, at most num_bins).",
+        examples=[256])
+    moving_average: bool = Field(
+        False,
+        description="minmax only: a moving average of the per-sample minima and maxima instead of "
+                    "the overall extremes.",
+        examples=[True])
+    averaging_constant: float = Field(
+        0.01, gt=0, lt=1,
+        description="minmax with moving_average = true: the averaging weight of each new sample "
+                    "(0 < c < 1).",
+        examples=[0.1])
 
     @model_validator(mode="after")
     def _method_options(self) -> CalibrateParams:
@@ -108,6 +156,8 @@ class CalibrateParams(StepParams):
 
 
 class Calibrate(Step):
+    """Activation ranges of an ONNX model over calibration data, as a portable calibration.json."""
+
     kind = "calibrate"
     Params = CalibrateParams
     primary_output = TABLE_FILE

@@ -44,13 +44,41 @@ _GPU = ("CUDAExecutionProvider", "ROCMExecutionProvider")
 
 
 class OrtEngineParams(StepParams):
-    backend: Literal["onnxruntime"]
-    input: StepRef  # an ONNX model (e.g. "simplify" or a quantize step)
-    level: Literal["basic", "extended", "all"] = "extended"
-    format: Literal["onnx", "ort"] = "onnx"
-    provider: str = "CPUExecutionProvider"
-    check: int = Field(3, ge=0, description="random-input comparisons with the input model")
-    tolerance: float = Field(1e-3, gt=0, description="max error relative to the input's outputs")
+    backend: Literal["onnxruntime"] = Field(
+        description="Selects this engine: an onnxruntime model optimized offline.",
+        examples=["onnxruntime"])
+    input: StepRef = Field(
+        description="The step whose ONNX model is optimized (e.g. a simplify or quantize step).",
+        examples=["simplify"])
+    level: Literal["basic", "extended", "all"] = Field(
+        "extended",
+        description="onnxruntime's graph optimization level: 'basic' (constant folding, redundant "
+                    "nodes removed; plain ONNX), 'extended' (provider-specific fusions into "
+                    "com.microsoft ops) or 'all' (also layout changes such as NCHWc convolutions "
+                    "on x86). 'extended' and 'all' depend on the CPU: its arch and flags enter "
+                    "the key.",
+        examples=["all"])
+    format: Literal["onnx", "ort"] = Field(
+        "onnx",
+        description="'onnx' writes model.onnx; 'ort' writes model.ort, the ORT format that "
+                    "minimal onnxruntime builds load.",
+        examples=["ort"])
+    provider: str = Field(
+        "CPUExecutionProvider",
+        description="The execution provider to optimize for: " + ", ".join(PROVIDERS) + ". "
+                    "Others must be present in this host's onnxruntime (CUDA and ROCm also need a "
+                    "GPU); providers that compile the graph (TensorRT, OpenVINO...) are rejected.",
+        examples=["CUDAExecutionProvider"])
+    check: int = Field(
+        3, ge=0,
+        description="How many seeded random-input comparisons with the input model to run "
+                    "(symbolic dims set to 2); CPU provider only. 0 skips the check.",
+        examples=[0])
+    tolerance: float = Field(
+        1e-3, gt=0,
+        description="Largest accepted error of the optimized model against its input, relative to "
+                    "the largest magnitude of each of the input's outputs.",
+        examples=[1e-4])
 
     @field_validator("provider")
     @classmethod
@@ -72,6 +100,8 @@ class OrtEngineParams(StepParams):
 
 
 class OrtEngine(Step):
+    """An onnxruntime model optimized offline (graph level, ONNX or ORT format), checked."""
+
     kind = "engine"
     Params = OrtEngineParams
 

@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from optbuild.atomic import write_atomic
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt.host import (
+    RTX_DEFAULT_TARGETS,
+    RTX_TARGETS,
     canonical_targets,
     gpu_missing,
     module_missing,
@@ -54,9 +56,10 @@ class ShapeRange(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min: list[int]
-    opt: list[int]
-    max: list[int]
+    min: list[int] = Field(description="The smallest shape the engine accepts, one positive "
+                                       "size per dimension.")
+    opt: list[int] = Field(description="The shape TensorRT tunes its kernels for.")
+    max: list[int] = Field(description="The largest shape the engine accepts.")
 
     @model_validator(mode="after")
     def _consistent(self) -> ShapeRange:
@@ -86,14 +89,32 @@ _RTX_ONLY = ("targets",)
 class EngineParams(StepParams):
     """Parameters both backends share."""
 
-    input: StepRef
-    # Dynamic-shape optimization profiles; required when the model has dynamic inputs
-    # (checked when the model is parsed, where its inputs are known).
-    profiles: list[Profile] = Field(default_factory=list)
-    # Builder optimization level: 0 (fast build) .. 5 (slowest build, most tactics).
-    optimization_level: int = Field(3, ge=0, le=5)
-    # Workspace memory pool limit in bytes; "1 GiB", "512MB" or an integer. None: TensorRT's.
-    workspace: int | None = None
+    input: StepRef = Field(
+        description="The step whose ONNX model is built into an engine. Precision comes from the "
+                    "graph: a quantize step with mode 'fp16' for FP16, a Q/DQ model (mode 'static', "
+                    "activation_type 'int8', symmetric) for INT8.",
+        examples=["simplify"])
+    profiles: list[Profile] = Field(
+        default_factory=list,
+        description="Optimization profiles for dynamic inputs: a list of tables, each mapping "
+                    "input name -> { min = [...], opt = [...], max = [...] } (shapes of the same "
+                    "rank, min <= opt <= max in every dimension; a dimension the model fixes must "
+                    "be that size in all three). Every dynamic input must appear in every "
+                    "profile; required when the model has dynamic inputs (checked when it is "
+                    "parsed). Empty: the model's inputs are all static. At run time each input "
+                    "batch must fit one profile.",
+        examples=[[{"image": {"min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
+                              "max": [32, 3, 224, 224]}}]])
+    optimization_level: int = Field(
+        3, ge=0, le=5,
+        description="TensorRT's builder optimization level: 0 (fastest build) to 5 (slowest "
+                    "build, most tactics tried).",
+        examples=[5])
+    workspace: int | None = Field(
+        None,
+        description="Limit of the builder's workspace memory pool: bytes, or a size string such "
+                    "as \"1 GiB\" or \"512MB\". Not set: TensorRT's default (the device's memory).",
+        examples=["2 GiB"])
 
     @field_validator("profiles")
     @classmethod
@@ -122,16 +143,32 @@ def _reject_foreign(data: Any, foreign: tuple[str, ...], owner: str) -> Any:
 
 
 class TensorRTParams(EngineParams):
-    backend: Literal["tensorrt"]
-    # Which GPUs the engine may run on besides the build GPU's kind.
-    hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = "none"
-    # Engine loadable by later TensorRT versions of the same major version.
-    version_compatible: bool = False
-    # TensorRT 10 only (weak typing): builder precision flags. TensorRT 11 has none.
-    precision_flags: list[Literal["fp16", "bf16", "int8", "fp8", "int4", "fp4"]] = Field(default_factory=list)
-    # What of the build GPU enters the key: its model and compute capability ("exact"), its
-    # compute capability, or nothing beyond the hardware-compatibility level.
-    fingerprint: Literal["exact", "compute-capability", "hardware-compatibility"] = "compute-capability"
+    backend: Literal["tensorrt"] = Field(
+        description="Selects this engine: TensorRT, built on and for this host's NVIDIA GPU.",
+        examples=["tensorrt"])
+    hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = Field(
+        "none",
+        description="Which GPUs the engine may run on besides the build GPU's kind: 'none' (that "
+                    "kind only), 'ampere+' (any Ampere or newer GPU; needs one to build) or "
+                    "'same-compute-capability' (GPUs of the build GPU's compute capability).",
+        examples=["ampere+"])
+    version_compatible: bool = Field(
+        False,
+        description="Build an engine that later TensorRT versions of the same major version can "
+                    "load.",
+        examples=[True])
+    precision_flags: list[Literal["fp16", "bf16", "int8", "fp8", "int4", "fp4"]] = Field(
+        default_factory=list,
+        description="TensorRT 10 only: weakly typed builder precision flags (fp16, bf16, int8, "
+                    "fp8, int4, fp4). TensorRT 11 builds strongly typed networks only and rejects "
+                    "them: put the precision in the ONNX graph instead. Empty: strongly typed.",
+        examples=[["fp16"]])
+    fingerprint: Literal["exact", "compute-capability", "hardware-compatibility"] = Field(
+        "compute-capability",
+        description="What of the build GPU enters the key: 'exact' (its model and compute "
+                    "capability), 'compute-capability', or 'hardware-compatibility' (nothing beyond "
+                    "the hardware_compatibility level; needs it other than 'none').",
+        examples=["exact"])
 
     @model_validator(mode="before")
     @classmethod
@@ -153,11 +190,17 @@ class TensorRTParams(EngineParams):
 
 
 class TensorRTRTXParams(EngineParams):
-    backend: Literal["tensorrt-rtx"]
-    # Compute capabilities to build for: "sm86", "sm_89" or "8.6". Empty: TensorRT-RTX's
-    # default set (portable across its supported Ampere-and-later RTX GPUs). Which ones
-    # exist is checked against the installed TensorRT-RTX when the step runs.
-    targets: list[str] = Field(default_factory=list)
+    backend: Literal["tensorrt-rtx"] = Field(
+        description="Selects this engine: TensorRT for RTX, compiled ahead of time without a GPU.",
+        examples=["tensorrt-rtx"])
+    targets: list[str] = Field(
+        default_factory=list,
+        description="Compute capabilities to build for, written \"sm86\", \"sm_86\" or \"8.6\" "
+                    "(known to TensorRT-RTX: " + ", ".join(RTX_TARGETS) + "; checked against the "
+                    "installed TensorRT-RTX when the step runs). They enter the key instead of the "
+                    "build host. Empty: TensorRT-RTX's default set (" + ", ".join(RTX_DEFAULT_TARGETS)
+                    + "), portable across its Ampere-and-later RTX GPUs.",
+        examples=[["sm86", "sm89"]])
 
     @model_validator(mode="before")
     @classmethod

@@ -52,16 +52,57 @@ STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
 
 
 class ExportParams(StepParams):
-    model: CallableRef  # "models/cnn.py:build" -> (torch.nn.Module, example input tensors)
-    weights: InputPath | None = None  # a state_dict (.pt / .pth), loaded with weights_only=True
-    opset: int = Field(17, ge=7, le=23)
-    input_names: list[str] = []
-    output_names: list[str] = []
-    # input or output name -> {axis: symbolic name}; TOML's "0" keys are accepted as 0
-    dynamic_axes: dict[str, dict[int, str]] = {}
-    exporter: Literal["torchscript", "dynamo"] = "torchscript"
-    extra_files: list[InputPath] = []  # other files the callable reads (configs, ...)
-    tolerance: float = Field(1e-3, gt=0, le=1)  # max error relative to PyTorch's largest output
+    model: CallableRef = Field(
+        description="The PyTorch model, as 'file.py:callable' relative to the recipe file. Called "
+                    "with no arguments, it returns (module, example_inputs): a torch.nn.Module and a "
+                    "tensor or tuple of tensors, one per model input, in forward()'s order. The file "
+                    "and every project-local module it imports enter the key (read, never run, to "
+                    "make the key).",
+        examples=["models/cnn.py:build"])
+    weights: InputPath | None = Field(
+        None,
+        description="A state_dict file (.pt / .pth, loaded with torch.load(weights_only=True)) "
+                    "loaded into the module before export, relative to the recipe file. Not set: "
+                    "the module keeps the weights the callable gave it.",
+        examples=["weights/cnn.pt"])
+    opset: int = Field(
+        17, ge=7, le=23,
+        description="ONNX opset to export. 7 to 20 with exporter 'torchscript', 18 to 23 with "
+                    "'dynamo'; the exported model must declare exactly this opset.",
+        examples=[18])
+    input_names: list[str] = Field(
+        [],
+        description="Names of the graph inputs, in the order of the example inputs. Empty: the "
+                    "exporter's own names. Needed to name inputs in dynamic_axes.",
+        examples=[["image"]])
+    output_names: list[str] = Field(
+        [],
+        description="Names of the graph outputs, in the order forward() returns them. Empty: the "
+                    "exporter's own names.",
+        examples=[["logits"]])
+    dynamic_axes: dict[str, dict[int, str]] = Field(
+        {},
+        description="Axes whose size may vary at run time: input or output name -> {axis: "
+                    "symbolic name}. Axes count from 0 (TOML's string keys \"0\" are accepted); "
+                    "names must be listed in input_names / output_names. Empty: every shape is "
+                    "fixed to the example inputs'. The export is re-checked with every dynamic "
+                    "input axis one larger.",
+        examples=[{"image": {0: "batch"}, "logits": {0: "batch"}}])
+    exporter: Literal["torchscript", "dynamo"] = Field(
+        "torchscript",
+        description="'torchscript' (torch.onnx.export with dynamo=False: traces; opset 7-20) or "
+                    "'dynamo' (torch.export + onnxscript: tracks symbolic shapes; opset >= 18).",
+        examples=["dynamo"])
+    extra_files: list[InputPath] = Field(
+        [],
+        description="Other files the callable reads (configs, vocabularies...), relative to the "
+                    "recipe file: their bytes enter the key.",
+        examples=[["models/config.json"]])
+    tolerance: float = Field(
+        1e-3, gt=0, le=1,
+        description="Largest accepted error of onnxruntime against PyTorch on the example inputs, "
+                    "relative to the largest magnitude of each PyTorch output (0 < tolerance <= 1).",
+        examples=[1e-4])
 
     @field_validator("input_names", "output_names")
     @classmethod
@@ -104,6 +145,8 @@ class ExportParams(StepParams):
 
 
 class Export(Step):
+    """A PyTorch module to ONNX (TorchScript or dynamo exporter), checked against PyTorch."""
+
     kind = "export"
     version = "2"  # 2: stack traces stripped from dynamo exports; second-size dynamic check
     Params = ExportParams

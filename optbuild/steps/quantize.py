@@ -56,30 +56,115 @@ _OWN_PARAM = {"ActivationSymmetric": "symmetric_activations", "WeightSymmetric":
 
 
 class QuantizeParams(StepParams):
-    input: StepRef  # the ONNX model (for static: the model that was calibrated)
-    mode: Literal["dynamic", "static", "fp16"]
+    input: StepRef = Field(
+        description="The step whose ONNX model is quantized. For mode 'static', the model that "
+                    "the calibration step calibrated (ranges are matched by tensor name).",
+        examples=["simplify"])
+    mode: Literal["dynamic", "static", "fp16"] = Field(
+        description="'dynamic': int8/uint8 weights, activations quantized at run time, no "
+                    "calibration. 'static': QDQ (or QOperator) INT8 with activation ranges from "
+                    "a calibrate step. 'fp16': float32 tensors and weights to float16. Options of "
+                    "another mode are rejected.",
+        examples=["static"])
     # --- static ---
-    calibration: StepRef | None = None  # a calibrate step of the same model
-    format: Literal["qdq", "qoperator"] = "qdq"
-    activation_type: Literal["uint8", "int8"] = "uint8"
-    symmetric_activations: bool = False
+    calibration: StepRef | None = Field(
+        None,
+        description="static only, required there: the calibrate step whose calibration.json gives "
+                    "the activation ranges (the model is not run again).",
+        examples=["calibrate"])
+    format: Literal["qdq", "qoperator"] = Field(
+        "qdq",
+        description="static only: 'qdq' (QuantizeLinear/DequantizeLinear pairs around float ops: "
+                    "what TensorRT takes) or 'qoperator' (`QLinear*` integer operators).",
+        examples=["qoperator"])
+    activation_type: Literal["uint8", "int8"] = Field(
+        "uint8",
+        description="static only: the integer type of quantized activations. 'uint8' suits "
+                    "onnxruntime's CPU kernels; TensorRT wants 'int8' with symmetric_activations "
+                    "= true (zero point 0).",
+        examples=["int8"])
+    symmetric_activations: bool = Field(
+        False,
+        description="static only: activation ranges symmetric around 0 (with int8, zero point "
+                    "0). false: asymmetric, from the table's [min, max].",
+        examples=[True])
     # --- dynamic and static ---
-    weight_type: Literal["int8", "uint8"] = "int8"
-    per_channel: bool = False
-    reduce_range: bool = False  # 7-bit weights: no saturation on x86 CPUs without VNNI
-    symmetric_weights: bool | None = None  # None: onnxruntime's (symmetric for int8 weights)
-    op_types_to_quantize: list[str] = []  # empty: every op type onnxruntime can quantize
-    nodes_to_quantize: list[str] = []  # empty: every node of those types
-    nodes_to_exclude: list[str] = []  # node names kept in float
-    extra_options: dict[str, Any] = {}  # more onnxruntime.quantization extra_options
+    weight_type: Literal["int8", "uint8"] = Field(
+        "int8",
+        description="dynamic and static: the integer type of quantized weights. On x86 CPUs "
+                    "without VNNI, dynamic int8 weights can saturate: use 'uint8' or reduce_range.",
+        examples=["uint8"])
+    per_channel: bool = Field(
+        False,
+        description="dynamic and static: one scale per output channel of each weight instead of "
+                    "one per tensor (usually more accurate for convolutions).",
+        examples=[True])
+    reduce_range: bool = Field(
+        False,
+        description="dynamic and static: 7-bit weights, so that uint8 x int8 products cannot "
+                    "saturate on x86 CPUs without VNNI (AVX2-only); costs a little accuracy.",
+        examples=[True])
+    symmetric_weights: bool | None = Field(
+        None,
+        description="dynamic and static: weight ranges symmetric around 0. Not set: onnxruntime's "
+                    "default (symmetric for int8 weights, asymmetric for uint8).",
+        examples=[True])
+    op_types_to_quantize: list[str] = Field(
+        [],
+        description="dynamic and static: quantize only nodes of these ONNX op types. Empty: every "
+                    "op type onnxruntime can quantize.",
+        examples=[["MatMul", "Gemm"]])
+    nodes_to_quantize: list[str] = Field(
+        [],
+        description="dynamic and static: quantize only the nodes of these names (ONNX node names, "
+                    "as a viewer such as Netron shows them; checked against the model). Empty: "
+                    "every node of the chosen op types.",
+        examples=[["/layer1/conv/Conv"]])
+    nodes_to_exclude: list[str] = Field(
+        [],
+        description="dynamic and static: node names kept in float (checked against the model, "
+                    "with a 'did you mean'), e.g. a small classifier head where errors show most.",
+        examples=[["/head/Gemm"]])
+    extra_options: dict[str, Any] = Field(
+        {},
+        description="dynamic and static: more onnxruntime.quantization extra_options, name -> "
+                    "value. Known names only, with their value type checked: "
+                    + ", ".join(sorted(EXTRA_OPTIONS)) + ". The symmetric options have their own "
+                    "parameters; calibration options belong to the calibrate step.",
+        examples=[{"QuantizeBias": False}])
     # --- fp16 ---
-    keep_io_types: bool | list[str] = False  # true: all float I/O stay float32; a list: those named
-    op_block_list: list[str] | None = None  # op types kept float32; None: the converter's list
-    node_block_list: list[str] = []  # node names kept float32
-    min_positive_val: float = Field(1e-7, gt=0)  # smaller magnitudes are clamped in weights
-    max_finite_val: float = Field(1e4, gt=0)  # larger magnitudes are clamped in weights
+    keep_io_types: bool | list[str] = Field(
+        False,
+        description="fp16 only: true keeps every float graph input and output float32; a list "
+                    "keeps the named ones (Cast nodes convert at the border); false converts them "
+                    "to float16 too.",
+        examples=[True, ["logits"]])
+    op_block_list: list[str] | None = Field(
+        None,
+        description="fp16 only: ONNX op types kept in float32. Not set: onnxconverter-common's "
+                    "default block list; [] blocks nothing.",
+        examples=[["Softmax", "LayerNormalization"]])
+    node_block_list: list[str] = Field(
+        [],
+        description="fp16 only: node names kept in float32.",
+        examples=[["/head/Gemm"]])
+    min_positive_val: float = Field(
+        1e-7, gt=0,
+        description="fp16 only: weight values of smaller magnitude (but not 0) are raised to this, "
+                    "so they do not underflow to 0 in float16.",
+        examples=[1e-6])
+    max_finite_val: float = Field(
+        1e4, gt=0,
+        description="fp16 only: weight values of larger magnitude are clamped to this (float16's "
+                    "largest finite value is 65504).",
+        examples=[65504.0])
     # --- all ---
-    check: bool = True  # load and run the result once on onnxruntime (CPU)
+    check: bool = Field(
+        True,
+        description="Load the result and run it once on onnxruntime (CPU) with seeded random "
+                    "inputs, so a model onnxruntime cannot execute fails here. Accuracy is checked "
+                    "by a verify step, not here.",
+        examples=[False])
 
     @field_validator("extra_options")
     @classmethod
@@ -122,6 +207,8 @@ class QuantizeParams(StepParams):
 
 
 class Quantize(Step):
+    """INT8 (dynamic, or static QDQ from a calibration table) or float16 versions of an ONNX model."""
+
     kind = "quantize"
     Params = QuantizeParams
 

@@ -26,13 +26,31 @@ CHECK_SIZES = (1, 2, 3)  # values for symbolic dims, one per check, in turn
 
 
 class SimplifyParams(StepParams):
-    input: StepRef
-    backend: Literal["onnxsim", "onnxslim"] = "onnxsim"
-    check: int = Field(3, ge=0, le=100, description="random-input comparisons with the input model")
-    tolerance: float = Field(1e-4, gt=0, le=1, description="max error relative to the input's outputs")
+    input: StepRef = Field(
+        description="The step whose ONNX model is simplified: 'step' in this recipe or "
+                    "'recipe:step'.",
+        examples=["export"])
+    backend: Literal["onnxsim", "onnxslim"] = Field(
+        "onnxsim",
+        description="The simplifier: 'onnxsim' (onnx-simplifier; imports torch, slow to start) or "
+                    "'onnxslim'. Only the chosen one's version enters the key.",
+        examples=["onnxslim"])
+    check: int = Field(
+        3, ge=0, le=100,
+        description="How many seeded random-input comparisons with the input model to run (0 to "
+                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check "
+                    "(names, types and input shapes are still compared).",
+        examples=[0])
+    tolerance: float = Field(
+        1e-4, gt=0, le=1,
+        description="Largest accepted error of the simplified model against its input, relative "
+                    "to the largest magnitude of each of the input model's outputs (0 < tolerance <= 1).",
+        examples=[1e-3])
 
 
 class Simplify(Step):
+    """Graph simplification by onnxsim or onnxslim, checked against its input on random inputs."""
+
     kind = "simplify"
     Params = SimplifyParams
     tools = ("onnx", "onnxruntime")  # + the chosen backend: see tool_names

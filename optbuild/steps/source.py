@@ -10,12 +10,18 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import Field
+
 from optbuild.errors import StepError
 from optbuild.steps.base import InputPath, Step, StepContext, StepParams
 
 
 class OnnxSourceParams(StepParams):
-    path: InputPath  # an .onnx file, relative to the recipe file
+    path: InputPath = Field(
+        description="The ONNX model file, relative to the recipe file. It must be one self-contained "
+                    "file (no external data) that passes onnx.checker; its bytes enter the key and "
+                    "are passed on unchanged.",
+        examples=["models/resnet18.onnx"])
 
 
 def all_tensors(model: Any) -> Iterator[Any]:
@@ -56,6 +62,8 @@ def uses_external_data(model: Any) -> bool:
 
 
 class OnnxSource(Step):
+    """An existing ONNX file as a pipeline's source, checked with onnx.checker."""
+
     kind = "onnx"
     Params = OnnxSourceParams
     tools = ("onnx",)

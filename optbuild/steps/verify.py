@@ -73,20 +73,81 @@ DataSource = Annotated[str, AfterValidator(check_data_source)]
 
 
 class VerifyParams(StepParams):
-    reference: StepRef  # the model taken as right (e.g. the fp32 "simplify")
-    candidate: StepRef  # the model under test (.onnx or ORT format, or an engine step's model.engine)
-    data: DataSource | None = None  # sample inputs; None: seeded random inputs
-    data_args: dict[str, DataArg] = {}  # keyword arguments for a data callable
-    samples: int | None = Field(None, ge=1, description="with data: at most this many; random: this many (8)")
-    seed: int = Field(0, ge=0)  # random inputs
-    dynamic_size: int = Field(1, ge=1)  # random inputs: size of unknown dims
-    int_range: list[int] = [0, 8]  # random inputs: integers drawn from [low, high)
-    outputs: list[str] = []  # outputs to compare; empty: all of the reference's
-    max_abs: float | None = Field(None, ge=0)
-    max_rel: float | None = Field(None, ge=0)
-    min_cosine: float | None = Field(None, ge=-1, le=1)
-    min_top1: float | None = Field(None, ge=0, le=1)
-    top1_outputs: list[str] = []  # where min_top1 applies; empty: float outputs with a class axis
+    reference: StepRef = Field(
+        description="The step whose model is taken as right (an ONNX or ORT-format model, run on "
+                    "onnxruntime, CPU).",
+        examples=["simplify"])
+    candidate: StepRef = Field(
+        description="The step whose model is tested: an ONNX or ORT-format model (onnxruntime, "
+                    "CPU), or an engine step of backend 'tensorrt' / 'tensorrt-rtx', whose engine "
+                    "then runs on gpu.0 (the step is unavailable on hosts that cannot run it).",
+        examples=["quantize_int8"])
+    data: DataSource | None = Field(
+        None,
+        description="Sample inputs, in the forms calibrate takes: an .npz file, a folder of .npy "
+                    "files or 'file.py:callable' (see 'Data sources and data callables'). Their "
+                    "dtypes must be the reference's input types. Not set: seeded random inputs "
+                    "(samples, seed, dynamic_size, int_range).",
+        examples=["models/calib.py:images"])
+    data_args: dict[str, DataArg] = Field(
+        {},
+        description="Keyword arguments for a data callable: names -> strings, integers, floats or "
+                    "booleans, passed as `callable(**data_args)`; e.g. another seed than "
+                    "calibration's for held-out samples. Only with a 'file.py:callable' data source.",
+        examples=[{"count": 64, "seed": 1}])
+    samples: int | None = Field(
+        None, ge=1,
+        description="With data: use at most this many samples (not set: all). With random inputs: "
+                    "this many samples (not set: 8).",
+        examples=[32])
+    seed: int = Field(
+        0, ge=0,
+        description="Random inputs only: the seed of the generator (numpy default_rng), so the "
+                    "samples are the same on every run.",
+        examples=[1])
+    dynamic_size: int = Field(
+        1, ge=1,
+        description="Random inputs only: the size given to every dimension the reference does "
+                    "not fix (symbolic or unknown, the batch axis included).",
+        examples=[4])
+    int_range: list[int] = Field(
+        [0, 8],
+        description="Random inputs only: integer inputs (token ids, indices) are drawn uniformly "
+                    "from [low, high), high excluded; low < high. Floats are standard normal, "
+                    "booleans uniform.",
+        examples=[[0, 30522]])
+    outputs: list[str] = Field(
+        [],
+        description="Names of the outputs to compare (each must exist in both models). Empty: "
+                    "every output of the reference.",
+        examples=[["logits"]])
+    max_abs: float | None = Field(
+        None, ge=0,
+        description="Fail when the largest |candidate - reference| over all elements of an "
+                    "output exceeds this. Not set: not checked (at least one threshold is "
+                    "required).",
+        examples=[0.02])
+    max_rel: float | None = Field(
+        None, ge=0,
+        description="Fail when max_abs divided by the reference output's largest magnitude "
+                    "exceeds this. Not set: not checked.",
+        examples=[0.01])
+    min_cosine: float | None = Field(
+        None, ge=-1, le=1,
+        description="Fail when the cosine similarity of an output's values (all samples "
+                    "concatenated) is below this (-1 to 1). Not set: not checked.",
+        examples=[0.999])
+    min_top1: float | None = Field(
+        None, ge=0, le=1,
+        description="Fail when the share of positions whose argmax over the last axis agrees "
+                    "(top-1 agreement, 0 to 1) is below this, on top1_outputs. Not set: not checked.",
+        examples=[0.95])
+    top1_outputs: list[str] = Field(
+        [],
+        description="The outputs min_top1 applies to (needs min_top1; within outputs when that "
+                    "is set). Empty: every compared float output whose last axis has 2 or more "
+                    "entries.",
+        examples=[["logits"]])
 
     @field_validator("int_range")
     @classmethod
@@ -122,6 +183,8 @@ _GPU_FIELDS = {
 
 
 class Verify(Step):
+    """Compares a candidate model's outputs with a reference's and fails past thresholds."""
+
     kind = "verify"
     Params = VerifyParams
     primary_output = "report.json"
