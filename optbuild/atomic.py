@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 
 def write_atomic(path: Path, data: Any) -> None:
     """Write ``data`` (bytes or a buffer) to ``path``: temp file in the same folder, fsync,
-    os.replace. The temp file is removed on any failure."""
+    os.replace. The temp file is removed on any failure.
+
+    The file gets 0666 less the umask, as ``open()`` would give it (mkstemp's 0600 would
+    hide a lock file or a report from the rest of a team sharing the checkout).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -20,5 +25,5 @@ def write_atomic(path: Path, data: Any) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise

@@ -15,12 +15,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from optbuild.errors import Problem, ProjectError
+from optbuild.paths import folder_problem, name_problem
 from optbuild.steps import registry
 from optbuild.steps.base import Step
 from optbuild.tomlsource import TomlDocument, load_toml
 
 CONFIG_NAME = "optbuild.toml"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class _Section(BaseModel):
@@ -172,12 +172,30 @@ def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError) 
     return problems
 
 
-def _load_config(path: Path) -> ProjectConfig:
+def _load_config(path: Path) -> tuple[ProjectConfig, TomlDocument]:
     doc = load_toml(path)
     try:
-        return ProjectConfig.model_validate(doc.data)
+        return ProjectConfig.model_validate(doc.data), doc
     except ValidationError as exc:
         raise ProjectError(validation_problems(doc, (), exc)) from None
+
+
+def _check_folders(config: ProjectConfig, doc: TomlDocument, recipe_files: dict[str, Path],
+                   problems: list[Problem]) -> None:
+    """The build and cache folders are emptied by ``optbuild clean``: neither may be (or hold)
+    the project or its files, nor lie inside the other."""
+    root = doc.path.parent
+    settings = {("project", "build_dir"): config.project.build_dir, ("cache", "dir"): config.cache.dir}
+    protected = [doc.path, *recipe_files.values()]
+    bad = False
+    for loc, setting in settings.items():
+        if (why := folder_problem(root / setting, root, protected)) is not None:
+            problems.append(doc.problem(loc, f"{setting!r} {why}: optbuild clean would delete it"))
+            bad = True
+    build, cache = ((root / setting).resolve() for setting in settings.values())
+    if not bad and (build.is_relative_to(cache) or cache.is_relative_to(build)):
+        problems.append(doc.problem(("cache", "dir"), f"the cache folder {cache} and the build folder "
+                                                      f"{build} must not lie inside one another"))
 
 
 def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: list[Problem],
@@ -186,8 +204,8 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
     if not isinstance(raw, dict):
         problems.append(doc.problem(loc, "a step must be a table ([steps.NAME])"))
         return None
-    if not _NAME.match(name):
-        problems.append(doc.problem(loc, f"invalid step name {name!r} (letters, digits, _ . -)"))
+    if (why := name_problem(name)) is not None:
+        problems.append(doc.problem(loc, f"invalid step name {name!r}: it {why}"))
         return None
     kind, backend = raw.get("kind"), raw.get("backend")
     if not isinstance(kind, str):
@@ -313,7 +331,7 @@ def load_project(start: Path | None = None) -> Project:
     """Load and validate the project whose optbuild.toml is at or above ``start``."""
     config_file = find_config(start or Path.cwd())
     root = config_file.parent
-    config = _load_config(config_file)
+    config, config_doc = _load_config(config_file)
     problems: list[Problem] = []
     recipe_files: dict[str, Path] = {}
     for pattern in config.project.recipes:
@@ -323,10 +341,15 @@ def load_project(start: Path | None = None) -> Project:
                                     file=config_file, field="project.recipes"))
         for path in matches:
             name = path.stem
+            if (why := name_problem(name)) is not None:  # it names the folder build/<recipe>/
+                problems.append(Problem(f"invalid recipe name {name!r} (the file name without "
+                                        f".toml): it {why}; rename the file", file=path))
+                continue
             if name in recipe_files and recipe_files[name] != path:
                 problems.append(Problem(f"recipe name {name!r} is also used by {recipe_files[name]}",
                                         file=path))
             recipe_files[name] = path
+    _check_folders(config, config_doc, recipe_files, problems)
     local = _local_kinds(config, config_file, problems)
     steps: dict[str, StepSpec] = {}
     invalid: set[str] = set()

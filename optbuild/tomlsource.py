@@ -93,4 +93,23 @@ def load_toml(path: Path) -> TomlDocument:
         match = _LINE_IN_ERROR.search(str(exc))
         line = int(match.group(1)) if match else None
         raise ProjectError([Problem(f"invalid TOML: {exc}", file=path, line=line)]) from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ProjectError([Problem("invalid TOML: arrays or inline tables nested too deeply",
+                                    file=path, line=_deepest_line(text))]) from None
     return TomlDocument(path, data, _scan_lines(text))
+
+
+def _deepest_line(text: str) -> int:
+    """The line where brackets and braces nest deepest (strings ignored: only a hint)."""
+    depth = deepest = 0
+    line = where = 1
+    for char in text:
+        if char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, where = depth, line
+        elif char in "]}":
+            depth -= 1
+        elif char == "\n":
+            line += 1
+    return where

@@ -2,6 +2,11 @@
 
 A crash in a native library (onnxsim, TensorRT) kills this process, not the build. The
 spec and the result travel as JSON files; stdout and stderr go to the step's log.
+
+The result file's space is reserved before the step runs, so a step that fills the disk
+still reports why it failed. Where even the reservation (or a result too big for it) fails
+for lack of space, the process exits with that errno as its status, and the builder names
+the full disk.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
+
+RESULT_RESERVE = 64 << 10  # bytes; results are small JSON (an error message, metrics)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -29,7 +37,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def run(spec: dict) -> dict:
-    from optbuild.errors import OptbuildError
+    from optbuild.errors import OptbuildError, describe_os_error, is_disk_full
     from optbuild.fingerprint import Fingerprint
     from optbuild.steps.base import Artifact, StepContext
     from optbuild.steps.registry import step_class
@@ -62,19 +70,41 @@ def run(spec: dict) -> dict:
     except OptbuildError as exc:
         return {"ok": False, "error": str(exc), "expected": True}
     except Exception as exc:  # a bug or a tool failure: full traceback in the log
+        if is_disk_full(exc):  # not a bug: say which disk to make room on
+            return {"ok": False, "error": describe_os_error(exc, ctx.out_dir), "expected": True}
         traceback.print_exc()
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True, "metrics": ctx.metrics, "run_s": time.perf_counter() - started}
+
+
+def _disk_full_exit(exc: OSError) -> NoReturn:
+    """No room for the result: exit with the errno, which the builder turns into a message."""
+    from optbuild.errors import is_disk_full
+
+    if not is_disk_full(exc) or exc.errno is None:
+        raise exc
+    os._exit(exc.errno)
 
 
 def main() -> None:
     spec_path = Path(sys.argv[1])
     spec = json.loads(spec_path.read_text())
     _die_with_parent(spec["parent_pid"])
-    result = run(spec)
     result_path = Path(spec["result"])
     tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, default=str))
+    result_file = open(tmp, "wb")  # noqa: SIM115 (held open while the step runs)
+    try:
+        result_file.write(b" " * RESULT_RESERVE)  # JSON allows the padding left after the result
+        result_file.flush()
+    except OSError as exc:
+        _disk_full_exit(exc)
+    result = run(spec)
+    try:
+        result_file.seek(0)
+        result_file.write(json.dumps(result, default=str).encode())
+        result_file.close()
+    except OSError as exc:
+        _disk_full_exit(exc)
     os.replace(tmp, result_path)
 
 

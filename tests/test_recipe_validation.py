@@ -85,6 +85,14 @@ def test_project_config_errors_name_the_field(project):
     assert "optbuild.toml:10: build.jobs:" in message
 
 
+@pytest.mark.parametrize("file", ["optbuild.toml", "recipes/chain.toml"])
+def test_deeply_nested_toml_names_the_file_and_line(project, file):
+    project.write(file, project.read(file) + "\nnested = " + "[" * 5000 + "]" * 5000 + "\n")
+    (message,) = problems(project)
+    line = len(project.read(file).splitlines())
+    assert message.startswith(f"{project.root / file}:{line}: invalid TOML: arrays or inline tables nested too deeply")
+
+
 def test_no_config_anywhere(tmp_path):
     with pytest.raises(ProjectError, match="no optbuild.toml"):
         load_project(tmp_path)

@@ -98,7 +98,7 @@ def test_a_corrupt_action_entry_is_a_miss(project):
     assert result.steps("built") == ["chain:side"]
 
 
-def test_ctrl_c_stops_the_build_and_leaves_no_partial_state(project, tmp_path):
+def test_ctrl_c_stops_the_build_keeps_finished_steps_and_leaves_no_partial_state(project, tmp_path):
     project.write("recipes/chain.toml", project.read("recipes/chain.toml") + SLOW.replace("1.5", "30"))
     marker = tmp_path / "started"
     proc = project.popen("build", "chain:slow", env={"OPTBUILD_TEST_STARTED": str(marker)})
@@ -108,7 +108,9 @@ def test_ctrl_c_stops_the_build_and_leaves_no_partial_state(project, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr and "Traceback" not in stderr
-    assert [e.step for _, e in entries(project)] == ["chain:src"]
+    assert "interrupted: the steps that had finished are kept" in stderr and "Traceback" not in stderr
+    assert "no partial results" not in stderr
+    assert [e.step for _, e in entries(project)] == ["chain:src"]  # finished: kept
+    assert project.read("build/chain/src/data.txt") == "hello"
     assert not any((project.root / "cache" / "tmp").iterdir())
     assert not (project.root / "build/chain/slow").exists()

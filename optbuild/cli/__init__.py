@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from pathlib import Path
 
@@ -39,19 +40,36 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warnings() -> None:
+    """optbuild's own logged warnings (a damaged lock file...) as "warning: ..." lines."""
+    logger = logging.getLogger("optbuild")
+    if not logger.handlers:  # main() may run more than once in a process
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("warning: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
-    from optbuild.errors import OptbuildError
+    from optbuild.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
 
     args = _parser().parse_args(argv)
     module = importlib.import_module(f"optbuild.cli.{args.command}")
+    _show_warnings()
     try:
-        return module.run(args)
+        try:
+            return module.run(args)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFullError(describe_os_error(exc)) from None
     except OptbuildError as exc:
         for line in str(exc).splitlines():
             print(f"error: {line}" if line else "", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: no partial results were stored", file=sys.stderr)
+        print("interrupted: the steps that had finished are kept (in the cache and the build "
+              "folder); the steps that were running left nothing behind", file=sys.stderr)
         return 130
 
 
