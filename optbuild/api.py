@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.digest import FileHasher
-from optbuild.errors import OptbuildError, Problem, ProjectError
+from optbuild.errors import (
+    DiskFullError,
+    OptbuildError,
+    Problem,
+    ProjectError,
+    describe_os_error,
+    is_disk_full,
+)
 from optbuild.executor import Executor, Options, Outcome
 from optbuild.fingerprint import Fingerprint
 from optbuild.graph import StepGraph
+from optbuild.paths import folder_problem
 from optbuild.recipe import Project, load_project
 from optbuild.report import Reporter
 from optbuild.store.local import LocalStore
@@ -95,6 +103,10 @@ def build(
                         toolchain=toolchain, host=host, options=options, remote=remote)
     try:
         outcomes = executor.run(selected)
+    except OSError as exc:  # materializing into the build folder, say
+        if not is_disk_full(exc):
+            raise
+        raise DiskFullError(describe_os_error(exc, ws.project.build_dir)) from None
     finally:
         reporter.close()
     return BuildResult(outcomes, reporter)
@@ -119,7 +131,7 @@ def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
     outcome = executor.run(selected)[sid]
     info: dict[str, Any] = {"step": sid, "status": outcome.status, "key": outcome.key,
                             "reasons": outcome.reasons}
-    entry = outcome.entry or (ws.store.get_action(outcome.key) if outcome.key else None)
+    entry = outcome.entry or (ws.store.read_only_view().get_action(outcome.key) if outcome.key else None)
     if entry is not None:
         info["ingredients"] = entry.ingredients
         info["provenance"] = {
@@ -135,13 +147,23 @@ def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
     return info
 
 
+def _check_removable(ws: Workspace, folder: Path, what: str) -> None:
+    """Checked again right before deleting (loading checked the settings): a symlink made
+    since must not turn ``clean`` into deleting the project."""
+    protected = [ws.project.config_file, *ws.project.recipes.values()]
+    if (why := folder_problem(folder, ws.project.root, protected)) is not None:
+        raise OptbuildError(f"refusing to delete the {what} {folder}: it {why}")
+
+
 def clean(ws: Workspace, *, cache: bool = False) -> list[Path]:
     """Remove build outputs (and with ``cache``, the local cache's contents). Returns what went."""
     removed = []
     if ws.project.build_dir.exists():
+        _check_removable(ws, ws.project.build_dir, "build folder")
         shutil.rmtree(ws.project.build_dir)
         removed.append(ws.project.build_dir)
     if cache and ws.project.cache_dir.exists():
+        _check_removable(ws, ws.project.cache_dir, "cache folder")
         ws.close()
         for child in sorted(ws.project.cache_dir.iterdir()):
             if child.name != ".gitkeep":  # the folder is part of the repository

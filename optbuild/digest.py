@@ -188,6 +188,17 @@ class FileHasher:
                     self.flush()
         return digest
 
+    def record(self, path: Path, digest: str) -> None:
+        """Remember that ``path`` as it is now holds ``digest``, which the caller just wrote
+        and verified (a new cache blob): ``digest`` does not record files younger than
+        RACY_SECONDS, so without this every check in the next seconds would read it again.
+        Written at once, so other processes' checks are a stat too."""
+        key = str(Path(path).absolute())
+        row = (key, *_signature(os.stat(path)), digest)
+        with self._lock:
+            self._pending = [p for p in self._pending if p[0] != key]
+            self._write(f"INSERT OR REPLACE INTO {_TABLE} VALUES (?,?,?,?,?,?,?)", [row])
+
     def forget(self, path: Path) -> None:
         """Drop the recorded digest of ``path`` (after finding it corrupt, say)."""
         key = str(Path(path).absolute())

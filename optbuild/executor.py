@@ -24,15 +24,23 @@ from pathlib import Path
 from typing import Any
 
 from optbuild import lockfile
-from optbuild.digest import FileHasher, digest_bytes
-from optbuild.errors import OptbuildError, StepError
+from optbuild.digest import FileHasher
+from optbuild.errors import (
+    DISK_FULL_ERRNOS,
+    DiskFullError,
+    OptbuildError,
+    StepError,
+    describe_os_error,
+    is_disk_full,
+)
 from optbuild.fingerprint import Fingerprint
 from optbuild.graph import StepGraph
 from optbuild.keys import action_key, describe_changes, file_digests, step_ingredients
+from optbuild.paths import confined
 from optbuild.recipe import Project, StepSpec
 from optbuild.report import Reporter
 from optbuild.store.entry import ActionEntry
-from optbuild.store.local import LocalStore
+from optbuild.store.local import BlobGone, LocalStore
 from optbuild.store.remote import RemoteSession, append_stats, run_stats
 from optbuild.toolchain import Toolchain
 
@@ -81,12 +89,13 @@ class Executor:
     ):
         self.project = project
         self.graph = graph
-        self.store = store
         self.hasher = hasher
         self.reporter = reporter
         self.toolchain = toolchain or Toolchain()
         self.host = host or Fingerprint()
         self.options = options or Options()
+        # a dry run changes nothing: corrupt items it meets are left for a real build to remove
+        self.store = store.read_only_view() if self.options.dry_run else store
         self.last_build = lockfile.read(project.lock_file)
         self.outcomes: dict[str, Outcome] = {}
         self._cancel = threading.Event()
@@ -216,11 +225,17 @@ class Executor:
             raise StepError(f"input file disappeared: {exc.filename}") from None
         key = action_key(ingredients)
         reasons = self._reasons(spec, key, ingredients)
-        dest = self.project.build_dir / spec.recipe / spec.name
-        entry = self.store.get_action(key)
-        if entry is not None:
-            self._restore(entry, dest)
-            return Outcome("cached", key, entry)
+        dest = confined(self.project.build_dir / spec.recipe / spec.name, self.project.build_dir,
+                        f"the outputs of {spec.id} to")
+        with self.store.shared_gc_lock():  # gc must not take the blobs between lookup and restore
+            entry = self.store.get_action(key)
+            if entry is not None:
+                try:
+                    if not self.options.dry_run:  # a dry run writes nothing, build/ included
+                        self._restore(entry, dest)
+                    return Outcome("cached", key, entry)
+                except BlobGone as exc:
+                    reasons.append(f"its cached result could not be restored ({exc})")
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
         remote_entry = self.remote.lookup(key, spec.id) if self.remote is not None else None
@@ -230,7 +245,8 @@ class Executor:
             if (missing := spec.step.unavailable(self.host)) is not None:
                 return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
             if self.options.dry_run or self.options.fetch_only:
-                return Outcome("would-build", key, reasons=reasons)
+                why = self.remote.miss_reason(key) if self.remote is not None else None
+                return Outcome("would-build", key, reasons=[*reasons, why] if why else reasons)
         return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest, remote_entry)
 
     def _build_locked(self, spec: StepSpec, key: str, ingredients: dict[str, Any], reasons: list[str],
@@ -245,7 +261,12 @@ class Executor:
                 if (missing := spec.step.unavailable(self.host)) is not None:
                     return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
                 if self.options.fetch_only:
-                    return Outcome("would-build", key, reasons=[*reasons, "its remote copy was unusable"])
+                    why = self.remote.miss_reason(key) if self.remote is not None else None
+                    return Outcome("would-build", key, reasons=[*reasons, why or "its remote copy was unusable"])
+                if not self.store.writable:
+                    raise StepError(f"{spec.id} must build, but the cache {self.store.root} is read-only here: "
+                                    "its result could not be stored there (make the cache writable, or set "
+                                    "[cache] dir to a writable folder)")
                 self.reporter.emit({"event": "step", "step": spec.id, "status": "running",
                                     "key": key, "reasons": reasons})
                 entry = self._build(spec, key, ingredients)
@@ -264,9 +285,16 @@ class Executor:
         return describe_changes(last.get("ingredients") or {}, ingredients)
 
     def _restore(self, entry: ActionEntry, dest: Path) -> None:
-        with self.store.lock("dest-" + digest_bytes(str(dest).encode())):
-            if not self.store.is_materialized(entry, dest):
-                self.store.materialize(entry, dest)
+        """Make ``dest`` hold the entry's outputs. Leftovers of restores killed in its folder
+        are swept every time, even when nothing needs restoring. BlobGone when a blob
+        vanished or proved corrupt: the caller rebuilds."""
+        try:
+            with self.store.lock_dest(dest):
+                self.store.sweep_leftovers(dest.parent)
+                if not self.store.is_materialized(entry, dest):
+                    self.store.materialize(entry, dest)
+        except OSError as exc:
+            raise StepError(f"cannot write the outputs of {entry.step}: {describe_os_error(exc, dest)}") from None
 
     def _artifact(self, dep: str) -> dict[str, Any]:
         spec = self.project.steps[dep]
@@ -281,9 +309,16 @@ class Executor:
         }
 
     def _build(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> ActionEntry:
+        """Run the step in a worker; store its outputs. A full disk (scratch space, blobs,
+        entry) fails the step with a message naming that disk."""
         if self._cancel.is_set():
             raise Cancelled
-        tmp = self.store.new_tmp_dir(prefix=spec.name)
+        try:
+            tmp = self.store.new_tmp_dir(prefix=spec.name)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFullError(describe_os_error(exc, self.store.root)) from None
         try:
             out_dir = tmp / "out"
             out_dir.mkdir()
@@ -306,10 +341,13 @@ class Executor:
             duration = time.perf_counter() - started
             log = log_path.read_bytes()
             if not result.get("ok"):
-                self._keep_failed_log(spec, log)
-                raise StepError(self._failure_message(spec, result, log))
+                raise StepError(self._failure_message(result, log, self._keep_failed_log(spec, log)))
             self._check_inputs_unchanged(spec, ingredients)
             return self._store_outputs(spec, key, ingredients, out_dir, log, result, duration)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFullError(describe_os_error(exc, tmp)) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -332,24 +370,36 @@ class Executor:
                 with self._procs_lock:
                     self._procs.pop(sid, None)
         result_path = tmp / "result.json"
+        if proc.returncode in DISK_FULL_ERRNOS and not result_path.exists():  # see optbuild.worker
+            full = OSError(proc.returncode, os.strerror(proc.returncode))
+            return {"ok": False, "error": describe_os_error(full, tmp), "expected": True}
         if proc.returncode != 0 or not result_path.exists():
             how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
             return {"ok": False, "error": f"worker process died ({how})"}
         return json.loads(result_path.read_text())
 
-    def _failure_message(self, spec: StepSpec, result: dict[str, Any], log: bytes) -> str:
-        """The step's own message; with the log's tail when the failure was unexpected."""
+    def _failure_message(self, result: dict[str, Any], log: bytes, kept: str) -> str:
+        """The step's own message; with the log's tail when the failure was unexpected, and
+        ``kept``: where the full log is, or why it could not be kept."""
         message = result.get("error") or "step failed"
         lines = log.decode(errors="replace").rstrip().splitlines()[-LOG_TAIL_LINES:]
         if lines and not result.get("expected"):
             message += "\n--- log tail ---\n" + "\n".join(lines)
-        log_path = self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log"
-        return message + f"\n(full log: {log_path})"
+        return message + f"\n({kept})"
 
-    def _keep_failed_log(self, spec: StepSpec, log: bytes) -> None:
-        path = self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(log)
+    def _keep_failed_log(self, spec: StepSpec, log: bytes) -> str:
+        """Copy a failed step's log to build/.logs/ (the scratch copy is removed); says where,
+        or, when the disk is full, why not: that must not hide the step's own error."""
+        path = confined(self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log",
+                        self.project.build_dir, f"the log of {spec.id} to")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(log)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            return f"the full log could not be kept: {describe_os_error(exc, path.parent)}"
+        return f"full log: {path}"
 
     def _check_inputs_unchanged(self, spec: StepSpec, ingredients: dict[str, Any]) -> None:
         """Inputs edited during the build make its result a guess: do not cache it."""
@@ -362,6 +412,14 @@ class Executor:
                              if now.get(n) != ingredients["files"].get(n))
             raise StepError(f"input {', '.join(changed)} changed while {spec.id} was building; "
                             "the result was not cached (run the build again)")
+        for dep in spec.deps.values():  # hard links share the blob: a write there damages the cache
+            entry = self.outcomes[dep].entry
+            assert entry is not None
+            folder = self.project.build_dir / self.project.steps[dep].recipe / self.project.steps[dep].name
+            if changed := self.store.changed_outputs(entry, folder):
+                raise StepError(f"{spec.id} modified its input {folder / changed[0]} (an output of {dep}); "
+                                "steps must not write to their inputs. Its result was not cached, and the "
+                                "damaged cached copy was removed (the next build restores it)")
 
     def _store_outputs(self, spec: StepSpec, key: str, ingredients: dict[str, Any], out_dir: Path,
                        log: bytes, result: dict[str, Any], duration: float) -> ActionEntry:
@@ -400,5 +458,17 @@ class Executor:
                     "host": entry.ingredients.get("host", {}),
                     "ingredients": entry.ingredients,
                 }
-        if records:
-            lockfile.update(self.project.lock_file, records, self.store.root / "locks" / "lockfile.lock")
+        if not records:
+            return
+        current = lockfile.read(self.project.lock_file)
+        if self.project.lock_file.exists() and all(current.get(sid) == r for sid, r in records.items()):
+            return  # nothing new: write nothing (the project may be read-only)
+        # a read-only cache cannot hold the lock's file: builders sharing it lock in build/
+        lock = (self.store.root / "locks" / "lockfile.lock" if self.store.writable
+                else self.project.build_dir / ".lockfile.lock")
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            lockfile.update(self.project.lock_file, records, lock)
+        except OSError as exc:
+            raise OptbuildError(f"the steps are built and cached, but {self.project.lock_file} could not be "
+                                f"updated: {describe_os_error(exc, self.project.lock_file.parent)}") from None

@@ -57,7 +57,7 @@ def test_cache_ls_verify_gc_and_clean(project):
     listing = project.cli("cache", "ls").stdout
     assert "chain:out" in listing
     assert project.cli("cache", "verify").returncode == 0
-    gc = project.cli("cache", "gc", "--max-size", "0", "--include-locked")
+    gc = project.cli("cache", "gc", "--max-size", "0", "--include-locked", "--grace-minutes", "0")
     assert gc.returncode == 0
     assert "chain:out" not in project.cli("cache", "ls").stdout
     assert project.cli("clean").returncode == 0

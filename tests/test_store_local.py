@@ -224,12 +224,17 @@ def test_an_entry_naming_a_missing_blob_is_a_miss(store):
     assert store.get_action(entry.key) == entry
 
 
-def test_an_entry_whose_blob_has_another_size_is_a_miss(store):
+def test_an_entry_whose_blob_has_another_size_is_a_miss_that_blames_the_entry(store):
     digest = store.put_bytes(b"12345")
     store.put_action(make_entry(key_for("k"), {"a": OutputFile(digest=digest, size=4)}))
+    report = store.verify()
+    assert report.corrupt_entries == (key_for("k"),) and report.corrupt_blobs == () and not report.dangling_entries
     assert store.get_action(key_for("k")) is None
-    assert "5 bytes where 4 were recorded" in store.last_miss_reason
-    assert store.blob_path(digest).exists()  # the blob is right; the entry is wrong
+    assert store.last_miss_reason == ("its cache entry was wrong (it records 4 bytes for a, whose intact blob "
+                                      "holds 5) and was removed")
+    assert "blob" not in store.last_miss_reason.split("(")[0]
+    assert store.blob_path(digest).exists() and not entry_path(store, key_for("k")).exists()
+    assert store.blob_ok(digest, 5)  # the blob is right; only the entry was wrong
 
 
 def test_put_action_refuses_an_entry_whose_blobs_are_not_stored(store):
@@ -468,7 +473,7 @@ def test_gc_keeps_what_it_is_told_to_and_a_hit_counts_as_use(store):
     assert report.ok and report.entries_evicted == 1  # c goes: b is kept, a was just used
     assert sorted(k for k, _ in store.iter_entries()) == sorted([made["a"].key, made["b"].key])
 
-    report = store.gc(0, keep={made["b"].key})
+    report = store.gc(0, keep={made["b"].key}, min_age_s=0)
     assert not report.ok and report.bytes_now == 1100 and "over the bound" in str(report)
     assert store.get_action(made["b"].key) == made["b"]
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from optbuild.cli.build import add_remote_flags, remote_override
 
+GC_GRACE_DAYS = 7  # with a damaged optbuild.lock, gc evicts only entries unused this long
+
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
@@ -25,6 +27,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     gc.add_argument("--max-size", default=None, help="e.g. '5 GiB' (default: [cache] max_size)")
     gc.add_argument("--include-locked", action="store_true",
                     help="may also evict what optbuild.lock references")
+    gc.add_argument("--grace-minutes", type=float, default=None, metavar="N",
+                    help="keep entries used in the last N minutes, which running builds may restore "
+                         "(default: 10)")
     push = sub.add_parser("push", help="upload cached results of steps to the remote cache")
     push.add_argument("targets", nargs="*", metavar="TARGET",
                       help="recipe or recipe:step (default: every step in optbuild.lock)")
@@ -43,7 +48,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api, lockfile
-    from optbuild.store.local import parse_size
+    from optbuild.store.local import GC_GRACE_S, parse_size
 
     command = args.cache_command
     ws = api.open_workspace(args.directory, remote=remote_override(args))
@@ -77,10 +82,14 @@ def run(args: argparse.Namespace) -> int:
         if command == "stats":
             return _stats(ws, args)
         max_size = parse_size(str(args.max_size or ws.project.config.cache.max_size))
-        keep = set() if args.include_locked else {
-            record["key"] for record in lockfile.read(ws.project.lock_file).values() if "key" in record
-        }
-        print(store.gc(max_size, keep=keep))
+        lock = lockfile.LockState() if args.include_locked else lockfile.load(ws.project.lock_file)
+        keep = {record["key"] for record in lock.steps.values() if "key" in record}
+        min_age_s = GC_GRACE_S if args.grace_minutes is None else args.grace_minutes * 60
+        if lock.damage is not None:  # what it named is unknown: spare whatever was used lately
+            min_age_s = max(min_age_s, GC_GRACE_DAYS * 86400)
+            print(f"warning: {ws.project.lock_file} is damaged ({lock.damage}); gc keeps every "
+                  f"entry used in the last {GC_GRACE_DAYS} days", file=sys.stderr)
+        print(store.gc(max_size, keep=keep, min_age_s=min_age_s))
         return 0
     finally:
         ws.close()
@@ -136,6 +145,8 @@ def _transfer(ws: Any, args: argparse.Namespace) -> int:
           f"{len(report.failed)} failed in {time.perf_counter() - started:.2f}s "
           f"({_human(summary['bytes_up' if pushing else 'bytes_down'])} "
           f"{'up' if pushing else 'down'}, {summary['errors']} remote errors)")
+    if summary["signature_mismatches"]:
+        print(f"warning: {remote_cache.describe_mismatches(summary['signature_mismatches'])}", file=sys.stderr)
     if not pushing and report.done:
         print("restore the outputs with `optbuild build --no-build`")
     return 0 if report.ok else 1
@@ -228,12 +239,12 @@ def _progress() -> Any:
 
 # --- stats -------------------------------------------------------------------------------
 def _stats(ws: Any, args: argparse.Namespace) -> int:
-    from optbuild.store.remote import read_stats
+    from optbuild.store.remote import describe_mismatches, read_stats
 
     records = read_stats(ws.store.root)
     totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0},
                               "remote": {"hits": 0, "misses": 0, "rejected": 0, "errors": 0,
-                                         "bytes_down": 0, "bytes_up": 0}}
+                                         "signature_mismatches": 0, "bytes_down": 0, "bytes_up": 0}}
     for record in records:
         for level in ("local", "remote"):
             for name, value in (record.get(level) or {}).items():
@@ -255,14 +266,19 @@ def _stats(ws: Any, args: argparse.Namespace) -> int:
         local_text = f"{local.get('hits', 0)}/{local.get('misses', 0)}" if local else "-"
         remote_text = (f"{remote.get('hits', 0)}/{remote.get('misses', 0)}/{remote.get('errors', 0)}"
                        if remote else "-")
+        mismatches = remote.get("signature_mismatches")
         print(f"{when:<17} {record.get('command', '?'):<8} {local_text:>14} {remote_text:>20} "
-              f"{_human(remote.get('bytes_down', 0)):>10} {_human(remote.get('bytes_up', 0)):>10}")
+              f"{_human(remote.get('bytes_down', 0)):>10} {_human(remote.get('bytes_up', 0)):>10}"
+              + (f"  {mismatches} signature mismatch(es)" if mismatches else ""))
     local, remote = totals["local"], totals["remote"]
     looked = local["hits"] + local["misses"]
     print(f"all {len(records)} runs: local hit rate "
           f"{(100 * local['hits'] / looked) if looked else 0:.0f}% ({local['hits']}/{looked}); "
           f"remote {remote['hits']} hits, {remote['misses']} misses ({remote['rejected']} rejected), "
           f"{remote['errors']} errors, {_human(remote['bytes_down'])} down, {_human(remote['bytes_up'])} up")
+    if remote["signature_mismatches"]:
+        print(f"warning: {describe_mismatches(remote['signature_mismatches'])}: this host's signing key "
+              "differs from the one that signed the remote's entries")
     return 0
 
 

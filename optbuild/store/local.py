@@ -9,10 +9,20 @@ Whatever is killed when, no half-written blob or entry is ever visible: everythi
 written under tmp/, fsynced and renamed into place. An entry is served only when every blob
 it names is present and verifies; anything corrupt is deleted and counts as a miss, so the
 next build repopulates it instead of failing.
+
+Restored outputs share bytes with the blobs (reflinks where the file system has them, else
+hard links), so an edit through a hard link reaches the blob. Each blob's stat signature is
+recorded when it is published; one whose signature changed is re-read before it is served,
+linked or trusted as a step's input, so an edited blob is found and dropped, never served.
+
+A store is read-only when its folders cannot be written (a read-only mount, another user's
+cache) or when asked to be (``read_only_view``, for dry runs): it serves hits, takes locks
+only where lock files exist, and never writes or deletes anything in the cache.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import os
@@ -20,6 +30,8 @@ import re
 import shutil
 import socket
 import stat
+import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -37,6 +49,11 @@ _LOCK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _GC_LOCK = "@gc.lock"  # '@' is not allowed in lock names: no key can collide with it
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
 _CHUNK = 8 << 20
+_FICLONE = 0x40049409  # Linux ioctl: make a file share another's extents (btrfs, XFS, bcachefs)
+_HIDDEN = re.compile(r"\..+\.(\d+@[^@]+@(?:new|old)-[0-9a-f]{12})")  # materialize's siblings
+_SUBDIRS = ("cas", "ac", "tmp", "locks")
+GC_GRACE_S = 600.0  # gc keeps entries used this recently: a running build may restore them next
+_warned_read_only: set[Path] = set()
 
 # Single letters and xB are decimal (as ccache and disk vendors count), xiB binary.
 _UNITS = {"": 1, "b": 1} | {
@@ -114,18 +131,44 @@ class GcReport:
         return text
 
 
+class BlobGone(CacheError):
+    """A blob vanished (gc, a user) or proved corrupt while it was being restored: the
+    entry is a miss, and the step rebuilds rather than fails."""
+
+
 class LocalStore:
     """A cache folder shared by concurrent builders on this host (safe across processes)."""
 
-    def __init__(self, root: Path, hasher: FileHasher):
+    def __init__(self, root: Path, hasher: FileHasher, *, read_only: bool = False):
         self.root = Path(root)
         self.hasher = hasher
         self.last_miss_reason: str | None = None  # why the last get_action missed, for users
+        self._reflinks = True  # until the file system says it cannot clone
         try:
-            for sub in ("cas", "ac", "tmp", "locks"):
+            for sub in _SUBDIRS:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CacheError(f"cannot use the cache folder {self.root}: {exc.strerror}") from None
+        unwritable = next((self.root / sub for sub in _SUBDIRS if not os.access(self.root / sub, os.W_OK)), None)
+        self.writable = unwritable is None  # False: nothing can be stored, whoever asks
+        self.read_only = read_only or not self.writable
+        if unwritable is not None and self.root not in _warned_read_only:
+            _warned_read_only.add(self.root)
+            print(f"optbuild: warning: the cache {self.root} is read-only here ({unwritable} cannot be "
+                  "written): cached results are served, but nothing new is stored in it", file=sys.stderr)
+
+    def read_only_view(self) -> LocalStore:
+        """The same cache, changing nothing: for dry runs, which must leave even corrupt items
+        for a real build (or ``verify --repair``) to remove."""
+        view = copy.copy(self)
+        view.read_only = True
+        view.last_miss_reason = None
+        return view
+
+    def _require_writable(self, what: str) -> None:
+        if self.read_only:
+            why = "it is read-only here" if not self.writable else "this is a dry run"
+            raise CacheError(f"cannot {what} in the cache {self.root}: {why}")
 
     # --- paths and scratch space -------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -146,6 +189,7 @@ class LocalStore:
         Its name carries our pid and host, so ``clean_stale_tmp`` can tell when it is
         abandoned; the caller removes it when done.
         """
+        self._require_writable("make scratch space")
         path = self._tmp_name(prefix)
         path.mkdir()
         return path
@@ -154,9 +198,11 @@ class LocalStore:
         """Remove what builders killed on this host left in tmp/; returns how many items.
 
         Items of live processes, of other hosts (a shared file system) and with foreign
-        names are left alone.
+        names are left alone, and so is everything in a read-only store.
         """
         removed = 0
+        if self.read_only:
+            return removed
         for path in (self.root / "tmp").iterdir():
             if _owner_dead(path.name):
                 _remove(path)
@@ -172,8 +218,12 @@ class LocalStore:
         finally:
             _remove(tmp)
 
-    def _publish(self, tmp: Path, dest: Path) -> None:
-        """Make a finished temp file visible at ``dest``: read-only, on disk, renamed whole."""
+    def _publish(self, tmp: Path, dest: Path, digest: str | None = None) -> None:
+        """Make a finished temp file visible at ``dest``: read-only, on disk, renamed whole.
+
+        A blob's signature is recorded with its ``digest``, so a later edit of the blob
+        (through a hard link) changes the signature and makes the next check re-read it.
+        """
         os.chmod(tmp, 0o444)
         _fsync(tmp)
         if not dest.parent.is_dir():
@@ -181,6 +231,8 @@ class LocalStore:
             _fsync(dest.parent.parent)
         os.replace(tmp, dest)
         _fsync(dest.parent)
+        if digest is not None:
+            self.hasher.record(dest, digest)
 
     # --- blobs -------------------------------------------------------------------------
     def put_file(self, path: Path, *, move: bool = False) -> OutputFile:
@@ -191,6 +243,7 @@ class LocalStore:
         is copied and then unlinked. A file with other links is copied because a blob must
         not share its inode with a file someone may still edit or chmod.
         """
+        self._require_writable(f"store {path}")
         path = Path(path)
         digest, size = hash_file(path)
         dest = self.blob_path(digest)
@@ -200,18 +253,19 @@ class LocalStore:
                     copied = _copy_hashing(path, tmp)
                     if copied != digest:  # never file bytes under a name that is not theirs
                         raise CacheError(f"{path} changed while it was being stored in the cache")
-                self._publish(tmp, dest)
+                self._publish(tmp, dest, digest)
         if move:
             path.unlink(missing_ok=True)
         return OutputFile(digest=digest, size=size)
 
     def put_bytes(self, data: bytes) -> str:
         """Store ``data`` (a log, say) and return its digest."""
+        self._require_writable("store a step log")
         digest = digest_bytes(data)
         if not self.blob_ok(digest, len(data)):
             with self._temp_file() as tmp:
                 tmp.write_bytes(data)
-                self._publish(tmp, self.blob_path(digest))
+                self._publish(tmp, self.blob_path(digest), digest)
         return digest
 
     def read_blob(self, digest: str) -> bytes:
@@ -229,25 +283,28 @@ class LocalStore:
         """Present, of ``size`` bytes (if given) and verifying against its digest.
 
         Hashing goes through the hasher, so an unchanged blob is not read again. A corrupt
-        blob is deleted so that the next put repopulates it.
+        blob is deleted (unless the store is read-only) so that the next put repopulates it.
         """
-        return self._blob_problem(digest, size) is None
+        problem, actual = self._blob_problem(digest)
+        return problem is None and (size is None or actual == size)
 
-    def _blob_problem(self, digest: str, size: int | None) -> str | None:
+    def _blob_problem(self, digest: str) -> tuple[str | None, int]:
+        """(why the blob cannot be served, or None; its size). Only a blob whose bytes do
+        not match its digest is corrupt, and only that is deleted."""
         path = self.blob_path(digest)
         try:
             actual = path.stat().st_size
             intact = self.hasher.digest(path) == digest
         except FileNotFoundError:
-            return "missing"
+            return "missing", 0
         except OSError:  # unreadable, a folder...: as useless as a corrupt blob
-            intact = False
-        if not intact:
-            self._drop_blob(digest)
-            return "corrupt (removed)"
-        if size is not None and actual != size:  # the blob is right, the claim about it wrong
-            return f"{actual} bytes where {size} were recorded"
-        return None
+            actual, intact = 0, False
+        if intact:
+            return None, actual
+        if self.read_only:
+            return "corrupt", actual
+        self._drop_blob(digest)
+        return "corrupt (removed)", actual
 
     def _drop_blob(self, digest: str) -> None:
         path = self.blob_path(digest)
@@ -261,29 +318,42 @@ class LocalStore:
 
         A corrupt entry is a miss, never an error: it is deleted so the build repopulates
         it. ``last_miss_reason`` says why an existing entry was not served (None for a
-        plain miss). A hit refreshes the entry's mtime, which gc reads as last use.
+        plain miss). A hit refreshes the entry's mtime, which gc reads as last use. A
+        read-only store deletes and refreshes nothing.
         """
         self.last_miss_reason = None
         path = self._entry_path(key)
+        removed = "" if self.read_only else " and was removed"
         try:
             entry = _parse_entry(path, key)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            self.last_miss_reason = f"its cache entry was corrupt ({first_line(exc)}) and was removed"
-            path.unlink(missing_ok=True)
+            self.last_miss_reason = f"its cache entry was corrupt ({first_line(exc)}){removed}"
+            self._drop_entry(path)
             return None
         names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}  # first name wins
         sizes = {o.digest: o.size for o in entry.outputs.values()}
         for digest in sorted(entry.blob_digests()):
-            problem = self._blob_problem(digest, sizes.get(digest))
+            what = names.get(digest, "the step log")
+            problem, actual = self._blob_problem(digest)
             if problem is not None:
-                what = names.get(digest, "the step log")
                 self.last_miss_reason = f"cached blob {digest[:8]}… of {what} is {problem}"
                 return None
-        with suppress(OSError):  # a cache we may not write to still serves hits
-            os.utime(path)
+            if digest in sizes and actual != sizes[digest]:  # the blob is intact: the entry lies
+                self.last_miss_reason = (f"its cache entry was wrong (it records {sizes[digest]} bytes for "
+                                         f"{what}, whose intact blob holds {actual}){removed}")
+                self._drop_entry(path)
+                return None
+        if not self.read_only:
+            with suppress(OSError):
+                os.utime(path)
         return entry
+
+    def _drop_entry(self, path: Path) -> None:
+        if not self.read_only:
+            with suppress(OSError):  # if it cannot go, it stays a miss
+                path.unlink(missing_ok=True)
 
     def put_action(self, entry: ActionEntry) -> None:
         """Publish ``entry``; every blob it names must already be stored.
@@ -291,6 +361,7 @@ class LocalStore:
         Blobs first, then the entry, so a reader never meets an entry without its blobs.
         Hold ``shared_gc_lock`` from the first put to this one, or gc may take the blobs.
         """
+        self._require_writable(f"store the entry of {entry.step}")
         for digest in sorted(entry.blob_digests()):
             if not self.blob_path(digest).is_file():
                 raise CacheError(f"entry {entry.key} names blob {digest}, which is not stored")
@@ -339,8 +410,24 @@ class LocalStore:
             yield
 
     @contextmanager
+    def lock_dest(self, dest: Path) -> Iterator[None]:
+        """Held while ``dest`` is checked and restored, so concurrent restores do not race."""
+        with self.lock("dest-" + digest_bytes(str(dest).encode())):
+            yield
+
+    @contextmanager
     def _flock(self, filename: str, operation: int) -> Iterator[None]:
-        fd = os.open(self.root / "locks" / filename, os.O_RDWR | os.O_CREAT, 0o644)
+        """``flock`` on a lock file; a read-only store locks only files that exist (flock
+        works on a read-only descriptor) and otherwise goes on unlocked: it writes nothing
+        that a lock would protect, and nobody who could write made the file yet."""
+        path = self.root / "locks" / filename
+        try:
+            fd = os.open(path, os.O_RDONLY) if self.read_only else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            if not self.read_only:
+                raise
+            yield
+            return
         try:
             fcntl.flock(fd, operation)
             try:
@@ -355,17 +442,17 @@ class LocalStore:
     def materialize(self, entry: ActionEntry, dest: Path) -> None:
         """Make the folder ``dest`` hold exactly the entry's outputs, read-only.
 
-        Files are hard links to the blobs (free), or copies where links cannot be made.
-        The tree is built in a hidden sibling and swapped in, so ``dest`` is never half
+        Files are reflinks of the blobs where the file system can clone (free, and an edit
+        stays in the copy), else hard links (free), else copies. Each blob is verified
+        first (a stat when unchanged); one that is gone or corrupt raises BlobGone. The
+        tree is built in a hidden sibling and swapped in, so ``dest`` is never half
         populated: a reader sees the old tree, nothing, or the new tree. Folders stay
         writable so that users can delete the tree.
         """
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        self.sweep_leftovers(dest.parent)
         hidden = f".{dest.name}."
-        for sibling in dest.parent.iterdir():  # leftovers of builders killed mid-swap
-            if sibling.name.startswith(hidden) and _owner_dead(sibling.name[len(hidden):]):
-                _remove(sibling)
         staging = dest.parent / (hidden + _owned_name("new"))
         old = dest.parent / (hidden + _owned_name("old"))
         staging.mkdir()
@@ -391,19 +478,59 @@ class LocalStore:
                 raise CacheError(f"entry {entry.key}: output path {name!r} cannot be written")
             target.parent.mkdir(parents=True, exist_ok=True)
             source = self.blob_path(output.digest)
+            problem, _size = self._blob_problem(output.digest)
+            if problem == "missing":
+                raise BlobGone(f"blob {output.digest} of {name} is not in the cache")
+            if problem is not None:
+                raise BlobGone(f"blob {output.digest} of {name} is {problem}")
+            if self._reflinks and self._reflink(source, target):
+                os.chmod(target, 0o444)
+                self.hasher.record(target, output.digest)
+                continue
             try:
                 os.link(source, target)
             except FileNotFoundError:
-                raise CacheError(f"blob {output.digest} of {name} is not in the cache") from None
+                raise BlobGone(f"blob {output.digest} of {name} is not in the cache") from None
             except OSError:  # another file system, link limit, links forbidden: copy
-                shutil.copyfile(source, target)
+                if _copy_hashing(source, target) != output.digest:
+                    raise BlobGone(f"blob {output.digest} of {name} changed while it was copied") from None
                 os.chmod(target, 0o444)
+                self.hasher.record(target, output.digest)
+            else:  # the link changed the blob's ctime: record it again, just verified
+                with suppress(OSError):
+                    self.hasher.record(source, output.digest)
+
+    def _reflink(self, source: Path, target: Path) -> bool:
+        """Clone ``source`` into a new file ``target`` (shared extents, copy on write);
+        False, with nothing left at ``target``, where the file system cannot."""
+        try:
+            with open(source, "rb") as src, open(target, "xb") as dst:
+                fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+            return True
+        except OSError as exc:
+            target.unlink(missing_ok=True)
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.EXDEV, errno.ENOSYS):
+                self._reflinks = False  # this file system never will: stop asking
+            return False
+
+    def sweep_leftovers(self, folder: Path) -> None:
+        """Remove the hidden trees that restores killed mid-swap left in ``folder``.
+
+        Cheap (one listing), so it runs on every restore: a leftover is found even when
+        its step's outputs never need restoring again.
+        """
+        with suppress(OSError):  # an unreadable or read-only folder: the restore itself says so
+            for sibling in Path(folder).iterdir():
+                match = _HIDDEN.fullmatch(sibling.name)
+                if match and _owner_dead(match.group(1)):
+                    _remove(sibling)
 
     def is_materialized(self, entry: ActionEntry, dest: Path) -> bool:
         """Whether ``dest`` already holds exactly the entry's outputs (cheap: no copy made).
 
-        Every output is there as a regular file that is its blob's inode or has the right
-        size and digest (through the hasher's stat cache), and nothing else is there.
+        Every output is there as a regular file with the right size and digest, and
+        nothing else is there. The digest is the stat cache's: of the blob when the file is
+        its hard link (so an edit of the blob counts), else of the file itself.
         """
         dest = Path(dest)
         if not dest.is_dir():
@@ -419,19 +546,36 @@ class LocalStore:
                 found.update((rel / name).as_posix() for name in filenames)
             if found != set(entry.outputs):
                 return False
-            for name, output in entry.outputs.items():
-                st = os.lstat(dest / name)
-                if not stat.S_ISREG(st.st_mode):
-                    return False
-                with suppress(FileNotFoundError):
-                    blob = os.stat(self.blob_path(output.digest))
-                    if (blob.st_dev, blob.st_ino) == (st.st_dev, st.st_ino):
-                        continue
-                if st.st_size != output.size or self.hasher.digest(dest / name) != output.digest:
-                    return False
+            return all(self._holds(dest / name, output) for name, output in entry.outputs.items())
         except OSError:
             return False
-        return True
+
+    def _holds(self, path: Path, output: OutputFile) -> bool:
+        """Whether ``path`` is a regular file with ``output``'s bytes (a stat, when unchanged)."""
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != output.size:
+            return False
+        blob = self.blob_path(output.digest)
+        with suppress(FileNotFoundError):
+            linked = os.stat(blob)
+            if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):
+                path = blob  # one inode: the blob's record is kept up to date
+        return self.hasher.digest(path) == output.digest
+
+    def changed_outputs(self, entry: ActionEntry, dest: Path) -> list[str]:
+        """Names of the entry's outputs that ``dest`` no longer holds intact (a step that
+        wrote into its input, say). A blob the change reached, through a hard link, is
+        deleted, so that no later build is served it."""
+        changed = []
+        for name, output in sorted(entry.outputs.items()):
+            try:
+                if self._holds(Path(dest) / name, output):
+                    continue
+            except OSError:
+                pass
+            changed.append(name)
+            self._blob_problem(output.digest)
+        return changed
 
     # --- maintenance -------------------------------------------------------------------
     def _scan_blobs(self) -> Iterator[tuple[str | None, Path, int]]:
@@ -453,9 +597,13 @@ class LocalStore:
         """Re-read every blob and entry, bypassing the stat cache.
 
         This finds what ``blob_ok`` cannot: bytes that rotted on disk without a stat change.
-        With ``repair``, corrupt blobs, corrupt entries and entries naming a bad blob are
-        deleted (the next build rebuilds them); orphan blobs are left to gc.
+        Entries are checked by the same rules as a remote's (``parse_entry``): one naming a
+        path no file system can create is corrupt. With ``repair``, corrupt blobs, corrupt
+        entries and entries naming a bad blob are deleted (the next build rebuilds them);
+        orphan blobs are left to gc.
         """
+        if repair:
+            self._require_writable("repair what is corrupt")
         intact: dict[str, int] = {}  # digest -> size
         scanned: set[str | None] = set()
         corrupt_blobs: list[str] = []
@@ -486,23 +634,30 @@ class LocalStore:
                     if _rehash(late) == digest:
                         intact[digest] = late.stat().st_size
                 sizes = {o.digest: o.size for o in entry.outputs.values()}
-                if all(d in intact and sizes.get(d, intact[d]) == intact[d] for d in entry.blob_digests()):
+                if not all(d in intact for d in entry.blob_digests()):
+                    dangling.append(key)
+                elif any(sizes.get(d, intact[d]) != intact[d] for d in entry.blob_digests()):
+                    corrupt_entries.append(key)  # its blobs are intact; its record of them is wrong
+                else:
                     named |= entry.blob_digests()
                     continue
-                dangling.append(key)
             if repair:
                 path.unlink(missing_ok=True)
         return VerifyReport(entries, blobs, tuple(corrupt_blobs), tuple(corrupt_entries),
                             tuple(dangling), orphan_blobs=len(intact.keys() - named), repaired=repair)
 
-    def gc(self, max_bytes: int, keep: AbstractSet[str] = frozenset()) -> GcReport:
+    def gc(self, max_bytes: int, keep: AbstractSet[str] = frozenset(), min_age_s: float = GC_GRACE_S) -> GcReport:
         """Evict least-recently-used entries until the blobs they name fit ``max_bytes``.
 
-        Entries whose key is in ``keep`` (what the lock file references) are never evicted,
-        even if the bound cannot be met. Then every blob no remaining entry names, every
-        corrupt entry and the scratch space of dead builders are deleted. Runs under the
-        exclusive gc lock, so blobs of an entry being written are safe.
+        Entries whose key is in ``keep`` (what the lock file references) or that were used
+        (stored or hit) in the last ``min_age_s`` seconds are never evicted, even if the bound
+        cannot be met: a running build may be about to restore them. Then every blob no
+        remaining entry names, every corrupt entry and the scratch space of dead builders
+        are deleted. Runs under the exclusive gc lock, so blobs of an entry being written
+        or restored are safe.
         """
+        self._require_writable("collect garbage")
+        recent = time.time_ns() - int(min_age_s * 1e9)
         with self._flock(_GC_LOCK, fcntl.LOCK_EX):
             blobs = list(self._scan_blobs())
             sizes = {digest: size for digest, _path, size in blobs if digest is not None}
@@ -521,10 +676,10 @@ class LocalStore:
                     live.append((mtime, key, path, entry))
             refs = Counter(d for *_, entry in live for d in entry.blob_digests())
             now = sum(sizes.get(d, 0) for d in refs)
-            for _mtime, key, path, entry in sorted(live, key=lambda item: item[:2]):
+            for mtime, key, path, entry in sorted(live, key=lambda item: item[:2]):
                 if now <= max_bytes:
                     break
-                if key in keep:
+                if key in keep or mtime >= recent:
                     continue
                 path.unlink(missing_ok=True)
                 evicted += 1
