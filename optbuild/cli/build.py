@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         ws.close()
     report_remote(args, result)
     if args.no_build and (missing := result.steps("would-build")):
-        print(f"error: --no-build: {len(missing)} step(s) are in neither the local nor the remote "
-              "cache and would have to build:", file=sys.stderr)
+        print(f"error: --no-build: {len(missing)} step(s) could not be restored from the local or "
+              "the remote cache and would have to build:", file=sys.stderr)
         for sid in missing:
             reasons = "; ".join(result.outcomes[sid].reasons)
             print(f"  {sid}" + (f"  ({reasons})" if reasons else ""), file=sys.stderr)

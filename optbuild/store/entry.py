@@ -48,13 +48,16 @@ def check_relative_path(name: str) -> str:
         raise EntryError(f"output path {shown!r} escapes the output folder")
     if _CONTROL.search(name):
         raise EntryError(f"output name {shown!r} holds control characters")
-    encoded = name.encode("utf-8", "surrogatepass")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EntryError(f"output name {shown!r} is not valid Unicode") from None
     if len(encoded) > MAX_PATH_BYTES:
         raise EntryError(f"output name {shown!r} is {len(encoded)} bytes long (at most {MAX_PATH_BYTES})")
     if len(parts) > MAX_PATH_DEPTH:
         raise EntryError(f"output name {shown!r} is {len(parts)} folders deep (at most {MAX_PATH_DEPTH})")
     for part in parts:
-        if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
             raise EntryError(f"output name {shown!r} has a part over {MAX_NAME_BYTES} bytes")
     return name
 
@@ -173,10 +176,16 @@ def parse_entry(data: bytes, expected_key: str) -> ActionEntry:
     """
     check_json_bounds(data)
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         raise EntryError("it is not valid JSON") from None
     return entry_from_doc(doc, expected_key)
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON: an entry holding one is refused (it could not be
+    stored back as it came)."""
+    raise ValueError(f"it holds {name}, which JSON does not allow")
 
 
 def entry_from_doc(doc: Any, expected_key: str) -> ActionEntry:

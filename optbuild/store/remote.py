@@ -16,7 +16,13 @@ blob it lacks. Blobs already there are skipped (unless one was found corrupt in 
 On file systems that rename (file://, a shared mount) everything is written under tmp/ and
 renamed into place; on object stores (s3://, gs://, ...) a single PUT (or a completed
 multipart upload) is atomic per object. Two writers of one key each publish a complete,
-valid entry; the last one wins, and both name blobs that are present.
+valid entry; the last one wins, and both name blobs that are present. A signed entry that
+this host cannot verify (another key, or none here) is never replaced: a misconfigured
+host must not undo the build farm's signed results.
+
+On a local file system (file://, a mount) every path is resolved before it is read,
+written or renamed into, and refused unless it stays under the remote's root: a symbolic
+link planted in the remote (``cas/ab -> /home/you``) cannot redirect a transfer.
 
 Faults (connection refused, timeouts, HTTP errors, slow responses) never fail a build: each
 is a warning event and an error count; after ``max_errors`` of them the remote is disabled
@@ -43,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.digest import digest_bytes, hash_file
+from optbuild.digest import hash_file, is_digest, new_hasher
 from optbuild.store.entry import MAX_ENTRY_BYTES, ActionEntry, EntryError, canonical_json, parse_entry
 
 if TYPE_CHECKING:
@@ -58,12 +64,13 @@ SIGNATURE_PREFIX = b"optbuild-hmac-sha256 "
 _SIGNATURE_LINE = len(SIGNATURE_PREFIX) + 64 + 1
 _OFF = {"off", "none", "no", "false", "0"}
 _RENAMING = {"file", "local", "sftp", "ssh"}  # protocols whose mv is an atomic rename
+_LOCAL = {"file", "local"}  # protocols whose paths are this host's paths (symlinks resolvable)
 _CHUNK = 8 << 20
-_SLOWEST_BPS = 1 << 20  # a transfer that reports no progress gets timeout_s + size at 1 MiB/s
+_SLOWEST_UPLOAD_BPS = 1 << 20  # an upload's first progress report may come only after this rate
 
 
 class _Failed(Exception):
-    """A remote operation failed; it has been counted and reported."""
+    """A remote operation failed; it has been counted and reported. The message says how."""
 
 
 class _Rejected(Exception):
@@ -142,6 +149,29 @@ def decode_entry(data: bytes, expected_key: str, signing_key: bytes | None) -> A
         raise _Rejected(str(exc)) from None
 
 
+def signed_by_another(data: bytes, expected_key: str, signing_key: bytes | None) -> bool:
+    """Whether ``data`` is a valid entry of ``expected_key`` signed with a key other than
+    ``signing_key`` (or signed at all, when this host has none).
+
+    Such an entry is someone's good result that this host cannot vouch for: replacing it
+    would make every host holding the real key rebuild. An unsigned or invalid entry
+    is no one's good result and may be replaced.
+    """
+    if not data.startswith(SIGNATURE_PREFIX):
+        return False
+    line, _, body = data.partition(b"\n")
+    if len(line) + 1 != _SIGNATURE_LINE:
+        return False
+    if signing_key is not None and hmac.compare_digest(line[len(SIGNATURE_PREFIX):],
+                                                       sign(body, signing_key).encode()):
+        return False
+    try:
+        parse_entry(body, expected_key)
+    except EntryError:
+        return False
+    return True
+
+
 # --- the store -------------------------------------------------------------------------
 class RemoteStore:
     """Where the remote is and how to talk to it; one per workspace.
@@ -169,6 +199,7 @@ class RemoteStore:
         self._fs: Any = None
         self._root = ""
         self._renames = False
+        self._real_root: str | None = None  # the root with symlinks resolved, on a local file system
         self._lock = threading.Lock()
 
     def session(self, reporter: Reporter | None = None, *, dry_run: bool = False,
@@ -179,10 +210,14 @@ class RemoteStore:
     def filesystem(self) -> tuple[Any, str]:
         with self._lock:
             if self._fs is None:
-                self._fs, self._root, self._renames = self._connect()
+                fs, root, protocols = self._connect()
+                self._renames = bool(protocols & _RENAMING)
+                if protocols & _LOCAL:
+                    self._real_root = os.path.realpath(root or "/")
+                self._fs, self._root = fs, root
             return self._fs, self._root
 
-    def _connect(self) -> tuple[Any, str, bool]:
+    def _connect(self) -> tuple[Any, str, set[str]]:
         import fsspec
         from fsspec.core import split_protocol
 
@@ -204,7 +239,7 @@ class RemoteStore:
         if protocol in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
             fs.retries = min(fs.retries, 2)  # s3fs's own retry loop sleeps between tries
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-        return fs, root.rstrip("/"), bool(protocols & _RENAMING)
+        return fs, root.rstrip("/"), protocols
 
     def blob_path(self, digest: str) -> str:
         return f"{self._root}/cas/{digest[:2]}/{digest[2:]}"
@@ -212,15 +247,30 @@ class RemoteStore:
     def entry_path(self, key: str) -> str:
         return f"{self._root}/ac/{key[:2]}/{key[2:]}.json"
 
+    def _inside(self, path: str) -> str:
+        """``path``, if it resolves to a place under the remote's root; else _Rejected.
+
+        Checked before every read, write and rename on a local file system, so a symbolic
+        link planted in the remote cannot send a download's source or an upload's bytes
+        anywhere else on this host. (Object stores have no links: nothing to check.)
+        """
+        if self._real_root is None:
+            return path
+        real = os.path.realpath(path)
+        if real != self._real_root and not real.startswith(self._real_root.rstrip(os.sep) + os.sep):
+            shown = path[len(self._root) + 1:] if path.startswith(self._root + "/") else path
+            raise _Rejected(f"{shown} leads outside the remote's folder (to {real}) through a symbolic link")
+        return path
+
     # --- raw operations (run under RemoteSession._call) --------------------------------
     def _read_entry(self, key: str, touch: Callable[[int], None]) -> bytes:
         fs, _ = self.filesystem()
-        return fs.cat_file(self.entry_path(key), start=0, end=MAX_ENTRY_BYTES + _SIGNATURE_LINE + 1)
+        return fs.cat_file(self._inside(self.entry_path(key)), start=0, end=MAX_ENTRY_BYTES + _SIGNATURE_LINE + 1)
 
     def _blob_size(self, digest: str, touch: Callable[[int], None]) -> int | None:
         fs, _ = self.filesystem()
         try:
-            return int(fs.info(self.blob_path(digest))["size"])
+            return int(fs.info(self._inside(self.blob_path(digest)))["size"])
         except FileNotFoundError:
             return None
 
@@ -228,7 +278,7 @@ class RemoteStore:
                   touch: Callable[[int], None]) -> None:
         fs, _ = self.filesystem()
         if self._renames:  # a mounted file system: copy in chunks, so a stall is seen
-            with fs.open(remote, "rb") as src, open(local, "wb") as dst:
+            with fs.open(self._inside(remote), "rb") as src, open(local, "wb") as dst:
                 while chunk := src.read(_CHUNK):
                     dst.write(chunk)
                     touch(len(chunk))
@@ -237,15 +287,30 @@ class RemoteStore:
             return
         fs.get_file(remote, str(local), callback=_callback(touch, expected))
 
+    def _hash_blob(self, digest: str, size: int, touch: Callable[[int], None]) -> str:
+        """The digest of the remote blob, streamed (blobs can be larger than memory), no
+        more than ``size`` bytes of it read."""
+        fs, _ = self.filesystem()
+        hasher, seen = new_hasher(), 0
+        with fs.open(self._inside(self.blob_path(digest)), "rb") as src:
+            while chunk := src.read(_CHUNK):
+                seen += len(chunk)
+                if seen > size:
+                    raise _Rejected(f"it is larger than the {size} bytes listed")
+                hasher.update(chunk)
+                touch(len(chunk))
+        return hasher.hexdigest()
+
     def _upload(self, local: Path, remote: str, touch: Callable[[int], None]) -> None:
         fs, _ = self.filesystem()
         if not self._renames:
             fs.put_file(str(local), remote, callback=_callback(touch, None))
             return
         tmp = self._tmp_name()
+        self._inside(tmp)
         fs.makedirs(tmp.rsplit("/", 1)[0], exist_ok=True)
         try:
-            with open(local, "rb") as src, fs.open(tmp, "wb") as dst:
+            with open(local, "rb") as src, fs.open(self._inside(tmp), "wb") as dst:
                 while chunk := src.read(_CHUNK):
                     dst.write(chunk)
                     touch(len(chunk))
@@ -261,9 +326,10 @@ class RemoteStore:
             fs.pipe_file(dest, data)
             return
         tmp = self._tmp_name()
+        self._inside(tmp)
         fs.makedirs(tmp.rsplit("/", 1)[0], exist_ok=True)
         try:
-            with fs.open(tmp, "wb") as dst:
+            with fs.open(self._inside(tmp), "wb") as dst:
                 dst.write(data)
                 _fsync(dst)
             self._publish(tmp, dest)
@@ -272,8 +338,9 @@ class RemoteStore:
 
     def _publish(self, tmp: str, dest: str) -> None:
         fs, _ = self.filesystem()
+        self._inside(dest)
         fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-        fs.mv(tmp, dest)  # a rename: readers see the old object, or the whole new one
+        fs.mv(self._inside(tmp), self._inside(dest))  # a rename: readers see the old object, or the whole new one
 
     def _tmp_name(self) -> str:
         return f"{self._root}/tmp/{os.getpid()}-{uuid.uuid4().hex}"
@@ -288,7 +355,11 @@ class RemoteStore:
 
 
 def _callback(touch: Callable[[int], None], expected: int | None) -> Any:
-    """An fsspec callback that reports progress to ``touch`` and stops oversized downloads."""
+    """An fsspec callback that reports progress to ``touch`` and stops oversized downloads.
+
+    The size is checked as bytes arrive, not only against the size the server announces:
+    a server may announce none (chunked) or lie, and must not fill the disk.
+    """
     from fsspec.callbacks import Callback
 
     class _Progress(Callback):
@@ -300,6 +371,8 @@ def _callback(touch: Callable[[int], None], expected: int | None) -> Any:
 
         def relative_update(self, inc: int = 1) -> None:
             super().relative_update(inc)
+            if expected is not None and self.value > expected:
+                raise _Rejected(f"it is larger than the {expected} bytes recorded")
             touch(inc)
 
     return _Progress()
@@ -344,6 +417,7 @@ class RemoteStats:
     blobs_down: int = 0
     blobs_up: int = 0
     entries_up: int = 0
+    signature_mismatches: int = 0  # signed entries this host could not verify, so left in place
     disabled: bool = False
 
 
@@ -366,6 +440,8 @@ class RemoteSession:
     _checked: bool = False
     _uploads: list[Any] = field(default_factory=list)
     _pool: Any = None
+    _miss_reasons: dict[str, str] = field(default_factory=dict)  # key -> why the remote gave nothing
+    _last_fault: str = ""
 
     @property
     def url(self) -> str:
@@ -405,22 +481,28 @@ class RemoteSession:
             if trip or fatal:
                 self.stats.disabled = True
         detail = _describe(exc)
+        with self._lock:
+            self._last_fault = detail
         self.warn(f"{what} failed: {detail} (error {errors} of at most {self.store.max_errors})",
                   error=detail)
         if trip or fatal:
             self.warn(f"disabled for the rest of this run after {errors} error(s); steps build locally")
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, size: int | None = None,
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, upload_size: int | None = None,
               missing_ok: bool = False) -> Any:
         """Run ``fn(*args, touch)`` in a daemon thread under the stall watchdog.
 
         ``touch(nbytes)`` is called by transfers as they make progress; a call that shows
-        none for ``timeout_s`` (plus, before its first sign of life, the time to move
-        ``size`` bytes at 1 MiB/s) is abandoned as timed out. FileNotFoundError passes
-        through when ``missing_ok``; _Rejected passes through; anything else is a fault.
+        none for ``timeout_s``, before its first byte or between two, is abandoned as timed
+        out, whatever size its entry claims (a remote that claims a huge blob and then
+        stalls must not hold a build). Only an upload, whose size is this host's own file
+        and whose driver may report progress once a whole part is sent, gets until its
+        first report the time to send ``upload_size`` bytes at 1 MiB/s besides.
+        FileNotFoundError passes through when ``missing_ok``; _Rejected passes through;
+        anything else is a fault.
         """
         if self.stats.disabled:  # tripped while a multi-call operation was under way
-            raise _Failed(what)
+            raise _Failed(self._off_reason())
         last = [time.monotonic()]
         alive = [False]
 
@@ -440,14 +522,15 @@ class RemoteSession:
                 done.set()
 
         threading.Thread(target=target, name="optbuild-remote", daemon=True).start()
-        slack = (size or 0) / _SLOWEST_BPS
+        slack = (upload_size or 0) / _SLOWEST_UPLOAD_BPS
         while not done.wait(0.05):
             if self.cancel is not None and self.cancel.is_set():
                 raise _Failed("cancelled")
             limit = self.store.timeout_s + (0 if alive[0] else slack)
             if time.monotonic() - last[0] > limit:
-                self._fault(what, TimeoutError(f"no response for {self.store.timeout_s:g}s"))
-                raise _Failed(what)
+                stall = TimeoutError(f"no response for {self.store.timeout_s:g}s")
+                self._fault(what, stall)
+                raise _Failed(_describe(stall))
         error = box.get("error")
         if error is None:
             return box.get("value")
@@ -458,26 +541,52 @@ class RemoteSession:
         if isinstance(error, KeyboardInterrupt):
             raise error
         self._fault(what, error)
-        raise _Failed(what) from None
+        raise _Failed(_describe(error)) from None
+
+    def _off_reason(self) -> str:
+        """Why this session does not use the remote now (it is off, or has been switched off)."""
+        with self._lock:
+            disabled, errors, last = self.stats.disabled, self.stats.errors, self._last_fault
+        if disabled and errors:
+            return f"it was switched off after {errors} error(s) (last: {last})"
+        if disabled:
+            return f"${self.store.signing_key_env}, which signing_key_env names, is not set"
+        return "reading it is off ([remote] read = false)"
+
+    def _remember_miss(self, key: str, reason: str) -> None:
+        with self._lock:
+            self._miss_reasons[key] = reason
+
+    def miss_reason(self, key: str) -> str | None:
+        """Why the remote gave nothing for ``key`` in this run, when it is more than "the
+        remote does not have it": it could not be reached, or what it had was refused."""
+        with self._lock:
+            return self._miss_reasons.get(key)
 
     # --- reading -----------------------------------------------------------------------
     def lookup(self, key: str, step: str = "") -> ActionEntry | None:
-        """The remote entry of ``key`` if it exists and is acceptable; only the entry is read."""
+        """The remote entry of ``key`` if it exists and is acceptable; only the entry is read.
+
+        None otherwise; ``miss_reason(key)`` then says why when the remote was unreachable,
+        off, or sent something refused.
+        """
         if not self._usable():
+            self._remember_miss(key, f"the remote cache was not asked: {self._off_reason()}")
             return None
         try:
             data = self._call(f"reading the entry of {step or key}", self.store._read_entry, key,
                               missing_ok=True)
+            entry = decode_entry(data, key, self.store.signing_key)
         except FileNotFoundError:
             self._count(misses=1)
             return None
-        except _Failed:
+        except _Failed as exc:
+            self._remember_miss(key, f"the remote cache could not be reached ({exc})")
             return None
-        try:
-            entry = decode_entry(data, key, self.store.signing_key)
         except _Rejected as exc:
             self._count(misses=1, rejected=1)
             self.warn(f"entry of {step or key} rejected: {exc}", step=step, key=key)
+            self._remember_miss(key, f"its remote entry was rejected ({exc})")
             return None
         if self.dry_run:
             self._count(hits=1)
@@ -491,6 +600,7 @@ class RemoteSession:
         store's shared gc lock (and the key's lock).
         """
         if not self._usable():
+            self._remember_miss(entry.key, f"the remote cache was not asked: {self._off_reason()}")
             return None
         label = step or entry.step
         names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
@@ -509,11 +619,14 @@ class RemoteSession:
         except _Rejected as exc:
             self._count(misses=1, rejected=1)
             self.warn(f"entry of {label} not used: {exc}; building it locally", step=step, key=entry.key)
+            self._remember_miss(entry.key, f"its remote copy was unusable ({exc})")
             return None
-        except _Failed:
+        except _Failed as exc:
+            self._remember_miss(entry.key, f"the remote cache could not be reached ({exc})")
             return None
         except OSError as exc:  # the local side (disk full...): not the remote's fault
             self.warn(f"could not store what was fetched for {label}: {_describe(exc)}", step=step)
+            self._remember_miss(entry.key, f"what the remote sent could not be stored ({_describe(exc)})")
             return None
         finally:
             if scratch is not None:
@@ -536,7 +649,7 @@ class RemoteSession:
 
         try:
             try:
-                self._call(f"downloading blob {digest[:8]} of {label}", fn, size=size, missing_ok=True)
+                self._call(f"downloading blob {digest[:8]} of {label}", fn, missing_ok=True)
             except FileNotFoundError:
                 raise _Rejected(f"it names blob {digest[:8]}…, which the remote lacks") from None
             got, nbytes = hash_file(tmp)
@@ -559,15 +672,28 @@ class RemoteSession:
         """Upload ``entry``'s blobs (those the remote lacks), then the entry.
 
         Returns "uploaded", "present" (``skip_if_present`` and the remote already has an
-        acceptable entry for the key), "failed" or "off" (remote disabled or read-only).
-        The caller holds the local store's shared gc lock so the blobs stay put.
+        acceptable entry for the key), "refused" (the remote holds a valid entry signed
+        with a key this host lacks: it is left alone), "failed" or "off" (remote disabled
+        or read-only). The caller holds the local store's shared gc lock so the blobs stay put.
         """
         if not self._usable(writing=True):
             return "off"
         label = step or entry.step
         try:
-            if skip_if_present and self._has_entry(entry.key):
+            acceptable, keep = self._existing_entry(entry.key)
+            if acceptable and skip_if_present:
                 return "present"
+            if keep:
+                self._count(signature_mismatches=1)
+                if self.store.signing_key is None:
+                    self.warn(f"not replacing the signed entry of {label} with an unsigned one: this host "
+                              f"has no signing key", step=step, key=entry.key)
+                else:
+                    self.warn(f"not replacing the entry of {label}: signature mismatch: this host's signing "
+                              f"key differs from the one that signed the remote's entries "
+                              f"(${self.store.signing_key_env}), or the entry was altered after signing",
+                              step=step, key=entry.key)
+                return "refused"
             sizes = {o.digest: o.size for o in entry.outputs.values()}
             names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
             for digest in sorted(entry.blob_digests()):
@@ -589,6 +715,10 @@ class RemoteSession:
             self._count(entries_up=1, bytes_up=len(data))
             return "uploaded"
         except _Failed:
+            return "failed"
+        except _Rejected as exc:
+            self._count(rejected=1)
+            self.warn(f"not pushing {label}: {exc}", step=step, key=entry.key)
             return "failed"
         except OSError as exc:
             self.warn(f"not pushing {label}: {_describe(exc)}")
@@ -637,23 +767,27 @@ class RemoteSession:
             self.store._upload(source, self.store.blob_path(digest), counting)
 
         try:
-            self._call(f"uploading blob {digest[:8]} of {label}", fn, size=size)
+            self._call(f"uploading blob {digest[:8]} of {label}", fn, upload_size=size)
             self._count(bytes_up=size, blobs_up=1)
             ok = True
         finally:
             if self.progress:
                 self.progress.finish(token, ok)
 
-    def _has_entry(self, key: str) -> bool:
+    def _existing_entry(self, key: str) -> tuple[bool, bool]:
+        """(acceptable, keep) for the remote's entry of ``key``: whether this host would use
+        it, and whether it is a valid entry signed with a key this host lacks (another key,
+        or none), which this host must not replace."""
         try:
             data = self._call(f"reading the entry {key[:8]}", self.store._read_entry, key, missing_ok=True)
         except FileNotFoundError:
-            return False
+            return False, False
         try:
             decode_entry(data, key, self.store.signing_key)
+            acceptable = True
         except _Rejected:
-            return False
-        return True
+            acceptable = False
+        return acceptable, signed_by_another(data, key, self.store.signing_key)
 
     # --- audit -------------------------------------------------------------------------
     def audit(self, *, rehash: bool = False) -> RemoteAudit:
@@ -681,10 +815,16 @@ class RemoteSession:
                 continue
             key = parts[-2] + parts[-1][: -len(".json")]
             report.entries += 1
+            if not is_digest(key):
+                report.problems.append(f"{path}: not where an entry belongs")
+                continue
             try:
                 data = self._call(f"reading entry {key[:8]}", self.store._read_entry, key, missing_ok=True)
                 entry = decode_entry(data, key, self.store.signing_key)
-            except (FileNotFoundError, _Failed):
+            except FileNotFoundError:  # removed since the listing
+                continue
+            except _Failed as exc:
+                report.problems.append(f"entry {key}: could not be read ({exc})")
                 continue
             except _Rejected as exc:
                 report.problems.append(f"entry {key}: {exc}")
@@ -697,10 +837,14 @@ class RemoteSession:
                 elif digest in recorded and sizes[digest] != recorded[digest]:
                     report.problems.append(f"blob {digest}: {sizes[digest]} bytes, {recorded[digest]} recorded")
         if rehash:
-            fs, _ = self.store.filesystem()
             for digest in sorted(set(sizes) & named):
-                data = fs.cat_file(self.store.blob_path(digest))
-                if digest_bytes(data) != digest:
+                try:
+                    got = self._call(f"hashing blob {digest[:8]}", self.store._hash_blob, digest,
+                                     sizes[digest], missing_ok=True)
+                except (FileNotFoundError, _Failed, _Rejected) as exc:
+                    report.problems.append(f"blob {digest}: could not be read ({exc})")
+                    continue
+                if got != digest:
                     report.problems.append(f"blob {digest} is corrupt")
         report.orphan_blobs = len(set(sizes) - named)
         return report
@@ -762,9 +906,17 @@ def describe_stats(stats: dict[str, Any]) -> str:
         if remote.get("rejected"):
             text += f", {remote['rejected']} rejected"
         text += f", {human_bytes(remote['bytes_down'])} down, {human_bytes(remote['bytes_up'])} up"
+        if remote.get("signature_mismatches"):
+            text += f", {describe_mismatches(remote['signature_mismatches'])}"
         if remote.get("disabled"):
             text += " (remote disabled during the run)"
     return text
+
+
+def describe_mismatches(count: int) -> str:
+    """Signed remote entries left in place because this host could not verify them."""
+    return (f"{count} signature mismatch{'' if count == 1 else 'es'} (signed entries on the remote "
+            "that this host's signing key does not verify were left in place)")
 
 
 def _n(count: int, word: str) -> str:
