@@ -1,0 +1,1014 @@
+"""Fault figures: does the cache survive kills, races, corruption and a hostile remote?
+
+    python benchmarks/faults.py [--kills 100] [--builders 4 --runs 25] [--rounds 3] [--quick] [--json]
+
+Every category runs in throw-away projects (the fast test kinds of tests/fixtures/kinds.py
+plus a `blob` kind writing a few MB in chunks, so that kills land mid-write) and prints:
+tries, builds that failed when they should not have, invariant violations, data lost
+(outputs that came out wrong after a build that said it succeeded: must be 0) and time.
+
+  1. kills: `optbuild build` SIGKILLed (the CLI alone, or its whole process group) after a
+     random delay, sometimes after an input edit or a wiped cache / build folder; then the
+     cache must verify, every build/ folder must be its old or its new tree (never torn),
+     optbuild.lock must parse, and a follow-up build must finish within a timeout (no stale
+     lock), give what a clean build in a fresh project gives and leave no scratch behind;
+  2. concurrent builders: P processes x R runs on one project and cache, inputs edited
+     between runs, `optbuild cache gc` with a tiny bound running beside them; afterwards
+     every input variant is built once more and must come out right (no poisoned entry);
+  3. corruptions: a blob flipped / truncated / deleted, an entry garbled, the sqlite stat
+     cache overwritten or a page of it damaged, optbuild.lock and lock files garbled; then
+     a build must succeed with right outputs and no traceback, and leave the cache intact;
+  4. hostile remote (file://): entries deeply nested, huge, with over-long or '../' output
+     names, bad digests, unsigned or wrongly signed, blobs whose bytes do not match; then a
+     fresh host's build must succeed with right outputs, write nothing outside build/ and
+     cache/, and leave its local cache intact.
+
+Exits 1 if any data was lost. Checks that fail today are reported, never a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+KINDS = REPO / "tests" / "fixtures" / "kinds.py"
+# As on a user's machine: bytecode cached (see bench.py).
+ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "OPTBUILD_REMOTE")}
+SIGNING_ENV = "FAULTS_SIGNING_KEY"
+SIGNING_KEY = "faults-suite-signing-key"
+BUILD_TIMEOUT = 120.0  # a follow-up build slower than this is taken to wait on a stale lock
+HIDDEN_SIBLING = re.compile(r"^\..+\..*@")  # materialize()'s staging / old trees
+INTENDED = ("changed while",)  # failures a build is meant to report (an input edited mid-build)
+
+BLOB_KIND = '''
+"""A step writing `megabytes` MB derived from its input, in chunks (kills land mid-write)."""
+import hashlib
+import random
+import time
+
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+
+
+class BlobParams(StepParams):
+    input: StepRef
+    megabytes: float = 1.0
+    sleep: float = 0.0
+
+
+class Blob(Step):
+    kind = "blob"
+    Params = BlobParams
+    primary_output = "data.txt"
+
+    def run(self, ctx: StepContext) -> None:
+        text = ctx.inputs["input"].primary.read_text()
+        data = random.Random(hashlib.sha256(text.encode()).digest()).randbytes(int(self.params.megabytes * 1e6))
+        chunks = range(0, len(data), 1 << 18)
+        with open(ctx.out_dir / "blob.bin", "wb") as f:
+            for start in chunks:
+                f.write(data[start:start + (1 << 18)])
+                f.flush()
+                time.sleep(self.params.sleep / len(chunks))
+        (ctx.out_dir / "data.txt").write_text(text + "|" + hashlib.sha256(data).hexdigest()[:16])
+'''
+
+PIPELINE = """\
+[steps.src]
+kind = "text"
+path = "../data/input.txt"
+
+[steps.side]
+kind = "text"
+path = "../data/extra.txt"
+
+[steps.a]
+kind = "join"
+input = "src"
+suffix = "-a"
+sleep = 0.05
+
+[steps.big1]
+kind = "blob"
+input = "a"
+megabytes = 3
+sleep = 0.1
+
+[steps.big2]
+kind = "blob"
+input = "side"
+megabytes = 2
+sleep = 0.1
+
+[steps.c]
+kind = "join"
+input = "big1"
+other = "big2"
+suffix = "-c"
+nested = true
+"""
+
+# (data/input.txt, data/extra.txt): editing extra.txt rebuilds 3 of the 6 steps, input.txt 4
+Variant = tuple[str, str]
+VARIANTS: list[Variant] = [("hello", "x"), ("hello", "y"), ("fault suite " * 40, "x"), ("ünïcödé ☃", "y")]
+
+
+# --- projects ------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One CLI command's outcome; returncode None when it hit its timeout."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def traceback(self) -> bool:
+        return "Traceback (most recent call last)" in self.stderr
+
+    def tail(self) -> str:
+        """The telling line: a traceback's exception, else the first error line, else the last."""
+        lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
+        if not lines:
+            return f"exit {self.returncode}"
+        if self.traceback:
+            last = max(i for i, line in enumerate(lines) if line.startswith("Traceback"))
+            after = [line.strip() for line in lines[last + 1:] if not line.startswith((" ", "\t"))]
+            exc = next((line for line in after if re.match(r"[\w.]+(Error|Exception|Exit)\b", line)), None)
+            if exc:
+                return exc[:240]
+        telling = [line for line in lines if re.search(r"\berror\b|failed", line, re.IGNORECASE)]
+        return (telling or lines)[0 if telling else -1].strip()[:240]
+
+
+def make_project(root: Path, remote: str = "", cache_dir: str = "cache") -> Path:
+    """A project with the fault pipeline (6 steps, 5 MB of outputs), inputs VARIANTS[0]."""
+    root.mkdir(parents=True)
+    shutil.copy(KINDS, root / "kinds.py")
+    (root / "blob.py").write_text(BLOB_KIND)
+    (root / "recipes").mkdir()
+    (root / "recipes" / "faults.toml").write_text(PIPELINE)
+    (root / "optbuild.toml").write_text(
+        f'[project]\nrecipes = ["recipes/*.toml"]\n[cache]\ndir = "{cache_dir}"\n'
+        '[kinds]\ntext = "kinds.py:Text"\njoin = "kinds.py:Join"\nblob = "blob.py:Blob"\n'
+        f'[build]\njobs = 2\n{remote}')
+    set_input(root, VARIANTS[0])
+    return root
+
+
+def set_input(root: Path, variant: Variant) -> None:
+    """Replace the input files, each whole (a rename), as an editor saving a file does."""
+    data = root / "data"
+    data.mkdir(exist_ok=True)
+    for name, text in zip(("input.txt", "extra.txt"), variant):
+        tmp = data / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, data / name)
+
+
+def optbuild(root: Path, *args: str, timeout: float = BUILD_TIMEOUT, env: dict | None = None) -> Run:
+    """Run the CLI to completion (its process group killed on timeout)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "optbuild", *args], cwd=root, env={**ENV, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        code = None
+    return Run(code, out, err, time.perf_counter() - start)
+
+
+def kill_group(pgid: int, wait: float = 10.0) -> None:
+    """SIGKILL a process group and wait until it is gone (orphaned workers included)."""
+    with suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.02)
+
+
+def _gone(pgid: int, wait: float) -> bool:
+    """Whether the process group ends within ``wait`` seconds by itself."""
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def build_digests(root: Path) -> dict[str, str]:
+    """relpath -> sha256 of every file under build/ (hidden items are checked apart)."""
+    build = root / "build"
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(build):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            path = Path(dirpath, name)
+            found[path.relative_to(build).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def by_step(digests: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Group build/ digests per step folder (recipe/step)."""
+    grouped: dict[str, dict[str, str]] = {}
+    for rel, digest in digests.items():
+        recipe, step, rest = rel.split("/", 2)
+        grouped.setdefault(f"{recipe}/{step}", {})[rest] = digest
+    return grouped
+
+
+class References:
+    """What a clean build of each input variant gives: built once, without faults, in a
+    fresh project of its own (its cache shared by the variants, to save time)."""
+
+    def __init__(self, tmp: Path):
+        self.root = make_project(tmp / "reference")
+        self.done: dict[Variant, dict[str, str]] = {}
+
+    def __call__(self, variant: Variant) -> dict[str, str]:
+        if variant not in self.done:
+            root = self.root
+            set_input(root, variant)
+            run = optbuild(root, "build", "--no-remote")
+            if run.returncode != 0:
+                sys.exit(f"reference build failed (the suite cannot judge anything):\n{run.stderr[-3000:]}")
+            self.done[variant] = build_digests(root)
+        return self.done[variant]
+
+
+# --- figures -------------------------------------------------------------------------------
+@dataclass
+class Figures:
+    """One category's counts; `notes` keeps the first problems found, to say what failed."""
+
+    name: str
+    tries: int = 0
+    failed: int = 0  # builds that failed when they should not have
+    violations: int = 0  # invariants broken (corrupt cache, torn folder, scratch left, traceback...)
+    data_lost: int = 0  # wrong outputs after a build that said it succeeded
+    seconds: float = 0.0
+    extra: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  # full stderr of the first few bad runs
+
+    def keep(self, label: str, run: Run) -> None:
+        if len(self.details) < 3:
+            self.details.append(f"--- {label}: exit {run.returncode}\n{run.stderr[-2500:].rstrip()}")
+
+    def note(self, what: str) -> None:
+        if len(self.notes) < 12:
+            self.notes.append(what)
+        log(f"    ! {self.name}: {what}")
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.extra[name] = self.extra.get(name, 0) + n
+
+
+QUIET = False
+VERBOSE = False  # --verbose: the stderr of the first bad runs of each category
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr if QUIET else sys.stdout, flush=True)
+
+
+def scratch_left(root: Path) -> list[str]:
+    """Items in cache/tmp and hidden staging siblings in build/ (none may outlive a build)."""
+    left = [f"cache/tmp/{p.name}" for p in (root / "cache" / "tmp").glob("*")] if (root / "cache" / "tmp").is_dir() else []
+    for dirpath, dirnames, filenames in os.walk(root / "build"):
+        for name in dirnames + filenames:
+            if HIDDEN_SIBLING.match(name):
+                left.append(str(Path(dirpath, name).relative_to(root)))
+    return left
+
+
+def lock_file_problem(root: Path) -> str | None:
+    path = root / "optbuild.lock"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"optbuild.lock does not parse: {exc}"
+    return None if isinstance(data, dict) and isinstance(data.get("steps"), dict) else "optbuild.lock has no steps"
+
+
+def verify_problem(root: Path, env: dict | None = None) -> str | None:
+    run = optbuild(root, "cache", "verify", env=env)
+    if run.returncode == 0 and "all intact" in run.stdout:
+        return None
+    text = (run.stdout + run.stderr).strip().splitlines()
+    return "cache verify: " + " | ".join(text[:3])[:300]
+
+
+def check_build(fig: Figures, root: Path, expected: dict[str, str], label: str, *,
+                env: dict | None = None, args: tuple[str, ...] = (), verify: bool = True) -> Run:
+    """A build that must succeed, then every invariant: outputs as the reference, cache
+    intact (``verify``: skipped where the next check verifies the same cache anyway, as a
+    CLI start costs 0.5 s here), no scratch left, lock file sound, no traceback."""
+    run = optbuild(root, "build", *args, env=env)
+    if run.returncode is None:
+        fig.violations += 1
+        fig.note(f"{label}: build still running after {BUILD_TIMEOUT:.0f}s (stale lock?)")
+        return run
+    if run.traceback:
+        fig.violations += 1
+        fig.note(f"{label}: traceback in stderr: {run.tail()}")
+    if run.returncode != 0:
+        fig.failed += 1
+        fig.note(f"{label}: build failed: {run.tail()}")
+    if run.traceback or run.returncode != 0:
+        fig.keep(label, run)
+    else:
+        got = build_digests(root)
+        if got != expected:
+            fig.data_lost += 1
+            wrong = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+            fig.note(f"{label}: build said ok but outputs differ from a clean build: {wrong[:4]}")
+    if verify and (problem := verify_problem(root, env)):
+        fig.violations += 1
+        fig.note(f"{label}: {problem}")
+    if left := scratch_left(root):
+        fig.violations += 1
+        fig.note(f"{label}: scratch left after a build: {left[:3]}")
+    if problem := lock_file_problem(root):
+        fig.violations += 1
+        fig.note(f"{label}: {problem}")
+    return run
+
+
+# --- 1. kills ------------------------------------------------------------------------------
+def suite_kills(tmp: Path, refs: References, kills: int, rng: random.Random) -> Figures:
+    fig = Figures("kills")
+    started = time.perf_counter()
+    root = make_project(tmp / "kills")
+    first = optbuild(root, "build", "--no-remote")
+    if first.returncode != 0:
+        fig.failed += 1
+        fig.note(f"first build failed: {first.tail()}")
+        return fig
+    noop = optbuild(root, "build", "--no-remote").seconds
+    # kill within the time the build about to run takes (a no-op one is over in `noop`)
+    typical = {"edit": first.seconds, "drop-entries": first.seconds * 0.7, "wipe-cache": first.seconds,
+               "wipe-build": noop * 1.5, "none": noop * 1.2}
+    current = VARIANTS[0]
+    for i in range(kills):
+        before = by_step(build_digests(root))
+        action = rng.choices(["edit", "drop-entries", "wipe-cache", "wipe-build", "none"], [45, 20, 10, 10, 15])[0]
+        if action == "edit":
+            current = rng.choice([v for v in VARIANTS if v != current])
+            set_input(root, current)
+        elif action == "drop-entries":  # as gc would: some steps must build again
+            entries = _entries(root)
+            for entry in rng.sample(entries, min(len(entries), rng.randint(1, 3))):
+                entry.unlink()
+        elif action == "wipe-cache":
+            shutil.rmtree(root / "cache", ignore_errors=True)
+        elif action == "wipe-build":
+            shutil.rmtree(root / "build", ignore_errors=True)
+        fig.count(f"before kill: {action}")
+        whole_group = rng.random() < 0.3
+        delay = rng.uniform(0, typical[action])
+        proc = subprocess.Popen([sys.executable, "-m", "optbuild", "build", "--no-remote"], cwd=root, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(delay)
+        if proc.poll() is not None:
+            fig.count("kill came after the build ended")
+        elif whole_group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if not whole_group and not _gone(proc.pid, 3.0):
+            fig.count("workers alive 3 s after their CLI was killed")
+        kill_group(proc.pid)  # then no straggler can write after the checks below
+        fig.tries += 1
+        label = f"kill {i + 1} ({action}, {'group' if whole_group else 'cli'}, {delay:.2f}s)"
+        # straight after the kill: nothing torn may be visible
+        after = by_step(build_digests(root))
+        new = by_step(refs(current))
+        for step, files in after.items():
+            if files != before.get(step) and files != new.get(step):
+                fig.violations += 1
+                fig.note(f"{label}: build/{step} is neither its old nor its new tree (torn)")
+        if problem := verify_problem(root):
+            fig.violations += 1
+            fig.note(f"{label}: after the kill, {problem}")
+            optbuild(root, "cache", "verify", "--repair")  # so later kills are judged on their own
+        if problem := lock_file_problem(root):
+            fig.violations += 1
+            fig.note(f"{label}: after the kill, {problem}")
+        # the next kill's first check verifies this build's cache; the last one verifies here
+        check_build(fig, root, refs(current), label, args=("--no-remote",), verify=i == kills - 1)
+        if i % 10 == 9:
+            log(f"  kills: {i + 1}/{kills}")
+    fig.count("kills that landed mid-build", fig.tries - fig.extra.get("kill came after the build ended", 0))
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
+# --- 2. concurrent builders ----------------------------------------------------------------
+def suite_concurrent(tmp: Path, refs: References, builders: int, runs: int, rng: random.Random) -> Figures:
+    fig = Figures("concurrent")
+    started = time.perf_counter()
+    root = make_project(tmp / "concurrent")
+    first = optbuild(root, "build", "--no-remote")
+    if first.returncode != 0:
+        fig.failed += 1
+        fig.note(f"first build failed: {first.tail()}")
+        return fig
+    lock = threading.Lock()
+    done = threading.Event()
+    seeds = [rng.randrange(1 << 30) for _ in range(builders + 1)]
+
+    def record(run: Run, label: str, intended: tuple[str, ...] = INTENDED) -> None:
+        with lock:
+            fig.tries += 1
+            if run.returncode is None:
+                fig.violations += 1
+                fig.note(f"{label}: still running after {BUILD_TIMEOUT:.0f}s (deadlock or stale lock?)")
+            elif run.returncode != 0:
+                if any(text in run.stderr for text in intended):
+                    fig.count("intended failures (input edited mid-build)")
+                else:
+                    fig.failed += 1
+                    fig.note(f"{label}: exit {run.returncode}: {run.tail()}")
+                    fig.keep(label, run)
+            if run.traceback:
+                fig.violations += 1
+                fig.note(f"{label}: traceback in stderr: {run.tail()}")
+                fig.keep(label, run)
+
+    def builder(index: int) -> None:
+        mine = random.Random(seeds[index])
+        for r in range(runs):
+            if mine.random() < 0.4:
+                set_input(root, mine.choice(VARIANTS))
+                with lock:
+                    fig.count("input edits")
+            record(optbuild(root, "build", "--no-remote"), f"builder {index} run {r + 1}")
+
+    def collector() -> None:
+        mine = random.Random(seeds[-1])
+        while not done.wait(mine.uniform(0.3, 1.5)):
+            extra = ("--include-locked",) if mine.random() < 0.3 else ()
+            run = optbuild(root, "cache", "gc", "--max-size", "4MB", *extra)
+            with lock:
+                fig.count("gc runs beside the builders")
+                if run.returncode != 0 or run.traceback:
+                    fig.failed += 1
+                    fig.note(f"gc {' '.join(extra)}: exit {run.returncode}: {run.tail()}")
+
+    threads = [threading.Thread(target=builder, args=(i,)) for i in range(builders)]
+    gc_thread = threading.Thread(target=collector)
+    for thread in [*threads, gc_thread]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    gc_thread.join()
+    # every variant once more, alone: an entry poisoned by a race would be served now
+    for n, variant in enumerate(VARIANTS):
+        set_input(root, variant)
+        check_build(fig, root, refs(variant), f"after the race, variant {n}", args=("--no-remote",),
+                    verify=n in (0, len(VARIANTS) - 1))
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
+# --- 3. corruptions ------------------------------------------------------------------------
+def _writable(path: Path) -> None:
+    os.chmod(path, 0o644)
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted((root / "cache" / "ac").glob("*/*.json"))
+
+
+def _needed(root: Path) -> tuple[list[Path], list[Path]]:
+    """Entries and blobs the next build of an unchanged project reads (from optbuild.lock)."""
+    entries, blobs = [], set()
+    for record in json.loads((root / "optbuild.lock").read_text())["steps"].values():
+        key = record["key"]
+        path = root / "cache" / "ac" / key[:2] / f"{key[2:]}.json"
+        entries.append(path)
+        data = json.loads(path.read_text())
+        digests = {o["digest"] for o in data["outputs"].values()} | ({data["log"]} if data.get("log") else set())
+        blobs |= {root / "cache" / "cas" / d[:2] / d[2:] for d in digests}
+    return sorted(entries), sorted(b for b in blobs if b.exists())
+
+
+def corrupt_blob_flip(root: Path, rng: random.Random) -> str:
+    blob = rng.choice([b for b in _needed(root)[1] if b.stat().st_size > 0])
+    _writable(blob)
+    size = blob.stat().st_size
+    with open(blob, "r+b") as f:
+        for _ in range(3):
+            pos = rng.randrange(size)
+            f.seek(pos)
+            byte = f.read(1)
+            f.seek(pos)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    return f"flipped 3 bytes of a {size}-byte blob"
+
+
+def corrupt_blob_truncate(root: Path, rng: random.Random) -> str:
+    blob = rng.choice([b for b in _needed(root)[1] if b.stat().st_size > 1])
+    _writable(blob)
+    size = blob.stat().st_size
+    os.truncate(blob, size // 2)
+    return f"truncated a {size}-byte blob to {size // 2}"
+
+
+def corrupt_blob_delete(root: Path, rng: random.Random) -> str:
+    blob = rng.choice(_needed(root)[1])
+    blob.unlink()
+    return "deleted a blob"
+
+
+def corrupt_entry(root: Path, rng: random.Random) -> str:
+    entry = rng.choice(_needed(root)[0])
+    _writable(entry)
+    how = rng.choice(["garbage", "half", "empty", "wrong-shape", "wrong-digest"])
+    text = entry.read_bytes()
+    if how == "garbage":
+        entry.write_bytes(os.urandom(200))
+    elif how == "half":
+        entry.write_bytes(text[: len(text) // 2])
+    elif how == "empty":
+        entry.write_bytes(b"")
+    elif how == "wrong-shape":
+        entry.write_text(json.dumps({"outputs": [1, 2, 3], "key": 7}))
+    else:
+        data = json.loads(text)
+        for out in data.get("outputs", {}).values():
+            out["digest"] = "0" * 64
+        entry.write_text(json.dumps(data))
+    return f"entry: {how}"
+
+
+def corrupt_statcache_garbage(root: Path, rng: random.Random) -> str:
+    db = root / "cache" / "statcache.sqlite"
+    db.write_bytes(os.urandom(8192))
+    for side in ("-wal", "-shm"):
+        db.with_name(db.name + side).unlink(missing_ok=True)
+    return "statcache.sqlite overwritten with garbage"
+
+
+def corrupt_statcache_page(root: Path, rng: random.Random) -> str:
+    db = root / "cache" / "statcache.sqlite"
+    size = db.stat().st_size
+    pages = max(size // 4096, 1)
+    page = rng.randrange(1, pages) if pages > 1 else 0
+    with open(db, "r+b") as f:
+        f.seek(page * 4096 + (100 if page == 0 else 0))
+        f.write(os.urandom(512))
+    return f"statcache.sqlite: page {page} of {pages} damaged"
+
+
+def corrupt_statcache_wal(root: Path, rng: random.Random) -> str:
+    db = root / "cache" / "statcache.sqlite"
+    db.with_name(db.name + "-wal").write_bytes(os.urandom(4096))
+    return "statcache.sqlite-wal garbage"
+
+
+def corrupt_lock_file(root: Path, rng: random.Random) -> str:
+    path = root / "optbuild.lock"
+    how = rng.choice(["garbage", "half", "wrong-types"])
+    text = path.read_bytes() if path.exists() else b"{}"
+    if how == "garbage":
+        path.write_bytes(os.urandom(300))
+    elif how == "half":
+        path.write_bytes(text[: len(text) // 2])
+    else:
+        path.write_text(json.dumps({"format": 1, "steps": {"faults:a": 5, "faults:b": {"key": ["x"],
+                                                            "ingredients": "y"}}}))
+    return f"optbuild.lock: {how}"
+
+
+def corrupt_lock_dir(root: Path, rng: random.Random) -> str:
+    locks = sorted((root / "cache" / "locks").glob("*")) if (root / "cache" / "locks").is_dir() else []
+    for path in locks:
+        if path.is_file():
+            path.write_bytes(os.urandom(64))
+    return f"{len(locks)} files in cache/locks garbled"
+
+
+CORRUPTIONS: dict[str, Callable[[Path, random.Random], str]] = {
+    "blob-flip": corrupt_blob_flip,
+    "blob-truncate": corrupt_blob_truncate,
+    "blob-delete": corrupt_blob_delete,
+    "entry": corrupt_entry,
+    "statcache-garbage": corrupt_statcache_garbage,
+    "statcache-page": corrupt_statcache_page,
+    "statcache-wal": corrupt_statcache_wal,
+    "lock-file": corrupt_lock_file,
+    "cache-locks": corrupt_lock_dir,
+}
+
+
+def suite_corruptions(tmp: Path, refs: References, rounds: int, rng: random.Random,
+                      kinds: list[str]) -> Figures:
+    fig = Figures("corruptions")
+    started = time.perf_counter()
+    root = make_project(tmp / "corruptions")
+    first = optbuild(root, "build", "--no-remote")
+    if first.returncode != 0:
+        fig.failed += 1
+        fig.note(f"first build failed: {first.tail()}")
+        return fig
+    for r in range(rounds):
+        current = VARIANTS[r % len(VARIANTS)]
+        set_input(root, current)
+        optbuild(root, "build", "--no-remote")
+        for name in kinds:
+            # the item damaged is one the next build reads: it must notice, not serve it
+            try:
+                what = CORRUPTIONS[name](root, rng)
+            except (OSError, ValueError, IndexError, KeyError) as exc:
+                fig.note(f"{name}: could not corrupt ({exc!r}); skipped")
+                continue
+            fig.tries += 1
+            run = check_build(fig, root, refs(current), f"{name} ({what})", args=("--no-remote",))
+            if run.returncode != 0:
+                optbuild(root, "cache", "verify", "--repair")  # each case on a sound cache
+                optbuild(root, "build", "--no-remote")
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
+# --- 4. hostile remote ---------------------------------------------------------------------
+def _remote_toml(url: str, signed: bool) -> str:
+    text = f'[remote]\nurl = "{url}"\ntimeout_s = 10\nmax_errors = 1000\n'
+    return text + (f'signing_key_env = "{SIGNING_ENV}"\n' if signed else "")
+
+
+def entry_path(remote: Path, key: str) -> Path:
+    return remote / "ac" / key[:2] / f"{key[2:]}.json"
+
+
+def blob_path(remote: Path, digest: str) -> Path:
+    return remote / "cas" / digest[:2] / digest[2:]
+
+
+def put(path: Path, data: bytes) -> None:
+    """Overwrite a remote file, read-only or not (as a hostile writer with access would)."""
+    with suppress(OSError):
+        os.chmod(path, 0o644)
+    path.write_bytes(data)
+
+
+def _split(data: bytes) -> tuple[bytes, bytes]:
+    """(signature line with its newline, or b"", JSON body) of a remote entry."""
+    if data.startswith(b"optbuild-hmac-sha256 "):
+        line, _, body = data.partition(b"\n")
+        return line + b"\n", body
+    return b"", data
+
+
+def _sign(body: bytes, key: str) -> bytes:
+    import hmac
+
+    return b"optbuild-hmac-sha256 " + hmac.new(key.encode(), body, hashlib.sha256).hexdigest().encode() + b"\n" + body
+
+
+def _replant(original: bytes, data: dict, signed: bool) -> bytes:
+    """An entry's JSON rewritten and, on a signed remote, signed with the right key: only
+    the content rules can reject it, not the signature."""
+    body = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return _sign(body, SIGNING_KEY) if signed else body
+
+
+Hostile = Callable[[Path, str, bytes, dict, bool], str]
+
+
+def h_deep(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    deep = b"[" * 200_000 + b"]" * 200_000
+    put(entry_path(remote, key), _sign(deep, SIGNING_KEY) if signed else deep)
+    return "200,000-deep JSON"
+
+
+def h_deep_inside(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    body = json.dumps({**data, "metrics": {}}, separators=(",", ":")).encode()
+    body = body.replace(b'"metrics":{}', b'"metrics":' + b'{"x":' * 50_000 + b"1" + b"}" * 50_000)
+    put(entry_path(remote, key), _sign(body, SIGNING_KEY) if signed else body)
+    return "entry with 50,000-deep metrics"
+
+
+def h_huge(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    big = {**data, "metrics": {"pad": "x" * (40 << 20)}}
+    put(entry_path(remote, key), _replant(original, big, signed))
+    return "40 MB entry"
+
+
+def h_long_name(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    out = next(iter(data["outputs"].values()))
+    planted = {**data, "outputs": {**data["outputs"], "n" * 300: out}}
+    put(entry_path(remote, key), _replant(original, planted, signed))
+    return "output name of 300 bytes"
+
+
+def h_dotdot(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    out = next(iter(data["outputs"].values()))
+    planted = {**data, "outputs": {**data["outputs"], "../../../../ESCAPED-dotdot.txt": out,
+                                   "sub/../../../../../ESCAPED-mid.txt": out}}
+    put(entry_path(remote, key), _replant(original, planted, signed))
+    return "'../' output names (4 and 5 levels up)"
+
+
+def h_absolute(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    out = next(iter(data["outputs"].values()))
+    target = remote.parent / "ESCAPED-absolute.txt"
+    planted = {**data, "outputs": {**data["outputs"], str(target): out}}
+    put(entry_path(remote, key), _replant(original, planted, signed))
+    return "absolute output name"
+
+
+def h_clash(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    name, out = next(iter(data["outputs"].items()))
+    planted = {**data, "outputs": {**data["outputs"], f"{name}/inside": out}}
+    put(entry_path(remote, key), _replant(original, planted, signed))
+    return "an output both a file and a folder"
+
+
+def h_bad_digest(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    outputs = {n: {**o, "digest": "Z" * 64} for n, o in data["outputs"].items()}
+    put(entry_path(remote, key), _replant(original, {**data, "outputs": outputs}, signed))
+    return "digests that are not hex"
+
+
+def h_absent_digest(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    outputs = {n: {**o, "digest": hashlib.sha256(n.encode()).hexdigest()} for n, o in data["outputs"].items()}
+    put(entry_path(remote, key), _replant(original, {**data, "outputs": outputs}, signed))
+    return "digests of blobs the remote lacks"
+
+
+def h_wrong_key(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    put(entry_path(remote, key), _replant(original, {**data, "key": "f" * 64}, signed))
+    return "entry filed under another key"
+
+
+def h_wrong_size(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    outputs = {n: {**o, "size": o["size"] + 7} for n, o in data["outputs"].items()}
+    put(entry_path(remote, key), _replant(original, {**data, "outputs": outputs}, signed))
+    return "sizes that do not match the blobs"
+
+
+def h_blob_bytes(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    out = max(data["outputs"].values(), key=lambda o: o["size"])
+    path = blob_path(remote, out["digest"])
+    payload = bytearray(path.read_bytes())
+    for i in range(0, len(payload), max(len(payload) // 5, 1)):
+        payload[i] ^= 0x55
+    put(path, bytes(payload))
+    return f"blob of {out['size']} bytes with flipped bytes, size kept"
+
+
+def h_blob_other(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    out = max(data["outputs"].values(), key=lambda o: o["size"])
+    path = blob_path(remote, out["digest"])
+    put(path, b"not the blob" * 10)
+    return "blob replaced by other bytes of another size"
+
+
+def h_unsigned(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    put(entry_path(remote, key), _split(original)[1])
+    return "signature line removed"
+
+
+def h_other_key(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    put(entry_path(remote, key), _sign(_split(original)[1], "not-the-key"))
+    return "signed with another key"
+
+
+def h_tampered(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    line, _body = _split(original)
+    outputs = {n: {**o, "size": o["size"] + 1} for n, o in data["outputs"].items()}
+    put(entry_path(remote, key), line + json.dumps({**data, "outputs": outputs}).encode())
+    return "body altered under a valid signature line"
+
+
+def h_bad_line(remote: Path, key: str, original: bytes, data: dict, signed: bool) -> str:
+    put(entry_path(remote, key), b"optbuild-hmac-sha256 " + b"\xff" * 70 + b"\n" + _split(original)[1])
+    return "signature line of garbage bytes"
+
+
+HOSTILE_PLAIN: dict[str, Hostile] = {
+    "deep-json": h_deep, "deep-metrics": h_deep_inside, "huge": h_huge, "name>255": h_long_name,
+    "dotdot": h_dotdot, "absolute": h_absolute, "file/folder clash": h_clash,
+    "bad digest": h_bad_digest, "absent blob": h_absent_digest, "wrong key": h_wrong_key,
+    "wrong size": h_wrong_size, "blob bytes": h_blob_bytes, "blob replaced": h_blob_other,
+}
+HOSTILE_SIGNED: dict[str, Hostile] = {
+    "unsigned": h_unsigned, "wrong signing key": h_other_key, "tampered body": h_tampered,
+    "garbage signature": h_bad_line, "signed dotdot": h_dotdot, "signed deep-json": h_deep,
+}
+
+
+def snapshot(top: Path, skip: list[Path]) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under ``top`` outside ``skip``; folders by existence
+    (their mtimes move when build/ and cache/ appear) and __pycache__ (Python's) left out."""
+    found: dict[str, tuple[int, int]] = {}
+    skipped = {p.resolve() for p in skip}
+    for dirpath, dirnames, filenames in os.walk(top):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and (here / d).resolve() not in skipped]
+        for name in dirnames:
+            found[str((here / name).relative_to(top)) + "/"] = (0, 0)
+        for name in filenames:
+            path = here / name
+            if path.resolve() in skipped:
+                continue
+            with suppress(OSError):
+                st = path.lstat()
+                found[str(path.relative_to(top))] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def suite_hostile(tmp: Path, refs: References, rounds: int, rng: random.Random, kinds: list[str]) -> Figures:
+    fig = Figures("hostile remote")
+    started = time.perf_counter()
+    top = tmp / "hostile"
+    top.mkdir()
+    expected = refs(VARIANTS[0])
+    env = {SIGNING_ENV: SIGNING_KEY}
+    victims = 0
+    for signed, cases in ((False, HOSTILE_PLAIN), (True, HOSTILE_SIGNED)):
+        remote = top / ("remote-signed" if signed else "remote-plain")
+        remote.mkdir()
+        toml = _remote_toml(remote.as_uri(), signed)
+        origin = make_project(top / f"origin-{'signed' if signed else 'plain'}", remote=toml)
+        run = optbuild(origin, "build", env=env)
+        keys = {sid: rec["key"] for sid, rec in json.loads((origin / "optbuild.lock").read_text())["steps"].items()}
+        if run.returncode != 0 or not entry_path(remote, keys.get("faults:big1", "00")).exists():
+            fig.failed += 1
+            fig.note(f"origin build {'signed' if signed else 'plain'} did not push: {run.tail()}")
+            continue
+        for _ in range(rounds):
+            for name, plant in cases.items():
+                if name not in kinds:
+                    continue
+                sid = rng.choice(sorted(keys))
+                key = keys[sid]
+                path = entry_path(remote, key)
+                original = path.read_bytes()
+                data = json.loads(_split(original)[1])
+                blobs = {d: blob_path(remote, d).read_bytes() for d in
+                         {o["digest"] for o in data["outputs"].values()} if blob_path(remote, d).exists()}
+                victims += 1
+                victim = make_project(top / f"victim-{victims}", remote=toml)
+                skip = [victim / "build", victim / "cache", victim / "optbuild.lock",
+                        top / "remote-signed", top / "remote-plain"]
+                what = plant(remote, key, original, data, signed)
+                fig.tries += 1
+                before = snapshot(tmp, skip)
+                run = check_build(fig, victim, expected, f"{name} on {sid} ({what})", env=env)
+                if "warning" in run.stderr.lower():
+                    fig.count("hostile item noticed (a warning)")
+                else:  # served as if sound, or never looked at: the case proved nothing
+                    fig.count("hostile item passed without a warning")
+                    fig.note(f"{name} on {sid}: no warning; stderr: {run.stderr.strip()[-300:]!r}")
+                after = snapshot(tmp, skip)
+                if changed := sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)):
+                    fig.violations += 1
+                    fig.data_lost += any("ESCAPED" in c for c in changed)
+                    fig.note(f"{name}: written outside build/ and cache/: {changed[:4]}")
+                for digest, content in blobs.items():  # put the remote back for the next case
+                    put(blob_path(remote, digest), content)
+                put(path, original)
+                shutil.rmtree(victim, ignore_errors=True)
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
+# --- report --------------------------------------------------------------------------------
+def table(figures: list[Figures]) -> str:
+    head = f"{'category':<16} {'tries':>6} {'failed':>7} {'violations':>11} {'data lost':>10} {'time s':>8}"
+    rows = [head, "-" * len(head)]
+    for f in figures:
+        rows.append(f"{f.name:<16} {f.tries:>6} {f.failed:>7} {f.violations:>11} {f.data_lost:>10} {f.seconds:>8.1f}")
+    total = Figures("total", sum(f.tries for f in figures), sum(f.failed for f in figures),
+                    sum(f.violations for f in figures), sum(f.data_lost for f in figures),
+                    sum(f.seconds for f in figures))
+    rows += ["-" * len(head), (f"{total.name:<16} {total.tries:>6} {total.failed:>7} {total.violations:>11} "
+                               f"{total.data_lost:>10} {total.seconds:>8.1f}")]
+    return "\n".join(rows)
+
+
+def describe(fig: Figures) -> str:
+    lines = [(f"[{fig.name}] tries {fig.tries}, failed {fig.failed}, violations {fig.violations}, "
+              f"data lost {fig.data_lost} (must be 0), {fig.seconds:.1f} s")]
+    lines += [f"    {name}: {n}" for name, n in sorted(fig.extra.items())]
+    lines += [f"    - {note}" for note in fig.notes]
+    if VERBOSE:
+        lines += [textwrap.indent(detail, "      ") for detail in fig.details]
+    return "\n".join(lines)
+
+
+def guarded(fig_name: str, body: Callable[[], Figures]) -> Figures:
+    """A category whose harness itself broke is reported as such, and the others still run."""
+    started = time.perf_counter()
+    try:
+        return body()
+    except Exception as exc:  # the suite reports, it does not crash
+        fig = Figures(fig_name, seconds=time.perf_counter() - started)
+        fig.violations += 1
+        fig.note(f"the suite itself failed here: {type(exc).__name__}: {exc}")
+        return fig
+
+
+def main() -> int:
+    global QUIET, VERBOSE
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--builders", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=25, help="builds per concurrent builder")
+    parser.add_argument("--rounds", type=int, default=3, help="passes over the corruption / hostile cases")
+    parser.add_argument("--only", nargs="*", choices=["kills", "concurrent", "corruptions", "hostile"])
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="10 kills, 2 x 5 builders, one round")
+    parser.add_argument("--json", action="store_true", help="figures as JSON on stdout")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (to look at failures)")
+    parser.add_argument("--verbose", action="store_true", help="show the stderr of the first bad runs")
+    args = parser.parse_args()
+    corruptions, hostile = list(CORRUPTIONS), [*HOSTILE_PLAIN, *HOSTILE_SIGNED]
+    if args.quick:  # every kind of corruption, a sample of the hostile entries (0.5 s per CLI start)
+        args.kills, args.builders, args.runs, args.rounds = 10, 2, 5, 1
+    QUIET, VERBOSE = args.json, args.verbose
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    rng = random.Random(seed)
+    if args.quick:
+        hostile = rng.sample(list(HOSTILE_PLAIN), 4) + rng.sample(list(HOSTILE_SIGNED), 2)
+    only = set(args.only or ["kills", "concurrent", "corruptions", "hostile"])
+    tmp = Path(tempfile.mkdtemp(prefix="optbuild-faults-"))
+    log(f"fault suite, seed {seed}, in {tmp}")
+    figures: list[Figures] = []
+    try:
+        refs = References(tmp)
+        refs(VARIANTS[0])
+        if "kills" in only:
+            log(f"1. kills: {args.kills}")
+            figures.append(guarded("kills", lambda: suite_kills(tmp, refs, args.kills, rng)))
+            log(describe(figures[-1]))
+        if "concurrent" in only:
+            log(f"2. concurrent builders: {args.builders} x {args.runs}, gc beside them")
+            figures.append(guarded("concurrent", lambda: suite_concurrent(tmp, refs, args.builders, args.runs, rng)))
+            log(describe(figures[-1]))
+        if "corruptions" in only:
+            log(f"3. corruptions: {len(corruptions)} kinds x {args.rounds}")
+            figures.append(guarded("corruptions", lambda: suite_corruptions(tmp, refs, args.rounds, rng, corruptions)))
+            log(describe(figures[-1]))
+        if "hostile" in only:
+            log(f"4. hostile remote entries: {len(hostile)} kinds x {args.rounds}: {', '.join(hostile)}")
+            figures.append(guarded("hostile remote", lambda: suite_hostile(tmp, refs, args.rounds, rng, hostile)))
+            log(describe(figures[-1]))
+    finally:
+        if args.keep:
+            log(f"kept {tmp}")
+        else:
+            for path in tmp.rglob("*"):
+                if path.is_dir() and not path.is_symlink():
+                    with suppress(OSError):
+                        path.chmod(0o755)
+            shutil.rmtree(tmp, ignore_errors=True)
+    lost = sum(f.data_lost for f in figures)
+    if args.json:
+        print(json.dumps({"seed": seed, "categories": [asdict(f) for f in figures], "data_lost": lost}, indent=1))
+    else:
+        print()
+        print(table(figures))
+        print("data lost: " + ("0" if lost == 0 else f"{lost}  <-- outputs came out wrong"))
+    return 1 if lost else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
