@@ -101,6 +101,7 @@ class Executor:
         self._cancel = threading.Event()
         self._procs: dict[str, subprocess.Popen] = {}
         self._procs_lock = threading.Lock()
+        self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
         self.remote = remote
         if remote is not None:
             remote.cancel = self._cancel
@@ -286,11 +287,13 @@ class Executor:
 
     def _restore(self, entry: ActionEntry, dest: Path) -> None:
         """Make ``dest`` hold the entry's outputs. Leftovers of restores killed in its folder
-        are swept every time, even when nothing needs restoring. BlobGone when a blob
+        are swept (once a run), even when nothing needs restoring. BlobGone when a blob
         vanished or proved corrupt: the caller rebuilds."""
         try:
             with self.store.lock_dest(dest):
-                self.store.sweep_leftovers(dest.parent)
+                if dest.parent not in self._swept:  # once per folder and run: a listdir per step adds up
+                    self._swept.add(dest.parent)
+                    self.store.sweep_leftovers(dest.parent)
                 if not self.store.is_materialized(entry, dest):
                     self.store.materialize(entry, dest)
         except OSError as exc:
