@@ -420,9 +420,10 @@ class Executor:
             assert entry is not None
             folder = self.project.build_dir / self.project.steps[dep].recipe / self.project.steps[dep].name
             if changed := self.store.changed_outputs(entry, folder):
-                raise StepError(f"{spec.id} modified its input {folder / changed[0]} (an output of {dep}); "
-                                "steps must not write to their inputs. Its result was not cached, and the "
-                                "damaged cached copy was removed (the next build restores it)")
+                raise StepError(f"its input {folder / changed[0]} (an output of {dep}) changed while {spec.id} "
+                                "ran: the step wrote to it (steps must not write to their inputs), or another "
+                                "build of this project replaced it. The result was not cached; a damaged "
+                                "cached copy was removed (the next build restores it)")
 
     def _store_outputs(self, spec: StepSpec, key: str, ingredients: dict[str, Any], out_dir: Path,
                        log: bytes, result: dict[str, Any], duration: float) -> ActionEntry:
