@@ -34,10 +34,10 @@ numpy, onnxruntime and torch are imported inside the functions that use them.
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import platform
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -735,13 +735,9 @@ def plot(result: RecipeBench, path: Path) -> None:
         ax.legend(loc="lower right")
         ax.set_xlim(0, max(p99) * 1.2)
         fig.tight_layout()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".optbuild-bench-", suffix=".png")
-        os.close(fd)
-        try:
-            fig.savefig(tmp, dpi=120)
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=120)
+        write_atomic(path, png.getbuffer())
     finally:
         plt.close(fig)
 

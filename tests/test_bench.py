@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -33,6 +35,17 @@ def benched(examples) -> dict:
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr
     return json.loads(run.stdout)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _umask_mode() -> int:
+    """What open() gives a new file under this process's umask (0o644 under 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _rows(result: dict) -> dict[tuple[str, str], dict]:
@@ -81,6 +94,7 @@ def test_verify_figures_sit_beside_the_int8_rows(benched):
 
 def test_bench_json_is_written_beside_the_artifacts(examples, benched):
     written = json.loads((examples.root / "build/transformer/bench.json").read_text())
+    assert _mode(examples.root / "build/transformer/bench.json") == _umask_mode()
     (printed,) = benched["recipes"]
     assert written["rows"] == printed["rows"] and written["version"] == 1
     assert written["rows"][0]["artifact"] == "recipes/models/transformer.py"
@@ -117,6 +131,7 @@ def test_a_step_target_and_the_plot(examples, benched):
     assert result.rows[0].verify[0]["step"] == "transformer:verify_int8"
     assert result.plot_file == examples.root / "build/transformer/bench.png"
     assert result.plot_file.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _mode(result.plot_file) == _umask_mode(), "not mkstemp's 0600: the team shares the report"
 
 
 def test_no_build_on_an_unbuilt_project_fails_clearly(tmp_path):
