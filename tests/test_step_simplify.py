@@ -11,7 +11,8 @@ from conftest_steps import INPUT_NAME, RECIPES, artifact, context, exported_exam
 from pydantic import ValidationError
 
 from optbuild.errors import StepError
-from optbuild.steps.simplify import Simplify, SimplifyParams, literal_session
+from optbuild.steps.rewrite_check import literal_session
+from optbuild.steps.simplify import Simplify, SimplifyParams
 
 
 def simplify(tmp_path: Path, model: Path, out: str = "out", **params):

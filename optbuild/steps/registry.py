@@ -19,6 +19,7 @@ BUILTIN: dict[str, str] = {
     "onnx": "optbuild.steps.source:OnnxSource",
     "export": "optbuild.steps.export:Export",
     "simplify": "optbuild.steps.simplify:Simplify",
+    "opset": "optbuild.steps.opset:Opset",
     "calibrate": "optbuild.steps.calibrate:Calibrate",
     "quantize": "optbuild.steps.quantize:Quantize",
     "verify": "optbuild.steps.verify:Verify",

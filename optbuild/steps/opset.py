@@ -1,0 +1,104 @@
+"""kind = "opset": convert a model to another ONNX opset with onnx's version converter.
+
+Many exported models are older than the opset a later step needs (per-channel INT8
+quantization needs opset 13). The converter rewrites only the default ("ai.onnx") domain;
+custom domains are kept as they are. Like simplify, the result is trusted only after it
+passes ``onnx.checker`` (full check) and agrees with its input on seeded random inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from optbuild.errors import StepError
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.rewrite_check import check_rewrite, interface
+
+OLDEST = 7  # onnxruntime runs opsets 7 and newer
+
+
+class OpsetParams(StepParams):
+    input: StepRef = Field(
+        description="The step whose ONNX model is converted: 'step' in this recipe or 'recipe:step'.",
+        examples=["source"])
+    version: int = Field(
+        ge=OLDEST,
+        description="The ONNX opset (default domain) to convert to, from 7 up to the newest that "
+                    "the installed onnx knows. A model already at this opset is passed on unchanged.",
+        examples=[13])
+    check: int = Field(
+        3, ge=0, le=100,
+        description="How many seeded random-input comparisons with the input model to run (0 to "
+                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check "
+                    "(onnx.checker still runs).",
+        examples=[0])
+    tolerance: float = Field(
+        1e-4, gt=0, le=1,
+        description="Largest accepted error of the converted model against its input, relative "
+                    "to the largest magnitude of each of the input model's outputs (0 < tolerance <= 1).",
+        examples=[1e-3])
+
+
+class Opset(Step):
+    """Opset conversion by onnx.version_converter, checked against its input on random inputs."""
+
+    kind = "opset"
+    Params = OpsetParams
+    tools = ("onnx", "onnxruntime")
+
+    def run(self, ctx: StepContext) -> None:
+        import onnx
+
+        p = self.params
+        artifact = ctx.inputs.get("input")
+        if artifact is None or artifact.primary is None or not artifact.primary.is_file():
+            raise StepError(f"input {p.input!r} provides no ONNX model to convert")
+        source, label = artifact.primary, artifact.step
+        try:
+            model = onnx.load(str(source))
+        except Exception as exc:
+            raise StepError(f"cannot read the model of {label} ({source}): {exc}") from None
+        newest = onnx.defs.onnx_opset_version()
+        if p.version > newest:
+            raise StepError(f"version = {p.version}: the installed onnx {onnx.__version__} converts "
+                            f"up to opset {newest}")
+        before = default_opset(model)
+        out = ctx.out_dir / "model.onnx"
+        ctx.metrics.update(opset_before=before, opset_after=p.version)
+        if before == p.version:
+            ctx.log(f"{label} is already at opset {before}: passed on unchanged")
+            out.write_bytes(source.read_bytes())
+            return
+        converted = self._convert(model, label, before)
+        if interface(converted) != interface(model):
+            raise StepError(f"the version converter changed the inputs or outputs of {label}: "
+                            f"{interface(model)} -> {interface(converted)}")
+        onnx.save(converted, str(out))
+        ctx.log(f"{label}: opset {before} -> {p.version}")
+        check_rewrite(ctx, source, out, label, f"the opset {before} -> {p.version} conversion",
+                      checks=p.check, tolerance=p.tolerance)
+
+    def _convert(self, model: Any, label: str, before: int | None) -> Any:
+        import onnx
+        from onnx import version_converter
+
+        try:
+            converted = version_converter.convert_version(model, self.params.version)
+            onnx.checker.check_model(converted, full_check=True)
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            raise StepError(f"onnx's version converter cannot take {label} from opset {before} to "
+                            f"{self.params.version}: {text[0] if text else type(exc).__name__} (some "
+                            "operators have no adapter between those versions; try a nearer "
+                            "version, or re-export the model at the opset you need)") from None
+        return converted
+
+
+def default_opset(model: Any) -> int | None:
+    """The model's opset of the default ONNX domain ("" or "ai.onnx"), None if it imports none."""
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return None
