@@ -156,7 +156,11 @@ def find_config(start: Path) -> Path:
         candidate = directory / CONFIG_NAME
         if candidate.is_file():
             return candidate
-    raise ProjectError([Problem(f"no {CONFIG_NAME} in {start} or any parent directory")])
+    # It marks the project root, under which build/ and cache/ are written: never guessed.
+    raise ProjectError([Problem(
+        f"no {CONFIG_NAME} in {start} or any parent directory. It marks the project's root "
+        f"(build/ and cache/ go beside it): create one there, e.g. `touch {CONFIG_NAME}`. An empty "
+        "file means the defaults: recipes in recipes/*.toml, outputs in build/, the cache in cache/")])
 
 
 def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError) -> list[Problem]:

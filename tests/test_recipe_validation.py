@@ -93,9 +93,20 @@ def test_deeply_nested_toml_names_the_file_and_line(project, file):
     assert message.startswith(f"{project.root / file}:{line}: invalid TOML: arrays or inline tables nested too deeply")
 
 
-def test_no_config_anywhere(tmp_path):
-    with pytest.raises(ProjectError, match="no optbuild.toml"):
+def test_no_config_anywhere_says_to_create_one(tmp_path):
+    with pytest.raises(ProjectError, match="no optbuild.toml") as caught:
         load_project(tmp_path)
+    assert "touch optbuild.toml" in str(caught.value) and "An empty file means the defaults" in str(caught.value)
+
+
+def test_an_empty_config_means_the_defaults(tmp_path):
+    (tmp_path / "optbuild.toml").write_text("")
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.toml").write_text('[steps.s]\nkind = "onnx"\npath = "m.onnx"\n')
+    (tmp_path / "recipes" / "m.onnx").write_bytes(b"")  # loading checks that it exists, not what it holds
+    project = load_project(tmp_path)
+    assert list(project.steps) == ["r:s"]
+    assert project.build_dir == tmp_path / "build"
 
 
 @pytest.mark.parametrize(
