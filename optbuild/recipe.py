@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from optbuild import callables
 from optbuild.errors import Problem, ProjectError
 from optbuild.paths import folder_problem, name_problem
 from optbuild.steps import registry
@@ -163,15 +166,57 @@ def find_config(start: Path) -> Path:
         "file means the defaults: recipes in recipes/*.toml, outputs in build/, the cache in cache/")])
 
 
-def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError) -> list[Problem]:
+def _table_model(annotation: Any, loc: tuple) -> type[BaseModel] | None:
+    """The model of the table at ``loc`` inside a value of type ``annotation``, following
+    fields, list items, dict values and Optional; None where that is ambiguous."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, types.UnionType):
+        return _table_model(args[0], loc) if len(args) == 1 else None
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    if not loc:
+        return annotation if is_model else None
+    part, rest = loc[0], loc[1:]
+    if is_model:
+        field_info = annotation.model_fields.get(str(part))
+        return _table_model(field_info.annotation, rest) if field_info is not None else None
+    if origin is list and isinstance(part, int):
+        return _table_model(args[0], rest)
+    if origin is dict:
+        return _table_model(args[1], rest)
+    return None
+
+
+def unknown_key(key: str, known: list[str], expected: str | None = None) -> str:
+    """"unknown key" with the closest known key, or else ``expected`` (default: the known keys)."""
+    if hint := difflib.get_close_matches(key, known, n=1):
+        return f"unknown key; did you mean {hint[0]!r}?"
+    if expected is None and known:
+        expected = f"expected one of: {', '.join(known)}"
+    return f"unknown key ({expected})" if expected else "unknown key"
+
+
+def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError, model: type[BaseModel],
+                        top_keys: tuple[str, ...] = ()) -> list[Problem]:
+    """``exc`` (from validating ``model`` at ``prefix`` of ``doc``) as located problems, in
+    the recipe's words. ``top_keys``: keys valid beside ``model``'s fields at its top level
+    (a step's ``kind``), offered when an unknown key is near one."""
     problems = []
     for error in exc.errors():
         loc = (*prefix, *error["loc"])
         message = error["msg"]
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
+            table = _table_model(model, error["loc"][:-1])
+            known = [] if table is None else list(table.model_fields)
+            if len(error["loc"]) == 1:
+                known = [*top_keys, *known]
+            message = unknown_key(str(error["loc"][-1]), known)
         elif error["type"] == "missing":
             message = "required key is missing"
+        elif error["type"] == "value_error":  # our validators' words, without pydantic's prefix
+            message = str(error["ctx"]["error"])
         problems.append(doc.problem(loc, message))
     return problems
 
@@ -181,7 +226,7 @@ def _load_config(path: Path) -> tuple[ProjectConfig, TomlDocument]:
     try:
         return ProjectConfig.model_validate(doc.data), doc
     except ValidationError as exc:
-        raise ProjectError(validation_problems(doc, (), exc)) from None
+        raise ProjectError(validation_problems(doc, (), exc, ProjectConfig)) from None
 
 
 def _check_folders(config: ProjectConfig, doc: TomlDocument, recipe_files: dict[str, Path],
@@ -240,7 +285,7 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
     try:
         params = cls.Params.model_validate(params_raw)
     except ValidationError as exc:
-        problems.extend(validation_problems(doc, loc, exc))
+        problems.extend(validation_problems(doc, loc, exc, cls.Params, top_keys=("kind",)))
         return None
     step = cls(params, doc.path.parent, root)
     return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, target, step, doc)
@@ -256,11 +301,12 @@ def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
         return []
     for key in doc.data:
         if key not in ("recipe", "steps"):
-            problems.append(doc.problem((key,), "unknown key (a recipe has [recipe] and [steps.NAME])"))
+            message = unknown_key(key, ["recipe", "steps"], "a recipe has [recipe] and [steps.NAME]")
+            problems.append(doc.problem((key,), message))
     try:
         RecipeSection.model_validate(doc.data.get("recipe", {}))
     except ValidationError as exc:
-        problems.extend(validation_problems(doc, ("recipe",), exc))
+        problems.extend(validation_problems(doc, ("recipe",), exc, RecipeSection))
     steps = doc.data.get("steps", {})
     if not isinstance(steps, dict) or not steps:
         problems.append(doc.problem(("steps",), "a recipe needs at least one [steps.NAME] table"))
@@ -302,6 +348,14 @@ def _check_files(steps: dict[str, StepSpec], problems: list[Problem]) -> None:
             if not path.is_file():
                 field_name = _field_naming(spec, path)
                 problems.append(spec.problem(f"file not found: {path}", *field_name))
+
+
+def _check_calls(steps: dict[str, StepSpec], problems: list[Problem]) -> None:
+    """Callables that their files certainly lack, or call arguments they do not take."""
+    for spec in steps.values():
+        for call in spec.step.calls():
+            for fields, message in callables.check(call, spec.step.base_dir):
+                problems.append(spec.problem(message, *fields))
 
 
 def _field_naming(spec: StepSpec, path: Path) -> tuple[str, ...]:
@@ -362,6 +416,7 @@ def load_project(start: Path | None = None) -> Project:
             steps[spec.id] = spec
     _resolve_refs(steps, problems, invalid)
     _check_files(steps, problems)
+    _check_calls(steps, problems)
     if problems:
         raise ProjectError(problems)
     for spec in steps.values():

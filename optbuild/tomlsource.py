@@ -52,6 +52,13 @@ class TomlDocument:
         )
 
 
+def _set_with_parents(lines: dict[tuple, int], key: tuple[str, ...], number: int) -> None:
+    """``key`` and each table above it, unless placed already: the first line that names a
+    table (``[steps.a]`` names ``steps``) is where a problem with that table shows."""
+    for end in range(1, len(key) + 1):
+        lines.setdefault(key[:end], number)
+
+
 def _scan_lines(text: str) -> dict[tuple, int]:
     lines: dict[tuple, int] = {}
     table: tuple[str, ...] = ()
@@ -67,11 +74,11 @@ def _scan_lines(text: str) -> dict[tuple, int]:
             if header.group(1) == "[[":
                 index = array_counts.get(table, 0)
                 array_counts[table] = index + 1
-                lines.setdefault(table, number)
+                _set_with_parents(lines, table, number)
                 table = (*table, str(index))
-            lines.setdefault(table, number)
+            _set_with_parents(lines, table, number)
         elif assign := _ASSIGN.match(line):
-            lines.setdefault((*table, *_split_key(assign.group(1))), number)
+            _set_with_parents(lines, (*table, *_split_key(assign.group(1))), number)
             rest = line[assign.end():]
             for quote in ('"""', "'''"):
                 if rest.count(quote) % 2 == 1:

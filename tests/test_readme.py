@@ -14,7 +14,7 @@ from optbuild.cli import _parser
 def _synopsis() -> str:
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Command line", 1)[1]
-    return re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```text\n(.*?)```", section, re.DOTALL).group(1)
 
 
 def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
@@ -42,7 +42,7 @@ def _blocks(synopsis: str) -> dict[str, str]:
         if line.startswith("optbuild "):
             name = line.split()[1]
             name = "" if name.startswith("[") else name  # `optbuild [-C DIR] COMMAND`: global flags
-        if name is not None and (line.startswith("optbuild ") or line.startswith(" ")):
+        if name is not None and line.startswith(("optbuild ", " ")):
             blocks[name] = blocks.get(name, "") + line + "\n"
     return blocks
 

@@ -23,7 +23,7 @@ def test_invalid_toml_names_file_and_line(project):
 def test_unknown_key_names_line_and_field(project):
     project.write("recipes/chain.toml", project.read("recipes/chain.toml").replace('suffix = "-out"', 'sufix = "-out"'))
     (message,) = problems(project)
-    assert message.endswith("recipes/chain.toml:14: steps.out.sufix: unknown key")
+    assert message.endswith("recipes/chain.toml:14: steps.out.sufix: unknown key; did you mean 'suffix'?")
 
 
 def test_unknown_step_kind_suggests_the_closest(project):

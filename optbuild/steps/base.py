@@ -22,6 +22,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
+from optbuild.callables import Call
+
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
 
@@ -184,6 +186,17 @@ class Step:
                         relative = item.rpartition(":")[0] if marker is CALLABLE_REF else item
                         files.append((self.base_dir / relative).resolve())
         return files
+
+    def calls(self) -> list[Call]:
+        """The ``file.py:callable`` parameters this step calls, and how: checked by reading
+        their files when the project loads (optbuild.callables). Default: every CallableRef
+        field, with its arguments unknown (only the name is checked)."""
+        calls = []
+        for name in fields_with(type(self.params), CALLABLE_REF):
+            value = getattr(self.params, name)
+            calls += [Call(name, item) for item in (value if isinstance(value, (list, tuple)) else [value])
+                      if item is not None]
+        return calls
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
         """The part of the host fingerprint that enters the key."""

@@ -36,6 +36,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optbuild.callables import Call
 from optbuild.errors import StepError
 
 if TYPE_CHECKING:
@@ -88,6 +89,13 @@ def non_default(params: Any, names: tuple[str, ...] | list[str]) -> list[str]:
 
 def is_callable_source(value: str) -> bool:
     return ".py:" in value
+
+
+def data_calls(value: str | None, args: dict[str, Any]) -> list[Call]:
+    """A data callable as ``Step.calls`` declares it: called as ``callable(**data_args)``."""
+    if value is None or not is_callable_source(value):
+        return []
+    return [Call("data", value, keywords=tuple(args), keywords_field="data_args")]
 
 
 def data_key_files(value: str | None, base_dir: Path, project_root: Path) -> list[Path]:

@@ -51,9 +51,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from optbuild.callables import Call
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibdata import DataArg, check_data_source, data_key_files, non_default, ort_distribution
+from optbuild.steps.calibdata import (
+    DataArg,
+    check_data_source,
+    data_calls,
+    data_key_files,
+    non_default,
+    ort_distribution,
+)
 
 TABLE_FORMAT = "optbuild.calibration"
 TABLE_VERSION = 1
@@ -170,6 +178,9 @@ class Calibrate(Step):
         files.extend(p for p in data_key_files(self.params.data, self.base_dir, self.project_root)
                      if p not in files)
         return files
+
+    def calls(self) -> list[Call]:
+        return data_calls(self.params.data, self.params.data_args)
 
     def _ort_options(self) -> dict[str, Any]:
         p = self.params

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from optbuild.atomic import write_atomic
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
+from optbuild.backends.tensorrt import profiles as profile_form
 from optbuild.backends.tensorrt.host import (
     RTX_DEFAULT_TARGETS,
     RTX_TARGETS,
@@ -103,8 +104,7 @@ class EngineParams(StepParams):
                     "profile; required when the model has dynamic inputs (checked when it is "
                     "parsed). Empty: the model's inputs are all static. At run time each input "
                     "batch must fit one profile.",
-        examples=[[{"image": {"min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
-                              "max": [32, 3, 224, 224]}}]])
+        examples=[profile_form.EXAMPLE])
     optimization_level: int = Field(
         3, ge=0, le=5,
         description="TensorRT's builder optimization level: 0 (fastest build) to 5 (slowest "
@@ -115,6 +115,13 @@ class EngineParams(StepParams):
         description="Limit of the builder's workspace memory pool: bytes, or a size string such "
                     "as \"1 GiB\" or \"512MB\". Not set: TensorRT's default (the device's memory).",
         examples=["2 GiB"])
+
+    @field_validator("profiles", mode="before")
+    @classmethod
+    def _profiles_form(cls, value: Any) -> Any:
+        if (problem := profile_form.form_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("profiles")
     @classmethod

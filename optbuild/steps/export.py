@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from optbuild.callables import Call
 from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
 from optbuild.steps.base import CallableRef, InputPath, Step, StepContext, StepParams
@@ -168,6 +169,9 @@ class Export(Step):
             files.append((self.base_dir / p.weights).resolve())
         files += [(self.base_dir / extra).resolve() for extra in p.extra_files]
         return list(dict.fromkeys(files))
+
+    def calls(self) -> list[Call]:
+        return [Call("model", self.params.model, keywords=())]  # model(): no arguments
 
     # --- run (worker process) --------------------------------------------------------
     def run(self, ctx: StepContext) -> None:

@@ -61,9 +61,17 @@ from optbuild.backends.tensorrt.host import (
     rtx_target_missing,
     runtime_distribution,
 )
+from optbuild.callables import Call
 from optbuild.errors import StepError, StepUnavailable
 from optbuild.steps.base import Artifact, Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibdata import DataArg, check_data_source, data_key_files, non_default, ort_distribution
+from optbuild.steps.calibdata import (
+    DataArg,
+    check_data_source,
+    data_calls,
+    data_key_files,
+    non_default,
+    ort_distribution,
+)
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
@@ -272,6 +280,9 @@ class Verify(Step):
         files.extend(p for p in data_key_files(self.params.data, self.base_dir, self.project_root)
                      if p not in files)
         return files
+
+    def calls(self) -> list[Call]:
+        return data_calls(self.params.data, self.params.data_args)
 
     def run(self, ctx: StepContext) -> None:
         import numpy as np
