@@ -107,4 +107,6 @@ def _disk_of(path: Path) -> str:
         st = os.statvfs(path)
     except OSError:
         return f"file system of {mount}"
-    return f"file system of {mount}, {st.f_bavail * st.f_frsize} bytes free"
+    from optbuild.units import human_size
+
+    return f"file system of {mount}, {human_size(st.f_bavail * st.f_frsize)} free"

@@ -82,7 +82,7 @@ def small_disk(tmp_path: Path):
 
 def full(mount: Path) -> str:
     """A write() error carries no file name: then the folder written in is named."""
-    return rf"no space left on device writing (in )?\S+ \(file system of {re.escape(str(mount))}, \d+ bytes free\)"
+    return rf"no space left on device writing (in )?\S+ \(file system of {re.escape(str(mount))}, [\d.]+ [KMGT]?i?B free\)"
 
 
 def fill_disk(path: Path) -> None:

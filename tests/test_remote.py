@@ -64,7 +64,7 @@ def test_a_second_machine_restores_everything_and_runs_no_step(machines, any_rem
     assert step_events(second, "restored") == ALL
     stats = cache_event(second.reporter.events)
     assert stats["remote"]["hits"] == 4 and stats["remote"]["errors"] == 0
-    assert stats["remote"]["bytes_down"] > 0 and stats["local"] == {"hits": 0, "misses": 4}
+    assert stats["remote"]["bytes_down"] > 0 and stats["local"] == {"hits": 0, "misses": 4, "unavailable": 0}
     assert outputs(b) == outputs(a) and len(outputs(b)) == 4
     assert json.loads(b.read("optbuild.lock"))["steps"].keys() == set(ALL)
     assert_clean(b)

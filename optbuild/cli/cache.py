@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.cli.build import add_remote_flags, remote_override
+from optbuild.units import human_size, parse_size
 
 GC_GRACE_DAYS = 7  # with a damaged optbuild.lock, gc evicts only entries unused this long
 
@@ -48,23 +49,21 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api, lockfile
-    from optbuild.store.local import GC_GRACE_S, parse_size
+    from optbuild.store.local import GC_GRACE_S
 
     command = args.cache_command
     ws = api.open_workspace(args.directory, remote=remote_override(args))
     store = ws.store
     try:
         if command == "ls":
-            total = 0
             for key, entry in sorted(store.iter_entries(), key=lambda kv: kv[1].step if kv[1] else ""):
                 if entry is None:
                     print(f"{key[:16]}  CORRUPT ENTRY")
                     continue
                 size = sum(o.size for o in entry.outputs.values())
-                total += size
                 built = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created_at))
-                print(f"{key[:16]}  {entry.step:<32} {entry.kind:<22} {_human(size):>10}  {built}")
-            print(f"cache size on disk: {_human(store.size_bytes())}")
+                print(f"{key[:16]}  {entry.step:<32} {entry.kind:<22} {human_size(size):>10}  {built}")
+            print(f"cache size on disk: {human_size(store.size_bytes())}")
             return 0
         if command == "verify":
             report = store.verify(repair=args.repair)
@@ -81,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
             return _transfer(ws, args)
         if command == "stats":
             return _stats(ws, args)
-        max_size = parse_size(str(args.max_size or ws.project.config.cache.max_size))
+        try:
+            max_size = parse_size(str(args.max_size or ws.project.config.cache.max_size))
+        except ValueError as exc:
+            print(f"error: --max-size: {exc}", file=sys.stderr)
+            return 2
         lock = lockfile.LockState() if args.include_locked else lockfile.load(ws.project.lock_file)
         keep = {record["key"] for record in lock.steps.values() if "key" in record}
         min_age_s = GC_GRACE_S if args.grace_minutes is None else args.grace_minutes * 60
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
             min_age_s = max(min_age_s, GC_GRACE_DAYS * 86400)
             print(f"warning: {ws.project.lock_file} is damaged ({lock.damage}); gc keeps every "
                   f"entry used in the last {GC_GRACE_DAYS} days", file=sys.stderr)
-        print(store.gc(max_size, keep=keep, min_age_s=min_age_s))
+        report = store.gc(max_size, keep=keep, min_age_s=min_age_s)
+        print(_describe_gc(report, ws.project.lock_file.name, min_age_s, damaged=lock.damage is not None))
         return 0
     finally:
         ws.close()
@@ -143,7 +147,7 @@ def _transfer(ws: Any, args: argparse.Namespace) -> int:
         print(f"  missing  {sid}  ({why})", file=sys.stderr)
     print(f"{verb} {len(report.done)}, {len(report.present)} {where}, {len(report.missing)} missing, "
           f"{len(report.failed)} failed in {time.perf_counter() - started:.2f}s "
-          f"({_human(summary['bytes_up' if pushing else 'bytes_down'])} "
+          f"({human_size(summary['bytes_up' if pushing else 'bytes_down'])} "
           f"{'up' if pushing else 'down'}, {summary['errors']} remote errors)")
     if summary["signature_mismatches"]:
         print(f"warning: {remote_cache.describe_mismatches(summary['signature_mismatches'])}", file=sys.stderr)
@@ -184,7 +188,7 @@ def _progress() -> Any:
         def finish(self, token: Any, ok: bool) -> None:
             arrow = "↓" if token[0] == "down" else "↑"
             state = "" if ok else "  FAILED"
-            print(f"  {arrow} {token[1]}  {_human(token[2])}{state}", file=sys.stderr, flush=True)
+            print(f"  {arrow} {token[1]}  {human_size(token[2])}{state}", file=sys.stderr, flush=True)
 
         def print(self, line: str) -> None:
             print(line, file=sys.stderr, flush=True)
@@ -209,7 +213,7 @@ def _progress() -> Any:
         """A bar per transfer in flight, on a terminal."""
 
         def __init__(self) -> None:
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                                 TransferSpeedColumn(), TimeRemainingColumn(),
                                 console=Console(stderr=True), transient=False)
             self.bar.start()
@@ -237,19 +241,88 @@ def _progress() -> Any:
     return RichProgress()
 
 
+# --- gc ----------------------------------------------------------------------------------
+def _describe_gc(report: Any, lock_name: str, grace_s: float, *, damaged: bool) -> str:
+    """What gc freed, and what it kept and why, naming the flag that lifts each protection:
+    a gc that frees nothing must not leave people guessing."""
+    state = "within" if report.ok else "over"
+    lines = [f"evicted {_count(report.entries_evicted, 'entry')}, deleted {_count(report.blobs_deleted, 'blob')}, "
+             + f"freed {human_size(report.bytes_freed)}; the cache now holds {human_size(report.bytes_now)}, "
+             + f"{state} its limit of {human_size(report.max_bytes)}"]
+    locked, recent, fits = report.locked, report.recent, report.within_limit
+    grace = f"used in the last {_duration(grace_s)}"
+    reasons = (
+        (locked, f"{lock_name} references {_them(locked)} (--include-locked lets gc evict {_them(locked)})"),
+        (recent, f"{grace} ({lock_name} is damaged: what it references is unknown)" if damaged else
+                 f"{grace}, a running build may restore {_them(recent)} "
+                 f"(--grace-minutes 0 lets gc evict {_them(recent)})"),
+        (fits, f"the cache fits its limit with {_them(fits)}"),
+    )
+    kept_total = sum(kept.entries for kept, _why in reasons)
+    for kept, why in reasons:
+        if kept.entries:
+            every = "all " if kept.entries == kept_total > 1 else ""
+            lines.append(f"kept {every}{_count(kept.entries, 'entry')} ({human_size(kept.bytes)}): {why}")
+    if not report.ok:
+        lines.append("the kept entries alone exceed the limit")
+    return "\n".join(lines)
+
+
+def _them(kept: Any) -> str:
+    return "it" if kept.entries == 1 else "them"
+
+
+def _count(n: int, noun: str) -> str:
+    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+    return f"{n} {noun if n == 1 else plural}"
+
+
+def _duration(seconds: float) -> str:
+    for unit, length in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= length:
+            return f"{seconds / length:g} {unit}{'' if seconds == length else 's'}"
+    return f"{seconds:g} second{'' if seconds == 1 else 's'}"
+
+
 # --- stats -------------------------------------------------------------------------------
+def _local_counts(record: dict[str, Any]) -> dict[str, int] | None:
+    """A run's local hits, misses and unavailable steps (None: the run used no local cache).
+
+    A step this host cannot run is not a miss: no cache could have served a build of it.
+    Records written before unavailable steps had a count of their own counted them as
+    misses; their status counts say how many to move.
+    """
+    local = record.get("local")
+    if not isinstance(local, dict):
+        return None
+    counts = {name: _int(local.get(name)) for name in ("hits", "misses", "unavailable")}
+    if "unavailable" not in local:
+        status_counts = record.get("counts")
+        moved = min(counts["misses"], _int(status_counts.get("unavailable")) if isinstance(status_counts, dict) else 0)
+        counts["misses"] -= moved
+        counts["unavailable"] = moved
+    return counts
+
+
+def _int(value: Any) -> int:
+    """A counter from stats.jsonl, which anyone may have edited: anything else counts 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _stats(ws: Any, args: argparse.Namespace) -> int:
     from optbuild.store.remote import describe_mismatches, read_stats
 
     records = read_stats(ws.store.root)
-    totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0},
+    totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0, "unavailable": 0},
                               "remote": {"hits": 0, "misses": 0, "rejected": 0, "errors": 0,
                                          "signature_mismatches": 0, "bytes_down": 0, "bytes_up": 0}}
     for record in records:
-        for level in ("local", "remote"):
-            for name, value in (record.get(level) or {}).items():
-                if name in totals[level] and isinstance(value, int) and not isinstance(value, bool):
-                    totals[level][name] += value
+        for name, value in (_local_counts(record) or {}).items():
+            totals["local"][name] += value
+        remote = record.get("remote")
+        for name, value in (remote.items() if isinstance(remote, dict) else ()):
+            if name in totals["remote"]:
+                totals["remote"][name] += _int(value)
     if args.json:
         print(json.dumps({"totals": totals, "recent": records[-args.last:] if args.last > 0 else []},
                          indent=1))
@@ -257,35 +330,29 @@ def _stats(ws: Any, args: argparse.Namespace) -> int:
     if not records:
         print("no runs recorded yet (builds, pushes and pulls append to cache/stats.jsonl)")
         return 0
-    print(f"{'when':<17} {'command':<8} {'local hit/miss':>14} {'remote hit/miss/err':>20} "
+    print(f"{'when':<17} {'command':<8} {'local hit/miss':>14} {'unavailable':>11} {'remote hit/miss/err':>20} "
           f"{'down':>10} {'up':>10}")
     for record in records[-args.last:] if args.last > 0 else []:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.get("time", 0)))
-        local = record.get("local") or {}
+        local = _local_counts(record)
         remote = record.get("remote") or {}
-        local_text = f"{local.get('hits', 0)}/{local.get('misses', 0)}" if local else "-"
+        local_text = f"{local['hits']}/{local['misses']}" if local else "-"
+        unavailable_text = str(local["unavailable"]) if local else "-"
         remote_text = (f"{remote.get('hits', 0)}/{remote.get('misses', 0)}/{remote.get('errors', 0)}"
                        if remote else "-")
         mismatches = remote.get("signature_mismatches")
-        print(f"{when:<17} {record.get('command', '?'):<8} {local_text:>14} {remote_text:>20} "
-              f"{_human(remote.get('bytes_down', 0)):>10} {_human(remote.get('bytes_up', 0)):>10}"
+        print(f"{when:<17} {record.get('command', '?'):<8} {local_text:>14} {unavailable_text:>11} "
+              f"{remote_text:>20} {human_size(_int(remote.get('bytes_down'))):>10} "
+              f"{human_size(_int(remote.get('bytes_up'))):>10}"
               + (f"  {mismatches} signature mismatch(es)" if mismatches else ""))
     local, remote = totals["local"], totals["remote"]
     looked = local["hits"] + local["misses"]
     print(f"all {len(records)} runs: local hit rate "
-          f"{(100 * local['hits'] / looked) if looked else 0:.0f}% ({local['hits']}/{looked}); "
+          f"{(100 * local['hits'] / looked) if looked else 0:.0f}% ({local['hits']}/{looked}), "
+          f"{local['unavailable']} unavailable (steps this host cannot run: not misses); "
           f"remote {remote['hits']} hits, {remote['misses']} misses ({remote['rejected']} rejected), "
-          f"{remote['errors']} errors, {_human(remote['bytes_down'])} down, {_human(remote['bytes_up'])} up")
+          f"{remote['errors']} errors, {human_size(remote['bytes_down'])} down, {human_size(remote['bytes_up'])} up")
     if remote["signature_mismatches"]:
         print(f"warning: {describe_mismatches(remote['signature_mismatches'])}: this host's signing key "
               "differs from the one that signed the remote's entries")
     return 0
-
-
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"

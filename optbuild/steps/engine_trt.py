@@ -135,7 +135,7 @@ class EngineParams(StepParams):
     @classmethod
     def _size(cls, value: Any) -> Any:
         if isinstance(value, str):
-            from optbuild.store.local import parse_size
+            from optbuild.units import parse_size
 
             value = parse_size(value)
         if isinstance(value, int) and not isinstance(value, bool) and value <= 0:

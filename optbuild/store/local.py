@@ -38,7 +38,6 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 
 from optbuild.digest import DIGEST_HEX, DIGEST_RE, FileHasher, digest_bytes, hash_file, new_hasher
@@ -54,31 +53,6 @@ _HIDDEN = re.compile(r"\..+\.(\d+@[^@]+@(?:new|old)-[0-9a-f]{12})")  # materiali
 _SUBDIRS = ("cas", "ac", "tmp", "locks")
 GC_GRACE_S = 600.0  # gc keeps entries used this recently: a running build may restore them next
 _warned_read_only: set[Path] = set()
-
-# Single letters and xB are decimal (as ccache and disk vendors count), xiB binary.
-_UNITS = {"": 1, "b": 1} | {
-    f"{letter}{suffix}": base**power
-    for power, letter in enumerate("kmgt", start=1)
-    for suffix, base in (("", 1000), ("b", 1000), ("i", 1024), ("ib", 1024))
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
-
-
-def parse_size(text: str) -> int:
-    """Bytes in a size as config files write it: "10 GiB", "500MB", "1.5G", "1024".
-
-    Case is ignored; K/M/G/T and kB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB (or
-    Ki/Mi/Gi/Ti) powers of 1024. A fraction of a byte is dropped.
-    """
-    match = _SIZE.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"not a size: {text!r} (write e.g. '20 GiB', '500 MB', '1.5G' or '1048576')")
-    unit = match.group(2).lower()
-    if unit not in _UNITS:
-        raise ValueError(f"unknown unit {match.group(2)!r} in size {text!r} "
-                         "(use B, kB, MB, GB, TB or KiB, MiB, GiB, TiB)")
-    return int(Decimal(match.group(1)) * _UNITS[unit])
-
 
 @dataclass(frozen=True)
 class VerifyReport:
@@ -110,25 +84,32 @@ class VerifyReport:
 
 
 @dataclass(frozen=True)
+class Kept:
+    """Entries gc left in place for one reason, and the bytes of the blobs they name (a blob
+    shared with entries kept for another reason counts under each)."""
+
+    entries: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
 class GcReport:
-    """What ``LocalStore.gc`` did; ``ok`` is False when kept entries alone exceed the bound."""
+    """What ``LocalStore.gc`` did, and why it kept what it kept, so that a gc that freed
+    little can say which protection to lift; ``ok`` is False when kept entries alone
+    exceed the bound."""
 
     entries_evicted: int
     blobs_deleted: int
     bytes_freed: int
     bytes_now: int
     max_bytes: int
+    locked: Kept = Kept()  # in ``keep`` (the lock file's), which gc would otherwise have evicted
+    recent: Kept = Kept()  # used within the grace period, which gc would otherwise have evicted
+    within_limit: Kept = Kept()  # never reached: the cache fit the bound before their turn
 
     @property
     def ok(self) -> bool:
         return self.bytes_now <= self.max_bytes
-
-    def __str__(self) -> str:
-        text = (f"evicted {self.entries_evicted} entries, deleted {self.blobs_deleted} blobs, "
-                f"freed {self.bytes_freed} bytes; the cache now holds {self.bytes_now} bytes")
-        if not self.ok:
-            text += f", over the bound of {self.max_bytes} (what is kept needs more)"
-        return text
 
 
 class BlobGone(CacheError):
@@ -654,7 +635,7 @@ class LocalStore:
         cannot be met: a running build may be about to restore them. Then every blob no
         remaining entry names, every corrupt entry and the scratch space of dead builders
         are deleted. Runs under the exclusive gc lock, so blobs of an entry being written
-        or restored are safe.
+        or restored are safe. The report counts what each protection kept (``keep`` first).
         """
         self._require_writable("collect garbage")
         recent = time.time_ns() - int(min_age_s * 1e9)
@@ -676,18 +657,22 @@ class LocalStore:
                     live.append((mtime, key, path, entry))
             refs = Counter(d for *_, entry in live for d in entry.blob_digests())
             now = sum(sizes.get(d, 0) for d in refs)
+            kept: dict[str, list[ActionEntry]] = {"locked": [], "recent": [], "within_limit": []}
             for mtime, key, path, entry in sorted(live, key=lambda item: item[:2]):
                 if now <= max_bytes:
-                    break
-                if key in keep or mtime >= recent:
-                    continue
-                path.unlink(missing_ok=True)
-                evicted += 1
-                for digest in entry.blob_digests():
-                    refs[digest] -= 1
-                    if refs[digest] == 0:
-                        del refs[digest]
-                        now -= sizes.get(digest, 0)
+                    kept["within_limit"].append(entry)
+                elif key in keep:
+                    kept["locked"].append(entry)
+                elif mtime >= recent:
+                    kept["recent"].append(entry)
+                else:
+                    path.unlink(missing_ok=True)
+                    evicted += 1
+                    for digest in entry.blob_digests():
+                        refs[digest] -= 1
+                        if refs[digest] == 0:
+                            del refs[digest]
+                            now -= sizes.get(digest, 0)
             deleted = 0
             for digest, path, _size in blobs:
                 if digest not in refs:
@@ -696,13 +681,19 @@ class LocalStore:
                         _remove(path)
                     deleted += 1
             self.clean_stale_tmp()
-            return GcReport(evicted, deleted, before - now, now, max_bytes)
+            why = {reason: Kept(len(entries), sum(sizes.get(d, 0) for d in _digests(entries)))
+                   for reason, entries in kept.items()}
+            return GcReport(evicted, deleted, before - now, now, max_bytes, **why)
 
 
 # --- helpers ---------------------------------------------------------------------------
 def _check_hex(value: str, what: str) -> None:
     if not isinstance(value, str) or not DIGEST_RE.fullmatch(value):
         raise ValueError(f"not a {what} ({DIGEST_HEX} lowercase hex digits): {value!r}")
+
+
+def _digests(entries: list[ActionEntry]) -> set[str]:
+    return {d for entry in entries for d in entry.blob_digests()}
 
 
 def _parse_entry(path: Path, key: str) -> ActionEntry:

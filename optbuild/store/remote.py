@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from optbuild.digest import hash_file, is_digest, new_hasher
 from optbuild.store.entry import MAX_ENTRY_BYTES, ActionEntry, EntryError, canonical_json, parse_entry
+from optbuild.units import human_size
 
 if TYPE_CHECKING:
     from optbuild.recipe import RemoteSection
@@ -888,10 +889,15 @@ def _describe(exc: BaseException) -> str:
 
 # --- statistics --------------------------------------------------------------------------
 def run_stats(outcomes: dict[str, Any], session: RemoteSession | None) -> dict[str, Any]:
-    """Hits and misses per cache level for one run (the "cache" event and stats line)."""
-    local_hits = sum(1 for o in outcomes.values() if o.status == "cached" and o.key)
-    local_misses = sum(1 for o in outcomes.values() if o.key and o.status != "cached")
-    return {"local": {"hits": local_hits, "misses": local_misses},
+    """Hits and misses per cache level for one run (the "cache" event and stats line).
+
+    A step this host cannot run is counted apart, not as a miss: no cache entry was
+    missing that a build here could have made, so it must not lower the hit rate.
+    """
+    keyed = [o.status for o in outcomes.values() if o.key]
+    unavailable = keyed.count("unavailable")
+    hits = keyed.count("cached")
+    return {"local": {"hits": hits, "misses": len(keyed) - hits - unavailable, "unavailable": unavailable},
             "remote": session.summary() if session is not None else None}
 
 
@@ -899,13 +905,15 @@ def describe_stats(stats: dict[str, Any]) -> str:
     """One line for people: "cache: local 3 hits, 1 miss; remote s3://...: 1 hit, ..."."""
     local = stats.get("local") or {}
     text = f"cache: local {_n(local.get('hits', 0), 'hit')}, {_n(local.get('misses', 0), 'miss')}"
+    if local.get("unavailable"):
+        text += f", {local['unavailable']} unavailable"
     remote = stats.get("remote")
     if remote:
         text += (f"; remote {remote['url']}: {_n(remote['hits'], 'hit')}, {_n(remote['misses'], 'miss')}, "
                  f"{_n(remote['errors'], 'error')}")
         if remote.get("rejected"):
             text += f", {remote['rejected']} rejected"
-        text += f", {human_bytes(remote['bytes_down'])} down, {human_bytes(remote['bytes_up'])} up"
+        text += f", {human_size(remote['bytes_down'])} down, {human_size(remote['bytes_up'])} up"
         if remote.get("signature_mismatches"):
             text += f", {describe_mismatches(remote['signature_mismatches'])}"
         if remote.get("disabled"):
@@ -953,15 +961,6 @@ def read_stats(cache_dir: Path) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
-
-
-def human_bytes(size: float) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
 
 
 # --- push and pull (``optbuild cache push/pull``) ---------------------------------------
