@@ -21,6 +21,7 @@ from optbuild.errors import Problem, ProjectError
 from optbuild.paths import folder_problem, name_problem
 from optbuild.steps import registry
 from optbuild.steps.base import Step
+from optbuild.steps.inputdecl import InputDecls
 from optbuild.tomlsource import TomlDocument, load_toml
 
 CONFIG_NAME = "optbuild.toml"
@@ -45,7 +46,7 @@ class CacheSection(_Section):
     @field_validator("max_size")
     @classmethod
     def _size(cls, value: str | int) -> str | int:
-        from optbuild.store.local import parse_size
+        from optbuild.units import parse_size
 
         parse_size(str(value))
         return value
@@ -105,6 +106,13 @@ class ProjectConfig(_Section):
 
 class RecipeSection(_Section):
     description: str = ""
+
+
+class RecipeInputs(_Section):
+    """A recipe's ``[inputs.NAME]`` tables: what its model's inputs take (see inputdecl),
+    given to every step that runs the model, unless the step declares that input itself."""
+
+    inputs: InputDecls = {}
 
 
 @dataclass
@@ -248,7 +256,7 @@ def _check_folders(config: ProjectConfig, doc: TomlDocument, recipe_files: dict[
 
 
 def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: list[Problem],
-               root: Path, local: dict[str, str]) -> StepSpec | None:
+               root: Path, local: dict[str, str], inputs: dict[str, Any]) -> StepSpec | None:
     loc = ("steps", name)
     if not isinstance(raw, dict):
         problems.append(doc.problem(loc, "a step must be a table ([steps.NAME])"))
@@ -282,6 +290,8 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
         problems.append(doc.problem((*loc, "kind"), f"step kind {kind!r} ({target}) cannot load: {exc}"))
         return None
     params_raw = {k: v for k, v in raw.items() if k != "kind"}
+    if inputs and "inputs" in cls.Params.model_fields and isinstance(params_raw.get("inputs", {}), dict):
+        params_raw["inputs"] = {**inputs, **params_raw.get("inputs", {})}  # the step's entries win
     try:
         params = cls.Params.model_validate(params_raw)
     except ValidationError as exc:
@@ -300,20 +310,27 @@ def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
         problems.extend(exc.problems)
         return []
     for key in doc.data:
-        if key not in ("recipe", "steps"):
-            message = unknown_key(key, ["recipe", "steps"], "a recipe has [recipe] and [steps.NAME]")
+        if key not in ("recipe", "inputs", "steps"):
+            message = unknown_key(key, ["recipe", "inputs", "steps"],
+                                  "a recipe has [recipe], [inputs.NAME] and [steps.NAME]")
             problems.append(doc.problem((key,), message))
     try:
         RecipeSection.model_validate(doc.data.get("recipe", {}))
     except ValidationError as exc:
         problems.extend(validation_problems(doc, ("recipe",), exc, RecipeSection))
+    inputs: dict[str, Any] = {}
+    try:
+        RecipeInputs.model_validate({"inputs": doc.data.get("inputs", {})})
+        inputs = doc.data.get("inputs", {})
+    except ValidationError as exc:
+        problems.extend(validation_problems(doc, (), exc, RecipeInputs))
     steps = doc.data.get("steps", {})
     if not isinstance(steps, dict) or not steps:
         problems.append(doc.problem(("steps",), "a recipe needs at least one [steps.NAME] table"))
         return []
     specs = []
     for name, raw in steps.items():
-        if (spec := _load_step(doc, recipe, name, raw, problems, root, local)) is not None:
+        if (spec := _load_step(doc, recipe, name, raw, problems, root, local, inputs)) is not None:
             specs.append(spec)
         else:
             invalid.add(f"{recipe}:{name}")

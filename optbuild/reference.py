@@ -137,6 +137,8 @@ def type_text(annotation: Any) -> str:
         return f"list of ({inner})" if " " in inner else f"list of {inner}"
     if origin is dict:
         return f"table {{{type_text(args[0])}: {type_text(args[1])}}}"
+    if origin is tuple:
+        return "[" + ", ".join(type_text(arg) for arg in args) + "]"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "{ " + ", ".join(annotation.model_fields) + " }"
     if annotation is Any:
@@ -240,12 +242,13 @@ def images(count: int = 64, seed: int = 0):
 
 ### Random inputs
 
-`verify` without `data`, and the built-in numeric checks of `simplify`, `quantize` and
-`engine` (backend `onnxruntime`), feed seeded random inputs of the model's declared shapes:
-standard normal floats, uniform integers (`int_range` for `verify`, [0, 8) for the checks)
-and uniform booleans. A dimension the model does not fix gets `dynamic_size` (`verify`),
-1 (`quantize`), 1, 2, 3 in turn (`simplify`) or 2 (`engine`). String inputs need a data
-source.
+`verify` without `data`, and the built-in numeric checks of `simplify`, `opset`, `quantize`
+and `engine` (backend `onnxruntime`), feed seeded random inputs: what the recipe declares
+for each input (see [Model inputs](#model-inputs)), else the model's declared shapes, with
+standard normal floats, uniform integers (`int_range` for `verify`, 0 to 7 for the checks)
+and uniform booleans. A dimension the model does not fix, undeclared, gets `dynamic_size`
+(`verify`) or 1, 2, 3 in turn, check by check (the checks). A check that fails says what it
+fed and how to declare other inputs. String inputs need a data source.
 
 ### Export callables
 
@@ -279,10 +282,52 @@ shape and the profile's bounds.
 """
 
 
+_INPUTS = """\
+## Model inputs
+
+A model's own declaration often cannot say what it takes: symbolic dims that must be
+multiples of 32, a sample rate that must be 8000 or 16000. A recipe says it once, per input
+name, in `[inputs.NAME]` tables beside its steps; every step that runs the model on
+generated inputs (`simplify`, `opset`, `quantize`, `engine`, `verify` without `data`) uses
+them, and a TensorRT engine without `profiles` gets one profile from the declared shapes.
+A step's own `inputs` parameter replaces the recipe's entry of the same input. Declarations
+enter the keys of those steps; a name the model lacks, or a shape that contradicts the
+model, fails the step with a message that says so.
+
+```toml
+[inputs.x]
+shape = [1, 3, 48, [32, 160, 320]]   # a dim: a size, [min, max] or [min, opt, max]
+range = [0.0, 1.0]
+[inputs.sr]
+values = [8000, 16000]
+
+[steps.engine]
+kind = "engine"
+backend = "onnxruntime"
+input = "quantize"
+inputs = { sr = { values = [16000] } }   # this step: only 16 kHz
+```
+
+Check number k (0, 1, 2, ...) takes for a `[min, opt, max]` dim opt, min, max in turn, for a
+`[min, max]` dim min, max and their midpoint, and for an undeclared symbolic dim 1, 2, 3.
+"""
+
+
+def inputs_reference() -> str:
+    """The Model inputs section: the prose, then the keys of one ``[inputs.NAME]`` table."""
+    from optbuild.steps.inputdecl import InputDecl
+
+    hints = typing.get_type_hints(InputDecl, include_extras=True)
+    lines = [_INPUTS, "Keys of `[inputs.NAME]` (all optional):", ""]
+    for field_name, field in InputDecl.model_fields.items():
+        lines += _parameter(field_name, field, hints[field_name])
+    return "\n".join(lines) + "\n"
+
+
 def document() -> str:
-    """docs/steps.md: the built-in kinds, the data rules, profiles, each kind's parameters."""
+    """docs/steps.md: the built-in kinds, the data rules, inputs, profiles, each kind's parameters."""
     names = list(registry.BUILTIN)
-    parts = [_INTRO, "## Kinds\n\n" + overview(names) + "\n", _DATA, _PROFILES]
+    parts = [_INTRO, "## Kinds\n\n" + overview(names) + "\n", _DATA, inputs_reference(), _PROFILES]
     parts += [kind_reference(name) for name in names]
     return "\n".join(parts)
 

@@ -42,6 +42,8 @@ from optbuild.errors import StepError
 if TYPE_CHECKING:
     import numpy as np
 
+    from optbuild.steps.inputdecl import InputDecls
+
 # Scalars a recipe may pass to a data callable as keyword arguments.
 DataArg = str | int | float | bool
 
@@ -372,16 +374,23 @@ def load_samples(value: str, base_dir: Path, specs: list[InputSpec], *, args: di
 
 
 def random_samples(specs: list[InputSpec], count: int, seed: int, *, dynamic_size: int = 1,
-                   int_range: tuple[int, int] = (0, 8)) -> Samples:
+                   int_range: tuple[int, int] = (0, 8), decls: InputDecls | None = None) -> Samples:
     """Seeded samples of the declared shapes: standard normal floats, uniform integers in
-    ``int_range`` (high exclusive), uniform booleans; unknown dims get ``dynamic_size``."""
+    ``int_range`` (high exclusive), uniform booleans; unknown dims get ``dynamic_size``.
+    An input in ``decls`` follows its declaration instead, sample ``k`` as check ``k``."""
     import numpy as np
+
+    from optbuild.steps import inputdecl
 
     rng = np.random.default_rng(seed)
     feeds = []
-    for _ in range(count):
+    for k in range(count):
         feed = {}
         for spec in specs:
+            if decls and spec.name in decls:
+                shape = inputdecl.shape_for(spec, decls[spec.name], k)
+                feed[spec.name] = inputdecl.values(rng, spec, decls[spec.name], shape, k)
+                continue
             shape = [d if isinstance(d, int) else dynamic_size for d in spec.shape]
             if spec.dtype == "bool":
                 feed[spec.name] = rng.integers(0, 2, size=shape).astype(bool)
@@ -392,7 +401,7 @@ def random_samples(specs: list[InputSpec], count: int, seed: int, *, dynamic_siz
             else:
                 raise StepError(f"cannot make random data for input {spec} (give a data source)")
         feeds.append(feed)
-    return Samples(feeds, f"random (seed {seed})")
+    return Samples(feeds, f"random (seed {seed})" + (", declared inputs" if decls else ""))
 
 
 # --- tools -------------------------------------------------------------------------------------

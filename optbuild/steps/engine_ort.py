@@ -28,6 +28,7 @@ from pydantic import Field, field_validator
 
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.inputdecl import InputDecls, inputs_field
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
@@ -72,13 +73,15 @@ class OrtEngineParams(StepParams):
     check: int = Field(
         3, ge=0,
         description="How many seeded random-input comparisons with the input model to run "
-                    "(symbolic dims set to 2); CPU provider only. 0 skips the check.",
+                    "(declared inputs, else symbolic dims set to 1, 2, 3 in turn); CPU provider "
+                    "only. 0 skips the check.",
         examples=[0])
     tolerance: float = Field(
         1e-3, gt=0,
         description="Largest accepted error of the optimized model against its input, relative to "
                     "the largest magnitude of each of the input's outputs.",
         examples=[1e-4])
+    inputs: InputDecls | None = inputs_field()
 
     @field_validator("provider")
     @classmethod
@@ -183,18 +186,23 @@ class OrtEngine(Step):
 
     def _check(self, ctx: StepContext, source: Path, out: Path) -> None:
         from optbuild.steps import calibdata, onnxcheck
+        from optbuild.steps.inputdecl import check_declarations, describe_tried, feeds
+        from optbuild.steps.rewrite_check import blame
 
+        label, decls = ctx.inputs["input"].step, self.params.inputs
         reference = calibdata.session(source, level="disable")
         optimized = calibdata.session(out)
         specs = calibdata.input_specs(reference)
+        check_declarations(specs, decls, label)
         worst = 0.0
-        for seed in range(self.params.check):
-            feeds = calibdata.random_samples(specs, 1, seed, dynamic_size=2).feeds[0]
+        for check in range(self.params.check):
+            feed = feeds(specs, decls, check)
             try:
-                got = optimized.run(None, feeds)
+                got = optimized.run(None, feed)
             except Exception as exc:
-                raise StepError(f"the optimized model fails to run: {type(exc).__name__}: {exc}") from None
-            _, rel = onnxcheck.max_errors(reference.run(None, feeds), got)
+                raise blame(exc, source, feed, label, f"the level-{self.params.level} model",
+                            describe_tried(specs, decls, [check])) from None
+            _, rel = onnxcheck.max_errors(reference.run(None, feed), got)
             worst = max(worst, rel)
         ctx.metrics["max_rel_error"] = worst
         if not worst <= self.params.tolerance:

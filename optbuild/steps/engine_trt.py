@@ -46,6 +46,7 @@ from optbuild.backends.tensorrt.host import (
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
 from optbuild.errors import StepError, StepUnavailable
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.inputdecl import InputDecls
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
@@ -101,10 +102,17 @@ class EngineParams(StepParams):
                     "input name -> { min = [...], opt = [...], max = [...] } (shapes of the same "
                     "rank, min <= opt <= max in every dimension; a dimension the model fixes must "
                     "be that size in all three). Every dynamic input must appear in every "
-                    "profile; required when the model has dynamic inputs (checked when it is "
-                    "parsed). Empty: the model's inputs are all static. At run time each input "
+                    "profile; required when the model has dynamic inputs whose shapes 'inputs' does not "
+                    "declare (checked when it is parsed). Empty: one profile from the declared "
+                    "shapes, or none when the model's inputs are all static. At run time each input "
                     "batch must fit one profile.",
         examples=[profile_form.EXAMPLE])
+    inputs: InputDecls | None = Field(
+        None,
+        description="What the model's inputs take (see 'Model inputs'); replaces the recipe's "
+                    "[inputs.NAME] entry of the same input. Without profiles, one profile is made "
+                    "from the declared shapes: min, opt and max of each dim's range.",
+        examples=[{"x": {"shape": [[1, 4, 8], 3, 224, 224]}}])
     optimization_level: int = Field(
         3, ge=0, le=5,
         description="TensorRT's builder optimization level: 0 (fastest build) to 5 (slowest "
@@ -226,6 +234,19 @@ def _describe_inputs(inputs: list[tuple[str, tuple[int, ...]]]) -> str:
                      for name, shape in inputs)
 
 
+def declared_profiles(inputs: list[tuple[str, tuple[int, ...]]], decls: InputDecls | None) -> list[Profile]:
+    """One profile from the declared shapes of the network's dynamic inputs; [] when one of
+    them is not declared (static inputs need none)."""
+    from optbuild.steps.calibdata import InputSpec
+    from optbuild.steps.inputdecl import profile_shapes
+
+    specs = [InputSpec(name, "", tuple(d if d >= 0 else None for d in shape)) for name, shape in inputs]
+    shapes = profile_shapes(specs, decls)
+    if not shapes:
+        return []
+    return [{name: ShapeRange(min=low, opt=opt, max=high) for name, (low, opt, high) in shapes.items()}]
+
+
 def check_profiles(profiles: list[Profile], inputs: list[tuple[str, tuple[int, ...]]],
                    model: str) -> None:
     """StepError unless ``profiles`` fit the network ``inputs`` ((name, shape), -1 = dynamic)."""
@@ -240,7 +261,9 @@ def check_profiles(profiles: list[Profile], inputs: list[tuple[str, tuple[int, .
     if dynamic and not profiles:
         example = ", ".join(f"{name} = {{ min = [...], opt = [...], max = [...] }}" for name in dynamic)
         raise StepError(f"{model} has dynamic inputs ({_describe_inputs([(n, shapes[n]) for n in dynamic])}) "
-                        f"and the step gives no optimization profile: add profiles = [{{ {example} }}]")
+                        f"and the step gives no optimization profile: add profiles = [{{ {example} }}], or "
+                        f"declare the inputs' shapes ([inputs.{dynamic[0]}] shape = [...], a dim as "
+                        "[min, opt, max]) and one profile is made from them")
     for index, profile in enumerate(profiles):
         missing = [name for name in dynamic if name not in profile]
         if missing:
@@ -328,14 +351,17 @@ class _TensorRTBase(Step):
                             "outputs: not an ONNX model, or an empty one")
         inputs = [(t.name, tuple(t.shape)) for t in (network.get_input(i) for i in range(network.num_inputs))]
         outputs = [(t.name, tuple(t.shape)) for t in (network.get_output(i) for i in range(network.num_outputs))]
-        check_profiles(list(self.params.profiles), inputs, model.name)
+        profiles = self.params.profiles or declared_profiles(inputs, self.params.inputs)
+        check_profiles(profiles, inputs, model.name)
+        if profiles and not self.params.profiles:
+            ctx.log(f"profile from the declared inputs: {profiles[0]}")
 
         config = builder.create_builder_config()
         config.builder_optimization_level = self.params.optimization_level
         if self.params.workspace is not None:
             config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.params.workspace)
         self._configure(trt, config, ctx)
-        for index, profile in enumerate(self.params.profiles):
+        for index, profile in enumerate(profiles):
             trt_profile = builder.create_optimization_profile()
             for name, rng in profile.items():
                 trt_profile.set_shape(name, rng.min, rng.opt, rng.max)
@@ -354,7 +380,7 @@ class _TensorRTBase(Step):
                             + quote(logged))
         engine_path = ctx.out_dir / "model.engine"
         engine_path.write_bytes(plan)
-        self._write_manifest(ctx, version, inputs, outputs)
+        self._write_manifest(ctx, version, inputs, outputs, profiles)
         ctx.metrics["build_s"] = round(build_s, 3)
         ctx.metrics["engine_bytes"] = engine_path.stat().st_size
         self._save_timing_cache(trt, config, cache, ctx)
@@ -437,7 +463,8 @@ class _TensorRTBase(Step):
             write_atomic(path, serialized)
         ctx.metrics["timing_cache_bytes"] = len(serialized)
 
-    def _write_manifest(self, ctx: StepContext, version: str, inputs: list, outputs: list) -> None:
+    def _write_manifest(self, ctx: StepContext, version: str, inputs: list, outputs: list,
+                        profiles: list[Profile]) -> None:
         import json
 
         manifest = {
@@ -445,7 +472,7 @@ class _TensorRTBase(Step):
             "tensorrt_version": version,
             "inputs": [{"name": n, "shape": list(s)} for n, s in inputs],
             "outputs": [{"name": n, "shape": list(s)} for n, s in outputs],
-            "profiles": [{name: rng.model_dump() for name, rng in p.items()} for p in self.params.profiles],
+            "profiles": [{name: rng.model_dump() for name, rng in p.items()} for p in profiles],
             **self._manifest_extra(),
         }
         (ctx.out_dir / "engine.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

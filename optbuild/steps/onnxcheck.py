@@ -16,23 +16,6 @@ def session(path: Path):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def random_feeds(path: Path, seed: int, dynamic_size: int = 2) -> dict[str, np.ndarray]:
-    """Seeded inputs of the declared shapes; symbolic dims get ``dynamic_size``."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for arg in session(path).get_inputs():
-        shape = [d if isinstance(d, int) and d > 0 else dynamic_size for d in arg.shape]
-        if "int" in arg.type:
-            feeds[arg.name] = rng.integers(0, 8, size=shape).astype(
-                np.int64 if "int64" in arg.type else np.int32)
-        elif "bool" in arg.type:
-            feeds[arg.name] = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            dtype = np.float16 if "float16" in arg.type else np.float32
-            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
-    return feeds
-
-
 def run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return session(path).run(None, feeds)
 

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.inputdecl import InputDecls, inputs_field
 from optbuild.steps.rewrite_check import check_rewrite, interface
 
 OLDEST = 7  # onnxruntime runs opsets 7 and newer
@@ -39,6 +40,7 @@ class OpsetParams(StepParams):
         description="Largest accepted error of the converted model against its input, relative "
                     "to the largest magnitude of each of the input model's outputs (0 < tolerance <= 1).",
         examples=[1e-3])
+    inputs: InputDecls | None = inputs_field()
 
 
 class Opset(Step):
@@ -78,7 +80,7 @@ class Opset(Step):
         onnx.save(converted, str(out))
         ctx.log(f"{label}: opset {before} -> {p.version}")
         check_rewrite(ctx, source, out, label, f"the opset {before} -> {p.version} conversion",
-                      checks=p.check, tolerance=p.tolerance)
+                      checks=p.check, tolerance=p.tolerance, decls=p.inputs)
 
     def _convert(self, model: Any, label: str, before: int | None) -> Any:
         import onnx

@@ -36,6 +36,7 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.calibdata import non_default, ort_distribution
+from optbuild.steps.inputdecl import InputDecls, inputs_field
 
 _STATIC_ONLY = ("calibration", "format", "activation_type", "symmetric_activations")
 _INT8_ONLY = ("weight_type", "per_channel", "reduce_range", "symmetric_weights", "op_types_to_quantize",
@@ -165,6 +166,7 @@ class QuantizeParams(StepParams):
                     "inputs, so a model onnxruntime cannot execute fails here. Accuracy is checked "
                     "by a verify step, not here.",
         examples=[False])
+    inputs: InputDecls | None = inputs_field()
 
     @field_validator("extra_options")
     @classmethod
@@ -242,7 +244,7 @@ class Quantize(Step):
         ctx.log(f"{self.params.mode}: {len(before.graph.node)} -> {len(ops)} nodes, "
                 f"{source.stat().st_size} -> {out.stat().st_size} bytes")
         if self.params.check:
-            self._check(ctx, out)
+            self._check(source, out, ctx.inputs["input"].step)
 
     # --- INT8 ------------------------------------------------------------------------------
     def _int8(self, ctx: StepContext, source: Path, out: Path) -> None:
@@ -373,23 +375,28 @@ class Quantize(Step):
         onnx.save(converted, str(out))
 
     # --- the result runs ---------------------------------------------------------------------
-    def _check(self, ctx: StepContext, out: Path) -> None:
+    def _check(self, source: Path, out: Path, label: str) -> None:
+        """The result loads and runs once on onnxruntime (CPU), on check 0's feeds."""
         from optbuild.steps import calibdata
+        from optbuild.steps.inputdecl import check_declarations, describe_tried, feeds
+        from optbuild.steps.rewrite_check import blame
 
+        what = f"the {self.params.mode} model"
         try:
             sess = calibdata.session(out)
-            feeds = calibdata.random_samples(calibdata.input_specs(sess), 1, seed=0).feeds[0]
-            sess.run(None, feeds)
-        except StepError:
-            raise
         except Exception as exc:
-            hint = ""
+            raise StepError(f"{what} does not load in onnxruntime (CPU): {type(exc).__name__}: {exc}") from None
+        specs = calibdata.input_specs(sess)
+        check_declarations(specs, self.params.inputs, label)
+        feed = feeds(specs, self.params.inputs, 0)
+        try:
+            sess.run(None, feed)
+        except Exception as exc:
+            error = str(blame(exc, source, feed, label, what, describe_tried(specs, self.params.inputs, [0])))
             if "ConvInteger" in str(exc) or "NOT_IMPLEMENTED" in str(exc):
-                hint = ("\nhint: onnxruntime's CPU kernels lack this quantized op for these types; "
-                        "try weight_type = \"uint8\", or leave the op out (op_types_to_quantize / "
-                        "nodes_to_exclude)")
-            raise StepError(f"the {self.params.mode} model does not run on onnxruntime (CPU): "
-                            f"{type(exc).__name__}: {exc}{hint}") from None
+                error += ("\nhint: onnxruntime's CPU kernels lack this quantized op for these types; try "
+                          "weight_type = \"uint8\", or leave the op out (op_types_to_quantize / nodes_to_exclude)")
+            raise StepError(error) from None
 
 
 def _write_ort_cache(path: Path, method: Any, tensors: dict[str, list[float]]) -> None:

@@ -11,18 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from optbuild.errors import StepError
+from optbuild.errors import StepError, first_line
 from optbuild.steps.base import StepContext
-
-CHECK_SIZES = (1, 2, 3)  # values for symbolic dims, one per check, in turn
+from optbuild.steps.inputdecl import InputDecls, check_declarations, describe_tried, feeds
 
 
 def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: str, *,
-                  checks: int, tolerance: float) -> None:
+                  checks: int, tolerance: float, decls: InputDecls | None = None) -> None:
     """Compare ``out`` (what ``tool`` made of ``label``) with ``source`` on ``checks`` seeded
-    random inputs, symbolic dims set to 1, 2, 3... in turn; StepError when they differ.
-    Sizes on which the input model itself fails are skipped (and logged), not blamed on
-    the rewrite; when it fails on all of them, nothing could be checked: an error too."""
+    feeds (see inputdecl: the recipe's declarations, else the model's own, symbolic dims 1,
+    2, 3... in turn); StepError when they differ. Feeds on which the input model itself
+    fails are skipped (and logged), not blamed on the rewrite; when it fails on all of them,
+    nothing could be checked: an error that says what was fed and how to declare more."""
+    from optbuild.steps.calibdata import input_specs
     from optbuild.steps.export import compare_outputs
 
     if checks == 0:
@@ -38,6 +39,8 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
         rewritten = literal_session(out)
     except Exception as exc:
         raise StepError(f"onnxruntime cannot load the model {tool} made of {label}: {exc}") from None
+    specs = input_specs(original)
+    check_declarations(specs, decls, label)
     names = [o.name for o in original.get_outputs()]
     declared = {o.name: o.shape for o in rewritten.get_outputs()}
     declared_before = {o.name: o.shape for o in original.get_outputs()}
@@ -45,23 +48,21 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
     worst_abs = worst_rel = 0.0
     done, failures = 0, []
     for i in range(checks):
-        size = CHECK_SIZES[i % len(CHECK_SIZES)]
-        feeds = random_feeds(original, seed=i, dynamic_size=size)
+        feed = feeds(specs, decls, i)
         try:
-            reference = original.run(None, feeds)
+            reference = original.run(None, feed)
         except Exception as exc:  # e.g. a symbolic dim that only some sizes fit
-            failures.append(f"dims = {size}: {str(exc).strip().splitlines()[0]}")
+            failures.append(f"{shapes(feed)}: {first_line(exc)}")
             continue
         try:
-            outputs = rewritten.run(None, feeds)
+            outputs = rewritten.run(None, feed)
         except Exception as exc:
-            raise StepError(f"{tool} broke {label}: the input model runs on random inputs "
-                            f"with symbolic dims = {size}, the simplified one fails: "
-                            f"{str(exc).strip().splitlines()[0]}") from None
+            raise StepError(f"{tool} broke {label}: the input model runs on {shapes(feed)} (check {i}), "
+                            f"the result fails: {first_line(exc)}") from None
         result = compare_outputs(names, reference, outputs)
         if result.problem or not result.max_rel <= tolerance:
-            raise StepError(f"{tool} changed the outputs of {label} (random inputs, seed {i}, "
-                            f"symbolic dims = {size}): {result.describe(tolerance)}")
+            raise StepError(f"{tool} changed the outputs of {label} (check {i}, seeded inputs "
+                            f"{shapes(feed)}): {result.describe(tolerance)}")
         for name, array in zip(names, outputs):
             shape = declared[name]
             if len(shape) == array.ndim and all(not isinstance(d, int) or d == n
@@ -77,13 +78,20 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
         worst_abs, worst_rel = max(worst_abs, result.max_abs), max(worst_rel, result.max_rel)
         done += 1
     if done == 0:
-        raise StepError(f"the input model of {label} does not run on random inputs, so the "
-                        f"{tool} result cannot be checked (check = 0 skips it): {'; '.join(failures)}")
+        raise StepError(f"the input model of {label} does not run on the inputs the check made, so the "
+                        f"{tool} result cannot be checked: {'; '.join(failures)}. "
+                        f"{describe_tried(specs, decls, list(range(checks)))}")
     for failure in failures:
-        ctx.log(f"check skipped: the input model itself fails with symbolic {failure}")
+        ctx.log(f"check skipped: the input model itself fails on {failure}")
     ctx.metrics.update(checks=done, max_abs_error=worst_abs, max_rel_error=worst_rel)
-    ctx.log(f"{tool} vs input, {done} random inputs: max abs error {worst_abs:.3g}, "
+    ctx.log(f"{tool} vs input, {done} seeded inputs: max abs error {worst_abs:.3g}, "
             f"relative {worst_rel:.3g}")
+
+
+def shapes(feed: dict[str, Any]) -> str:
+    """"x [1, 3, 32, 32], sr [] = 8000": what one feed holds, for a message."""
+    return ", ".join(f"{name} {list(a.shape)}" + (f" = {a.item()}" if a.size == 1 else "")
+                     for name, a in feed.items())
 
 
 def interface(model: Any) -> dict[str, Any]:
@@ -112,26 +120,16 @@ def literal_session(path: Path) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def random_feeds(session: Any, seed: int, dynamic_size: int) -> dict[str, Any]:
-    """Seeded inputs of the session's declared shapes; symbolic dims get ``dynamic_size``.
-    Integer inputs (token ids, indices) are drawn from [0, 8), floats from N(0, 1)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    kinds = {"float": np.float32, "float16": np.float16, "double": np.float64, "int64": np.int64,
-             "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
-    feeds = {}
-    for arg in session.get_inputs():
-        shape = [d if isinstance(d, int) and d >= 0 else dynamic_size for d in arg.shape]
-        type_name = arg.type.removeprefix("tensor(").removesuffix(")")
-        dtype = kinds.get(type_name)
-        if dtype is None:
-            raise StepError(f"cannot make random values for input {arg.name!r} of type {arg.type}; "
-                            "set check = 0 to skip the numeric check")
-        if dtype is np.bool_:
-            feeds[arg.name] = rng.integers(0, 2, size=shape).astype(bool)
-        elif np.issubdtype(dtype, np.integer):
-            feeds[arg.name] = rng.integers(0, 8, size=shape).astype(dtype)
-        else:
-            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
-    return feeds
+def blame(exc: BaseException, source: Path, feed: dict[str, Any], label: str, what: str,
+          described: str) -> StepError:
+    """The error for ``what`` (a step's product) failing on ``feed``: its own fault when its
+    input model ``source`` runs on the same feed; else the input model's, with ``described``
+    (what was fed, how to declare other inputs), since the feeds were a guess."""
+    try:
+        literal_session(source).run(None, feed)
+    except Exception as source_exc:
+        return StepError(f"the input model of {label} does not run on the inputs the check made "
+                         f"({shapes(feed)}): {first_line(source_exc)}. So {what} could not be checked; "
+                         f"it is not at fault. {described}")
+    return StepError(f"{what} fails on inputs its input model runs on ({shapes(feed)}): "
+                     f"{type(exc).__name__}: {first_line(exc)}")

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.inputdecl import InputDecls, inputs_field
 from optbuild.steps.rewrite_check import check_rewrite, interface
 
 
@@ -44,6 +45,7 @@ class SimplifyParams(StepParams):
         description="Largest accepted error of the simplified model against its input, relative "
                     "to the largest magnitude of each of the input model's outputs (0 < tolerance <= 1).",
         examples=[1e-3])
+    inputs: InputDecls | None = inputs_field()
 
 
 class Simplify(Step):
@@ -91,7 +93,7 @@ class Simplify(Step):
         ctx.log(f"{self.params.backend}: {before} -> {after} nodes in {elapsed:.2f} s "
                 f"(+{imported - started:.2f} s to import it)")
         check_rewrite(ctx, source, out, label, self.params.backend,
-                      checks=self.params.check, tolerance=self.params.tolerance)
+                      checks=self.params.check, tolerance=self.params.tolerance, decls=self.params.inputs)
 
     def _import_backend(self) -> Any:
         name = self.params.backend

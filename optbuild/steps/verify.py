@@ -72,6 +72,7 @@ from optbuild.steps.calibdata import (
     non_default,
     ort_distribution,
 )
+from optbuild.steps.inputdecl import InputDecls, check_declarations
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
@@ -124,6 +125,12 @@ class VerifyParams(StepParams):
                     "from [low, high), high excluded; low < high. Floats are standard normal, "
                     "booleans uniform.",
         examples=[[0, 30522]])
+    inputs: InputDecls | None = Field(
+        None,
+        description="Random inputs only: what the reference's inputs take (see 'Model inputs'); "
+                    "replaces the recipe's [inputs.NAME] entry of the same input. A declared input "
+                    "follows its declaration, the others dynamic_size and int_range.",
+        examples=[{"sr": {"values": [8000, 16000]}}])
     outputs: list[str] = Field(
         [],
         description="Names of the outputs to compare (each must exist in both models). Empty: "
@@ -318,8 +325,9 @@ class Verify(Step):
             samples = calibdata.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
             source = p.data + (f" ({', '.join(f'{k}={v}' for k, v in p.data_args.items())})" if p.data_args else "")
         else:
+            check_declarations(ref_specs, p.inputs, f"the reference {ref_art.step}")
             samples = calibdata.random_samples(ref_specs, p.samples or 8, p.seed, dynamic_size=p.dynamic_size,
-                                               int_range=(p.int_range[0], p.int_range[1]))
+                                               int_range=(p.int_range[0], p.int_range[1]), decls=p.inputs)
             source = samples.source
 
         ref_names = [o.name for o in sessions["reference"].get_outputs()]

@@ -1,0 +1,234 @@
+"""What a model's inputs may hold, declared once in a recipe, and the seeded feeds built from it.
+
+Every self-check (simplify, opset, quantize, the onnxruntime engine, verify without data)
+runs models on seeded random inputs. A model's own declaration often cannot say what it
+takes: symbolic dims that must be multiples of 32, two dims that share a name, a sample
+rate that must be 8000 or 16000. The recipe says it once, per input name::
+
+    [inputs.x]
+    shape = [1, 3, 48, [32, 320]]   # a dim: a size, [min, max] or [min, opt, max]
+    range = [0.0, 1.0]              # values drawn uniformly from [low, high]
+    [inputs.sr]
+    values = [8000, 16000]          # only these values
+
+and a step's own ``inputs`` table replaces the recipe's entry of the same input. Check ``k``
+of a step takes, for a dim range, its (opt,) min, max, ... in turn; for an undeclared
+symbolic dim, 1, 2, 3 in turn; a scalar with ``values`` takes each value in turn.
+
+The models here are validated when a recipe loads; numpy is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from optbuild.errors import StepError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from optbuild.steps.calibdata import InputSpec
+
+UNDECLARED_SIZES = (1, 2, 3)  # an undeclared symbolic dim, check by check
+DEFAULT_INT_RANGE = (0, 7)  # integers without a declaration: token ids, indices (inclusive)
+DOCS = "docs/steps.md#model-inputs"
+
+Dtype = Literal["float32", "float16", "float64", "bfloat16", "int64", "int32", "int16", "int8",
+                "uint64", "uint32", "uint16", "uint8", "bool"]
+
+
+class InputDecl(BaseModel):
+    """One model input: its shape with values for symbolic dims, its dtype, its values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shape: list[int | list[int]] | None = Field(
+        None,
+        description="The input's shape, one entry per dim: a size, [min, max] or [min, opt, max]. "
+                    "Checks take each range's opt (when given), min, max in turn; a TensorRT "
+                    "engine without profiles gets one profile from it.",
+        examples=[[1, 3, 48, [32, 320]]])
+    dtype: Dtype | None = Field(
+        None,
+        description="The element type the model takes (checked against the model's declaration).",
+        examples=["float32"])
+    range: tuple[float, float] | None = Field(
+        None,
+        description="[low, high]: values drawn uniformly from it (integers: both ends included). "
+                    "Default: floats from N(0, 1), integers from 0 to 7.",
+        examples=[[0.0, 1.0]])
+    values: list[int | float | bool] | None = Field(
+        None,
+        description="The only values the input takes: each element is drawn from them; a scalar "
+                    "(one element) takes each in turn, check by check.",
+        examples=[[8000, 16000]])
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, shape: list[int | list[int]] | None) -> list[int | list[int]] | None:
+        for axis, dim in enumerate(shape or []):
+            sizes = dim if isinstance(dim, list) else [dim]
+            if isinstance(dim, list) and len(dim) not in (2, 3):
+                raise ValueError(f"dim {axis}: a range is [min, max] or [min, opt, max], got {dim}")
+            if any(s < 0 for s in sizes) or sizes != sorted(sizes):
+                raise ValueError(f"dim {axis}: sizes must be >= 0 and in order min <= opt <= max, got {dim}")
+        return shape
+
+    @model_validator(mode="after")
+    def _one_source_of_values(self) -> InputDecl:
+        if self.range is not None and self.values is not None:
+            raise ValueError("give either range or values, not both")
+        if self.range is not None and self.range[0] > self.range[1]:
+            raise ValueError(f"range: low {self.range[0]} is above high {self.range[1]}")
+        if self.values is not None and not self.values:
+            raise ValueError("values: give at least one value")
+        return self
+
+
+InputDecls = dict[str, InputDecl]
+
+
+def merged(recipe: InputDecls | None, step: InputDecls | None) -> InputDecls | None:
+    """The recipe's declarations with the step's entries replacing those of the same input."""
+    if not recipe and not step:
+        return None
+    return {**(recipe or {}), **(step or {})}
+
+
+# --- against a model ---------------------------------------------------------------------
+def check_declarations(specs: list[InputSpec], decls: InputDecls | None, label: str) -> None:
+    """StepError when a declaration names no input of the model, or contradicts its rank,
+    a static dim or its dtype: a mistake in the recipe must not become a puzzling failure."""
+    names = [s.name for s in specs]
+    by_name = {s.name: s for s in specs}
+    for name, decl in (decls or {}).items():
+        spec = by_name.get(name)
+        if spec is None:
+            lowered = {n.lower(): n for n in names}
+            hint = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=1)]
+            raise StepError(f"inputs.{name}: {label} has no input {name!r}"
+                            + (f"; did you mean {hint[0]!r}?" if hint else "")
+                            + f" (its inputs: {', '.join(names)})")
+        if decl.dtype is not None and decl.dtype != spec.dtype:
+            raise StepError(f"inputs.{name}: dtype {decl.dtype} declared, {label} takes {spec.dtype}")
+        if decl.shape is None:
+            continue
+        if len(decl.shape) != len(spec.shape):
+            raise StepError(f"inputs.{name}: shape {decl.shape} has rank {len(decl.shape)}, "
+                            f"{label} declares {spec.describe()} (rank {len(spec.shape)})")
+        for axis, (dim, fixed) in enumerate(zip(decl.shape, spec.shape)):
+            if isinstance(fixed, int) and _sizes(dim) != [fixed] * len(_sizes(dim)):
+                raise StepError(f"inputs.{name}: dim {axis} is fixed at {fixed} in {label}, "
+                                f"the declaration gives {dim}")
+
+
+def _sizes(dim: int | list[int]) -> list[int]:
+    return dim if isinstance(dim, list) else [dim]
+
+
+def _pick(dim: int | list[int], check: int) -> int:
+    """Check ``check``'s size of a declared dim: [min, opt, max] -> opt, min, max; [min, max] ->
+    min, max, midpoint."""
+    if isinstance(dim, int):
+        return dim
+    order = [dim[1], dim[0], dim[2]] if len(dim) == 3 else [dim[0], dim[1], (dim[0] + dim[1]) // 2]
+    return order[check % 3]
+
+
+def shape_for(spec: InputSpec, decl: InputDecl | None, check: int) -> list[int]:
+    if decl is not None and decl.shape is not None:
+        return [_pick(dim, check) for dim in decl.shape]
+    return [d if isinstance(d, int) else UNDECLARED_SIZES[check % len(UNDECLARED_SIZES)] for d in spec.shape]
+
+
+def feeds(specs: list[InputSpec], decls: InputDecls | None, check: int, seed: int | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs for check number ``check`` (seed: ``check`` unless given)."""
+    import numpy as np
+
+    rng = np.random.default_rng(check if seed is None else seed)
+    feed = {}
+    for spec in specs:
+        decl = (decls or {}).get(spec.name)
+        shape = shape_for(spec, decl, check)
+        feed[spec.name] = values(rng, spec, decl, shape, check)
+    return feed
+
+
+def values(rng: Any, spec: InputSpec, decl: InputDecl | None, shape: list[int], check: int) -> np.ndarray:
+    import numpy as np
+
+    dtype = spec.dtype
+    if dtype not in ("bool", "float32", "float16", "float64") and not dtype.startswith(("int", "uint")):
+        raise StepError(f"cannot make values for input {spec} (declare [inputs.{spec.name}] or give data)")
+    if decl is not None and decl.values is not None:
+        if int(np.prod(shape)) == 1:
+            return np.full(shape, decl.values[check % len(decl.values)]).astype(dtype)
+        return rng.choice(np.asarray(decl.values), size=shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    low, high = decl.range if decl is not None and decl.range is not None else (None, None)
+    if dtype.startswith(("int", "uint")):
+        lo, hi = (int(low), int(high)) if low is not None else DEFAULT_INT_RANGE
+        return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
+    if low is not None:
+        return rng.uniform(low, high, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def describe_tried(specs: list[InputSpec], decls: InputDecls | None, checks: list[int]) -> str:
+    """What checks ``checks`` fed each input, and how to declare something else: for the
+    message of a failed check."""
+    parts = []
+    for spec in specs:
+        decl = (decls or {}).get(spec.name)
+        shapes = []
+        for check in checks:
+            shape = shape_for(spec, decl, check)
+            if shape not in shapes:
+                shapes.append(shape)
+        if decl is not None and decl.values is not None:
+            drawn = f"values {decl.values}"
+        elif spec.dtype == "bool":
+            drawn = "True/False"
+        elif decl is not None and decl.range is not None:
+            drawn = f"in [{decl.range[0]:g}, {decl.range[1]:g}]"
+        elif spec.dtype.startswith(("int", "uint")):
+            drawn = f"integers {DEFAULT_INT_RANGE[0]}..{DEFAULT_INT_RANGE[1]}"
+        else:
+            drawn = "N(0, 1)"
+        origin = "declared" if decl is not None else "the model's own"
+        parts.append(f"{spec.name} {spec.dtype} {' / '.join(map(str, shapes))} {drawn} ({origin})")
+    return ("fed " + "; ".join(parts) + f". Declare what the model takes in the recipe, e.g. "
+            f"[inputs.{specs[0].name if specs else 'x'}] shape = [...], range = [...] or values = [...] "
+            f"(see {DOCS})")
+
+
+def profile_shapes(specs: list[InputSpec], decls: InputDecls | None) -> dict[str, tuple[list[int], list[int], list[int]]] | None:
+    """(min, opt, max) per input from the declarations, for a TensorRT profile; None when a
+    dynamic input has no declared shape (the step then needs explicit profiles)."""
+    shapes = {}
+    for spec in specs:
+        decl = (decls or {}).get(spec.name)
+        if decl is None or decl.shape is None:
+            if all(isinstance(d, int) for d in spec.shape):
+                continue
+            return None
+        low = [_sizes(d)[0] for d in decl.shape]
+        high = [_sizes(d)[-1] for d in decl.shape]
+        opt = [d[1] if isinstance(d, list) and len(d) == 3 else (d[-1] if isinstance(d, list) else d)
+               for d in decl.shape]
+        shapes[spec.name] = (low, opt, high)
+    return shapes
+
+
+def inputs_field() -> Any:
+    """The ``inputs`` parameter of every step that runs its model on generated feeds."""
+    return Field(
+        None,
+        description="What the model's inputs take, per input name: shape (values for symbolic dims, or "
+                    "ranges), dtype, range or values (see 'Model inputs'). Entries replace the recipe's "
+                    "[inputs.NAME] entry of the same input; not set: the recipe's.",
+        examples=[{"sr": {"values": [8000, 16000]}}])
