@@ -8,6 +8,7 @@ the key's lock is held from the second lookup until the entry is stored.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild import lockfile
+from optbuild.atomic import write_atomic
 from optbuild.digest import FileHasher
 from optbuild.errors import (
     DISK_FULL_ERRNOS,
@@ -118,26 +120,42 @@ class Executor:
         waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
         ready = deque(sid for sid in selected if waiting[sid] == 0)
         building: dict[Future, str] = {}
-        stop = False
+        stop: str | None = None  # set by the first failure without -k: why steps not started are skipped
+        would_stop: str | None = None  # a plan goes on past the first such step, and notes it
 
         def settle(sid: str, outcome: Outcome) -> None:
-            nonlocal stop
-            if outcome.status in ("failed", "unavailable") and not self.options.keep_going:
-                stop = stop or not (outcome.status == "unavailable" and self.options.skip_unavailable)
+            nonlocal stop, would_stop
+            halts = outcome.status == "failed" or (outcome.status == "unavailable"
+                                                   and not self.options.skip_unavailable)
+            if halts and not self.options.keep_going:
+                if self.options.dry_run:
+                    would_stop = would_stop or sid
+                elif stop is None:
+                    stop = f"build stopped after {sid} {'failed' if outcome.status == 'failed' else 'was unavailable'}"
             for child in self.graph.dependents[sid]:
                 if child in waiting:
                     waiting[child] -= 1
                     if waiting[child] == 0:
                         ready.append(child)
 
+        def blocked(sid: str) -> str | None:
+            """Why ``sid`` must not start: an upstream step that did not succeed (for one that
+            was skipped too, the failure behind it), else the stop, if any."""
+            bad = [d for d in self.graph.deps[sid] if self.outcomes[d].status not in _USABLE]
+            if not bad:
+                return stop
+            dep = next((d for d in bad if self.outcomes[d].status != "skipped"), bad[0])
+            outcome = self.outcomes[dep]
+            if outcome.status == "skipped" and outcome.reasons:
+                return outcome.reasons[0]
+            return f"upstream {dep} {outcome.status}"
+
         with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
             try:
                 while ready or building:
                     while ready:
                         sid = ready.popleft()
-                        bad = [d for d in self.graph.deps[sid] if self.outcomes[d].status not in _USABLE]
-                        if bad or stop:
-                            why = f"upstream {bad[0]} {self.outcomes[bad[0]].status}" if bad else "build stopped"
+                        if (why := blocked(sid)) is not None:
                             settle(sid, self._finish(sid, Outcome("skipped", reasons=[why])))
                             continue
                         decision = self._process(sid, self._decide)
@@ -156,6 +174,7 @@ class Executor:
                 raise
             finally:
                 self.hasher.flush()
+        self._clean_logs()
         self._write_lock()
         counts: dict[str, int] = {}
         for outcome in self.outcomes.values():
@@ -170,10 +189,34 @@ class Executor:
             self.reporter.emit({"event": "cache", **stats})
         if not self.options.dry_run:
             append_stats(self.store.root, {"command": "build", "ok": ok, "counts": counts, **stats})
+        else:
+            for note in self._plan_notes(would_stop):
+                self.reporter.emit({"event": "note", "message": note})
         self.reporter.emit({"event": "done", "ok": ok, "counts": counts,
                             "duration_s": time.perf_counter() - started,
                             "bytes_hashed": self.hasher.bytes_read})
         return self.outcomes
+
+    def _plan_notes(self, would_stop: str | None) -> list[str]:
+        """Where a build's counts may differ from a plan's: at the step that would stop it
+        (which steps had started by then is timing), and below steps that will build (a
+        rebuild that reproduces its output leaves the steps after it cached; only those built
+        before can be)."""
+        notes = []
+        if would_stop is not None:
+            if self.outcomes[would_stop].status == "failed":
+                what, flags = "fails", "-k"
+            else:
+                what, flags = "cannot run here", "--skip-unavailable or -k"
+            notes.append(f"{would_stop} {what}: without {flags}, the build stops there and skips the steps "
+                         "not started by then")
+        after = [sid for sid, o in self.outcomes.items()
+                 if o.key is None and o.status in ("would-build", "unavailable") and sid in self.last_build]
+        if after:
+            notes.append(f"{len(after)} step{'s come' if len(after) > 1 else ' comes'} after steps that will "
+                         "build: their keys are known only then, and any whose inputs come out unchanged "
+                         "will be cached, not built")
+        return notes
 
     def _finish(self, sid: str, outcome: Outcome) -> Outcome:
         self.outcomes[sid] = outcome
@@ -216,7 +259,10 @@ class Executor:
         for field_name, dep in spec.deps.items():
             outcome = self.outcomes[dep]
             if outcome.entry is None:  # dry run: upstream will build, key unknown yet
-                return Outcome("would-build", reasons=[f"upstream {dep} will build first"])
+                why = [f"upstream {dep} will build first"]
+                if (missing := spec.step.unavailable(self.host)) is not None:  # as the build will find
+                    return Outcome("unavailable", reasons=why, error=f"{spec.id} cannot run here: {missing}")
+                return Outcome("would-build", reasons=why)
             upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
         try:
             ingredients = step_ingredients(
@@ -355,9 +401,11 @@ class Executor:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _run_worker(self, sid: str, tmp: Path, log_path: Path) -> dict[str, Any]:
+        """Run the step's worker, its stdout and stderr into ``log_path``; unbuffered (-u), so
+        that what a step printed reaches the log in order even when it then crashes."""
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "optbuild.worker", str(tmp / "spec.json")],
+                [sys.executable, "-u", "-m", "optbuild.worker", str(tmp / "spec.json")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.project.root,
             )
@@ -392,17 +440,40 @@ class Executor:
 
     def _keep_failed_log(self, spec: StepSpec, log: bytes) -> str:
         """Copy a failed step's log to build/.logs/ (the scratch copy is removed); says where,
-        or, when the disk is full, why not: that must not hide the step's own error."""
+        or, when the disk is full, why not: that must not hide the step's own error. Written
+        whole (a link planted there is replaced, never written through)."""
         path = confined(self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log",
                         self.project.build_dir, f"the log of {spec.id} to")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(log)
+            write_atomic(path, log)
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
             return f"the full log could not be kept: {describe_os_error(exc, path.parent)}"
         return f"full log: {path}"
+
+    def _clean_logs(self) -> None:
+        """Remove the kept logs of steps that succeeded in this run and of steps the project
+        no longer has: a log left there would speak of a failure that is gone. Only
+        ``<recipe>/<step>.log`` files in build/.logs are removed (no link is followed), and
+        a step not run this time keeps its log. What cannot be removed is left."""
+        if self.options.dry_run:
+            return
+        logs = confined(self.project.build_dir / ".logs", self.project.build_dir, "the step logs to")
+        succeeded = {sid for sid, o in self.outcomes.items() if o.status in ("cached", "restored", "built")}
+        try:
+            if logs.is_symlink() or not logs.is_dir():
+                return
+            folders = [f for f in logs.iterdir() if f.is_dir() and not f.is_symlink()]
+        except OSError:
+            return
+        for folder in folders:
+            for path in folder.glob("*.log"):
+                sid = f"{folder.name}:{path.stem}"
+                if (sid in succeeded or sid not in self.project.steps) and not path.is_symlink():
+                    with contextlib.suppress(OSError):
+                        confined(path, logs, f"the log of {sid} to").unlink()
+                        folder.rmdir()  # the recipe's last log: its folder goes too
 
     def _check_inputs_unchanged(self, spec: StepSpec, ingredients: dict[str, Any]) -> None:
         """Inputs edited during the build make its result a guess: do not cache it."""

@@ -1,7 +1,9 @@
 """Runs one step in its own process: ``python -m optbuild.worker SPEC.json``.
 
 A crash in a native library (onnxsim, TensorRT) kills this process, not the build. The
-spec and the result travel as JSON files; stdout and stderr go to the step's log.
+spec and the result travel as JSON files; stdout and stderr go to the step's log, and
+everything that explains a failure is written there: the traceback of any error (expected
+or not), library logging, Python warnings, and on a native crash the Python stack.
 
 The result file's space is reserved before the step runs, so a step that fills the disk
 still reports why it failed. Where even the reservation (or a result too big for it) fails
@@ -11,6 +13,7 @@ the full disk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -68,13 +71,26 @@ def run(spec: dict) -> dict:
     try:
         step.run(ctx)
     except OptbuildError as exc:
+        _log_failure()
         return {"ok": False, "error": str(exc), "expected": True}
-    except Exception as exc:  # a bug or a tool failure: full traceback in the log
+    except Exception as exc:  # a bug or a tool failure: the log tail goes to the console too
         if is_disk_full(exc):  # not a bug: say which disk to make room on
-            return {"ok": False, "error": describe_os_error(exc, ctx.out_dir), "expected": True}
-        traceback.print_exc()
+            error = describe_os_error(exc, ctx.out_dir)
+            _log_failure(error)
+            return {"ok": False, "error": error, "expected": True}
+        _log_failure()
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True, "metrics": ctx.metrics, "run_s": time.perf_counter() - started}
+
+
+def _log_failure(error: str | None = None) -> None:
+    """The traceback of the error being handled, and ``error``, into the log: also for an
+    expected error, whose console message is short, as it shows where a tool raised it. A
+    log on a full disk must not keep the result from saying why the step failed."""
+    with contextlib.suppress(OSError):
+        traceback.print_exc()
+        if error:
+            print(error, file=sys.stderr)
 
 
 def _disk_full_exit(exc: OSError) -> NoReturn:
@@ -86,7 +102,22 @@ def _disk_full_exit(exc: OSError) -> NoReturn:
     os._exit(exc.errno)
 
 
+def _capture_diagnostics() -> None:
+    """Make what explains a failure reach the log: the Python stack on a native crash
+    (faulthandler), and library logging from INFO up (unconfigured, logging drops INFO
+    and prints warnings without saying which library wrote them)."""
+    import faulthandler
+    import logging
+
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
 def main() -> None:
+    # SIGTERM ends a worker at once, even one whose builder ignores SIGTERM (an ignored
+    # signal is inherited; a handler is not)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _capture_diagnostics()
     spec_path = Path(sys.argv[1])
     spec = json.loads(spec_path.read_text())
     _die_with_parent(spec["parent_pid"])

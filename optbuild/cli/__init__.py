@@ -7,9 +7,14 @@ chosen, and heavy libraries only inside the steps that need them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from optbuild import __version__
@@ -50,26 +55,65 @@ def _show_warnings() -> None:
         logger.propagate = False
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: a KeyboardInterrupt, so that it takes the path of
+    Ctrl-C (workers killed, scratch space removed, finished steps kept)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """Further SIGTERMs are ignored: they must not cut short the cleanup the first began
+    (SIGKILL still ends it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated while the command runs; the handler found is put back
+    after (main() may run more than once in a process). Only the main thread can do so."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 1 a step failed, 2 an error, 130 Ctrl-C, 143 SIGTERM (128 + the
+    signal, as a shell reports a command the signal killed), 141 stdout closed by its reader
+    (as ``ls | head`` reports under ``set -o pipefail``: the output was cut short)."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not as a warning when Python exits
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for Python's exit flush
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     from optbuild.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
 
     args = _parser().parse_args(argv)
     module = importlib.import_module(f"optbuild.cli.{args.command}")
     _show_warnings()
-    try:
+    with _sigterm_as_interrupt():
         try:
-            return module.run(args)
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            raise DiskFullError(describe_os_error(exc)) from None
-    except OptbuildError as exc:
-        for line in str(exc).splitlines():
-            print(f"error: {line}" if line else "", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the steps that had finished are kept (in the cache and the build "
-              "folder); the steps that were running left nothing behind", file=sys.stderr)
-        return 130
-
-
+            try:
+                return module.run(args)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                raise DiskFullError(describe_os_error(exc)) from None
+        except OptbuildError as exc:
+            for line in str(exc).splitlines():
+                print(f"error: {line}" if line else "", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:
+            print("interrupted: the steps that had finished are kept (in the cache and the build "
+                  "folder); the steps that were running left nothing behind", file=sys.stderr)
+            return 143 if isinstance(exc, Terminated) else 130
