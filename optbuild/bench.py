@@ -428,14 +428,19 @@ def _blocks(total: int, rounds: int) -> list[int]:
     return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
 
 
-def measure(runners: list[_Runner], options: BenchOptions) -> None:
-    """Warm up every runner, then time ``runs`` calls of each, interleaved in blocks."""
+def measure(runners: list[_Runner], options: BenchOptions, say: Callable[[str], None] = lambda message: None) -> None:
+    """Warm up every runner, then time ``runs`` calls of each, interleaved in blocks; ``say``
+    what it does (a bench of a large model takes minutes)."""
     import numpy as np
 
     for runner in runners:
+        if options.warmup:
+            say(f"  warm-up  {runner.row.name}")
         for _ in range(options.warmup):
             runner.call()
     blocks = _blocks(options.runs, options.rounds)
+    say(f"  timing   {len(runners)} model{'s' if len(runners) > 1 else ''}: {options.runs} runs each"
+        + (f", interleaved in {len(blocks)} rounds" if len(blocks) > 1 and len(runners) > 1 else ""))
     clock = time.perf_counter_ns
     enabled = gc.isenabled()
     gc.disable()
@@ -460,6 +465,7 @@ def measure(runners: list[_Runner], options: BenchOptions) -> None:
         row.latency_ms = {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
                           "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())}
         row.throughput = row.batch / (row.latency_ms["mean"] / 1000)
+        say(f"  measured {row.name}  p50 {_ms(p50)} ms")
 
 
 def _baseline(rows: list[Row]) -> Row | None:
@@ -516,7 +522,8 @@ def _torch_version() -> str | None:
 def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None, *,
           reporter: Reporter | None = None, progress: Callable[[str], None] | None = None) -> list[RecipeBench]:
     """Build ``targets`` (or with ``options.build`` False, restore them), measure their models,
-    and write ``build/<recipe>/bench.json`` for each recipe. Returns one result per recipe."""
+    and write ``build/<recipe>/bench.json`` for each recipe. Returns one result per recipe.
+    ``progress`` gets a line as each model (and runtime) is loaded, warmed up and measured."""
     options = options or BenchOptions()
     say = progress or (lambda message: None)
     if options.plot:
@@ -538,6 +545,9 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
         notes += [build_notes[v] for v in dict.fromkeys(recipe_verifies) if v in build_notes]
         int_range = _int_range(ws, recipe_verifies)
         runners: list[_Runner] = []
+        eager = [sid for sid in sids if ws.project.steps[sid].kind == "export" and torch_version is not None]
+        say(f"bench {recipe}: {len(sids) + len(eager)} models, {options.warmup} warm-up + {options.runs} timed "
+            f"runs each, batch {options.batch}, threads {options.threads or 'default'}")
         with ExitStack() as stack:
             for sid in sids:
                 path = _artifact(ws, sid, outcomes[sid])
@@ -546,7 +556,9 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                         notes.append(f"{sid}: no PyTorch eager baseline: torch is not installed "
                                      "(pip install 'optbuild[torch]')")
                     else:
+                        say(f"  load     {sid} (torch)")
                         runners.append(stack.enter_context(_torch_runner(ws, sid, path, options, int_range)))
+                say(f"  load     {sid} (onnxruntime)")
                 runner, row_notes = _ort_runner(ws, sid, path, options, int_range)
                 runners.append(runner)
                 notes += row_notes
@@ -556,10 +568,8 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
             if load is not None and load > cpus:
                 notes.append(f"load average {load:.2f} on {cpus} CPUs as measuring began: other work "
                              "competes for the CPUs, expect noisy figures")
-            say(f"measuring {recipe}: {len(runners)} models, {options.warmup} warm-up + {options.runs} "
-                f"timed runs each, batch {options.batch}, threads {options.threads or 'default'}")
             with _torch_threads(options.threads, any(r.row.runtime == "torch" for r in runners)) as torch_threads:
-                measure(runners, options)
+                measure(runners, options, say)
         rows = [r.row for r in runners]
         baseline = _baseline(rows)
         if baseline is not None:

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
 Event = dict[str, Any]
+
+# one lock for every writer of progress: reporters and bench's progress share stderr
+_WRITE_LOCK = threading.Lock()
 
 _STYLE = {
     "cached": "green", "restored": "green", "built": "bold green", "would-build": "yellow",
@@ -24,11 +28,15 @@ class Reporter:
 
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
+        """Record and show ``event``; safe from any thread (the executor's pool threads emit),
+        and the events are shown in the order they are recorded."""
         event.setdefault("time", time.time())
-        self.events.append(event)
-        self.show(event)
+        with self._lock:
+            self.events.append(event)
+            self.show(event)
 
     def show(self, event: Event) -> None:
         pass
@@ -46,8 +54,16 @@ class JsonReporter(Reporter):
         self.stream = stream
 
     def show(self, event: Event) -> None:
-        self.stream.write(json.dumps(event, default=str) + "\n")
-        self.stream.flush()
+        write_line(self.stream, json.dumps(event, default=str))
+
+
+def write_line(stream: TextIO, text: str) -> None:
+    """Write ``text`` and its newline in one call, under a lock: lines written by several
+    threads never run together (print() writes the newline apart, and on an unbuffered
+    stream each part goes out on its own)."""
+    with _WRITE_LOCK:
+        stream.write(text + "\n")
+        stream.flush()
 
 
 def _line(event: Event) -> str | None:
@@ -60,7 +76,7 @@ def _line(event: Event) -> str | None:
         text = f"  {status:<8} {event['step']}"
         if event.get("duration_s") is not None and status == "built":
             text += f"  {event['duration_s']:.1f}s"
-        if status == "would-build" and event.get("reasons"):
+        if status in ("would-build", "skipped") and event.get("reasons"):
             text += "  (" + "; ".join(event["reasons"]) + ")"
         if event.get("error"):
             text += "\n" + "\n".join("      " + line for line in str(event["error"]).splitlines())
@@ -71,6 +87,8 @@ def _line(event: Event) -> str | None:
         return f"{verdict}: {counts or 'nothing to do'} in {event['duration_s']:.2f}s"
     if kind == "warning":
         return f"warning: {event['message']}"
+    if kind == "note":
+        return f"note: {event['message']}"
     return None
 
 
@@ -81,7 +99,7 @@ class PlainReporter(Reporter):
 
     def show(self, event: Event) -> None:
         if (line := _line(event)) is not None:
-            print(line, file=self.stream, flush=True)
+            write_line(self.stream, line)
 
 
 class RichReporter(Reporter):

@@ -116,6 +116,19 @@ def test_plain_table_with_no_build_once_built(examples, benched):
     assert "written: " in table and "bench.json" in table
 
 
+def test_progress_goes_to_stderr_a_line_per_model_as_it_is_measured(examples, benched):
+    run = examples.cli("bench", "transformer", "--no-build", "--json", *FAST)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["recipes"][0]["recipe"] == "transformer"  # stdout: the results only
+    lines = run.stderr.splitlines()
+    assert "bench transformer: 8 models, 1 warm-up + 5 timed runs each, batch 1, threads 1" in lines
+    for name in ("transformer:export (torch)", "transformer:export (onnxruntime)",
+                 "transformer:quantize_int8 (onnxruntime)"):
+        load, warmup = lines.index(f"  load     {name}"), lines.index(f"  warm-up  {name}")
+        measured = next(i for i, line in enumerate(lines) if line.startswith(f"  measured {name}  p50 "))
+        assert load < warmup < lines.index("  timing   8 models: 5 runs each, interleaved in 5 rounds") < measured
+
+
 def test_a_step_target_and_the_plot(examples, benched):
     pytest.importorskip("matplotlib")
     from optbuild import api

@@ -46,14 +46,15 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild import bench as benchmod
-    from optbuild.report import make_reporter
+    from optbuild.report import make_reporter, write_line
 
     options = benchmod.BenchOptions(runs=args.runs, warmup=args.warmup, batch=args.batch,
                                     threads=args.threads, build=not args.no_build, plot=args.plot)
     ws = api.open_workspace(args.directory)
     try:
+        # progress and the build's events go to stderr: stdout holds only the results (--json)
         results = benchmod.bench(ws, args.targets, options, reporter=make_reporter(False),
-                                 progress=lambda message: print(message, file=sys.stderr, flush=True))
+                                 progress=lambda message: write_line(sys.stderr, message))
         root = ws.project.root
     finally:
         ws.close()

@@ -1,4 +1,10 @@
-"""optbuild plan [TARGET...]: a dry run that says, per step, cached or build and why."""
+"""optbuild plan [TARGET...]: a dry run that says, per step, cached or build and why.
+
+Its counts are what ``optbuild build`` with the same flags does, save what a plan cannot
+know, which it notes: where a failure or an unavailable step would stop the build (plan
+goes on past it, showing every step), and steps after a rebuild whose output comes out
+unchanged (cached, not built).
+"""
 
 from __future__ import annotations
 
