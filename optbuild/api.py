@@ -81,11 +81,14 @@ def build(
     toolchain: Toolchain | None = None,
     host: Fingerprint | None = None,
     fetch_only: bool = False,
+    retry_failed: bool = False,
 ) -> BuildResult:
     """Build (or with ``dry_run``, plan) ``targets`` and their ancestors.
 
     With ``fetch_only`` nothing builds: what the local or remote cache holds is restored,
     and every step that would have to build is a "would-build" outcome (the result is not ok).
+    A step whose failure with the same key is remembered fails again at once, unless
+    ``retry_failed``.
     ``jobs``, ``keep_going`` and ``skip_unavailable`` left at None take optbuild.toml's [build].
     """
     config = ws.project.config.build
@@ -95,6 +98,7 @@ def build(
         dry_run=dry_run,
         skip_unavailable=config.skip_unavailable if skip_unavailable is None else skip_unavailable,
         fetch_only=fetch_only,
+        retry_failed=retry_failed,
     )
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])

@@ -42,6 +42,7 @@ from optbuild.paths import confined
 from optbuild.recipe import Project, StepSpec
 from optbuild.report import Reporter
 from optbuild.store.entry import ActionEntry
+from optbuild.store.failures import FailureStore
 from optbuild.store.local import BlobGone, LocalStore
 from optbuild.store.remote import RemoteSession, append_stats, run_stats
 from optbuild.toolchain import Toolchain
@@ -57,6 +58,7 @@ class Options:
     dry_run: bool = False
     skip_unavailable: bool = False
     fetch_only: bool = False  # build --no-build: take what the caches hold, build nothing
+    retry_failed: bool = False  # run steps whose failure with the same key is remembered
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Outcome:
     reasons: list[str] = field(default_factory=list)
     error: str | None = None
     source: str | None = None  # "remote" when the remote cache served it
+    parked: bool = False  # skipped because it (or an upstream step) has enabled = false
 
 
 class Cancelled(Exception):
@@ -98,6 +101,7 @@ class Executor:
         self.options = options or Options()
         # a dry run changes nothing: corrupt items it meets are left for a real build to remove
         self.store = store.read_only_view() if self.options.dry_run else store
+        self.failures = FailureStore(store.root, writable=self.store.writable)
         self.last_build = lockfile.read(project.lock_file)
         self.outcomes: dict[str, Outcome] = {}
         self._cancel = threading.Event()
@@ -155,6 +159,9 @@ class Executor:
                 while ready or building:
                     while ready:
                         sid = ready.popleft()
+                        if (parked := self._parked(sid)) is not None:
+                            settle(sid, self._finish(sid, Outcome("skipped", reasons=[parked], parked=True)))
+                            continue
                         if (why := blocked(sid)) is not None:
                             settle(sid, self._finish(sid, Outcome("skipped", reasons=[why])))
                             continue
@@ -180,7 +187,7 @@ class Executor:
         for outcome in self.outcomes.values():
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
         tolerated = {"unavailable", "skipped"} if self.options.skip_unavailable else set()
-        ok = all(o.status in _USABLE or o.status in tolerated for o in self.outcomes.values())
+        ok = all(o.status in _USABLE or o.status in tolerated or o.parked for o in self.outcomes.values())
         ok = ok and not (self.options.fetch_only and counts.get("would-build"))
         if self.remote is not None:
             self.remote.drain()
@@ -217,6 +224,13 @@ class Executor:
                          "build: their keys are known only then, and any whose inputs come out unchanged "
                          "will be cached, not built")
         return notes
+
+    def _parked(self, sid: str) -> str | None:
+        """Why ``sid`` is parked: ``enabled = false`` on it, or on a step it depends on."""
+        if not self.project.steps[sid].enabled:
+            return f"disabled (enabled = false in {self.project.recipes[self.project.steps[sid].recipe].name})"
+        parked = next((d for d in self.graph.deps[sid] if d in self.outcomes and self.outcomes[d].parked), None)
+        return f"upstream {parked} is disabled" if parked else None
 
     def _finish(self, sid: str, outcome: Outcome) -> Outcome:
         self.outcomes[sid] = outcome
@@ -288,6 +302,10 @@ class Executor:
         remote_entry = self.remote.lookup(key, spec.id) if self.remote is not None else None
         if remote_entry is not None and self.options.dry_run:  # its entry gives downstream keys
             return Outcome("restored", key, remote_entry, [*reasons, "on the remote cache"], source="remote")
+        if remote_entry is None and not self.options.retry_failed and (failed := self.failures.get(key)):
+            if not self.options.dry_run:  # the log of the failure it repeats, where the message says
+                self._keep_failed_log(spec, failed.log.encode())
+            return Outcome("failed", key, reasons=["failed before with this key"], error=failed.describe())
         if remote_entry is None:
             if (missing := spec.step.unavailable(self.host)) is not None:
                 return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
@@ -390,7 +408,12 @@ class Executor:
             duration = time.perf_counter() - started
             log = log_path.read_bytes()
             if not result.get("ok"):
-                raise StepError(self._failure_message(result, log, self._keep_failed_log(spec, log)))
+                message = self._failure_message(result, log, self._keep_failed_log(spec, log))
+                if result.get("repeats"):
+                    with contextlib.suppress(OSError):  # not remembering it must not hide why it failed
+                        self.failures.put(key, spec.id, message, log)
+                raise StepError(message)
+            self.failures.drop(key)  # built at last (--retry-failed): forget the failure
             self._check_inputs_unchanged(spec, ingredients)
             return self._store_outputs(spec, key, ingredients, out_dir, log, result, duration)
         except OSError as exc:

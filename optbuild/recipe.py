@@ -127,6 +127,7 @@ class StepSpec:
     step: Step
     doc: TomlDocument
     deps: dict[str, str] = field(default_factory=dict)  # param field -> upstream step id
+    enabled: bool = True  # false: parked, skipped with its dependents, without deleting it
     # Step.key_files() as found when the project was loaded (a Project is a snapshot):
     # finding an export's imports means reading its sources, which planning need not repeat.
     key_files: tuple[Path, ...] | None = None
@@ -289,16 +290,20 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
     except (ImportError, AttributeError, TypeError, SyntaxError, OSError) as exc:
         problems.append(doc.problem((*loc, "kind"), f"step kind {kind!r} ({target}) cannot load: {exc}"))
         return None
-    params_raw = {k: v for k, v in raw.items() if k != "kind"}
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        problems.append(doc.problem((*loc, "enabled"), f"expected true or false, got {enabled!r}"))
+        return None
+    params_raw = {k: v for k, v in raw.items() if k not in ("kind", "enabled")}
     if inputs and "inputs" in cls.Params.model_fields and isinstance(params_raw.get("inputs", {}), dict):
         params_raw["inputs"] = {**inputs, **params_raw.get("inputs", {})}  # the step's entries win
     try:
         params = cls.Params.model_validate(params_raw)
     except ValidationError as exc:
-        problems.extend(validation_problems(doc, loc, exc, cls.Params, top_keys=("kind",)))
+        problems.extend(validation_problems(doc, loc, exc, cls.Params, top_keys=("kind", "enabled")))
         return None
     step = cls(params, doc.path.parent, root)
-    return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, target, step, doc)
+    return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, target, step, doc, enabled=enabled)
 
 
 def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],

@@ -70,16 +70,18 @@ def run(spec: dict) -> dict:
     started = time.perf_counter()
     try:
         step.run(ctx)
+    # "repeats": the same inputs fail the same way, so the builder may remember the failure;
+    # not so for a full disk or exhausted memory, which depend on the moment
     except OptbuildError as exc:
         _log_failure()
-        return {"ok": False, "error": str(exc), "expected": True}
+        return {"ok": False, "error": str(exc), "expected": True, "repeats": True}
     except Exception as exc:  # a bug or a tool failure: the log tail goes to the console too
         if is_disk_full(exc):  # not a bug: say which disk to make room on
             error = describe_os_error(exc, ctx.out_dir)
             _log_failure(error)
             return {"ok": False, "error": error, "expected": True}
         _log_failure()
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "repeats": not isinstance(exc, MemoryError)}
     return {"ok": True, "metrics": ctx.metrics, "run_s": time.perf_counter() - started}
 
 

@@ -24,6 +24,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-unavailable", action=argparse.BooleanOptionalAction, default=None,
                         help="build what this host can; skip steps it cannot run (e.g. no GPU), "
                              "listing what they need (default: [build] skip_unavailable)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="run steps that failed before with the same key (their failures are "
+                             "remembered and reported without running them again)")
     add_remote_flags(parser)
 
 
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,
-                           skip_unavailable=args.skip_unavailable, fetch_only=args.no_build)
+                           skip_unavailable=args.skip_unavailable, fetch_only=args.no_build,
+                           retry_failed=args.retry_failed)
     finally:
         ws.close()
     report_remote(args, result)

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     ws = api.open_workspace(args.directory, remote=remote_override(args))
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=1,
-                           dry_run=True, skip_unavailable=args.skip_unavailable)
+                           dry_run=True, skip_unavailable=args.skip_unavailable,
+                           retry_failed=args.retry_failed)
     finally:
         ws.close()
     report_remote(args, result)
