@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from optbuild.atomic import write_atomic
 from optbuild.errors import OptbuildError, first_line
+from optbuild.units import human_size
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
@@ -302,7 +303,7 @@ def _verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | N
         return pick(values) if values else None
 
     return {
-        "step": sid, "reference": (report.get("reference") or {}).get("step"),
+        "step": sid, "reference": spec.deps.get("reference"),  # the report names files, not steps
         "cosine": worst("cosine", min), "max_abs": worst("max_abs", max), "top1": worst("top1", min),
         "passed": report.get("passed"), "samples": (report.get("data") or {}).get("samples"),
         "data": (report.get("data") or {}).get("source"),
@@ -608,7 +609,7 @@ def _torch_threads(threads: int | None, used: bool) -> Iterator[int | None]:
 
 
 # --- presenting ------------------------------------------------------------------------------
-COLUMNS = ("model", "step", "MB", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up",
+COLUMNS = ("model", "step", "size", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up",
            "cosine", "max abs", "top-1", "verified by")
 
 
@@ -636,7 +637,7 @@ def table_rows(result: RecipeBench) -> list[list[str]]:
             if len(row.verify) > 1:
                 checked += f" (+{len(row.verify) - 1})"
         cells.append([
-            row.label, step, "" if row.size_bytes is None else f"{row.size_bytes / 1e6:.2f}",
+            row.label, step, "" if row.size_bytes is None else human_size(row.size_bytes),
             _ms(row.latency_ms["p50"]), _ms(row.latency_ms["p90"]), _ms(row.latency_ms["p99"]),
             f"{row.throughput:,.0f}", speedup, fig("cosine", ".5f"), fig("max_abs", ".3g"),
             fig("top1", ".3f"), checked,

@@ -14,6 +14,7 @@ from typing import Any
 from optbuild.digest import ALGORITHM, FileHasher, digest_bytes
 from optbuild.fingerprint import Fingerprint
 from optbuild.recipe import StepSpec
+from optbuild.steps.base import KEYED_WHEN_SET, StepParams, fields_with
 from optbuild.store.entry import canonical_json
 from optbuild.toolchain import Toolchain
 
@@ -41,6 +42,16 @@ def _display_path(path: Path, root: Path) -> str:
         return path.as_posix()
 
 
+def key_params(params: StepParams) -> dict[str, Any]:
+    """The validated parameters as they enter a key: fields marked KEYED_WHEN_SET are left
+    out while unset (None)."""
+    dumped = params.model_dump(mode="json")
+    for name in fields_with(type(params), KEYED_WHEN_SET):
+        if dumped.get(name) is None:
+            dumped.pop(name, None)
+    return dumped
+
+
 def step_ingredients(
     spec: StepSpec,
     upstream: dict[str, dict[str, str]],
@@ -58,7 +69,7 @@ def step_ingredients(
     same bytes does not rebuild anything downstream.
     """
     step = spec.step
-    params = step.params.model_dump(mode="json")
+    params = key_params(step.params)
     for field_name in spec.deps:
         params[field_name] = None  # the name of the upstream step is not content
     return {

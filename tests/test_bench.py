@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -107,7 +108,8 @@ def test_plain_table_with_no_build_once_built(examples, benched):
     lines = run.stdout.splitlines()
     assert lines[0].startswith("transformer: batch 1, 1 thread, 5 timed runs after 1 warm-up")
     header = lines[1].split()
-    assert header[:5] == ["model", "step", "MB", "p50", "ms"]
+    assert header[:5] == ["model", "step", "size", "p50", "ms"]
+    assert re.search(r" \d+\.\d (KiB|MiB) ", row := next(line for line in lines if "ORT fp32" in line)), row
     table = "\n".join(lines)
     for label in ("PyTorch eager", "ORT fp32", "ORT-optimized fp32", "ORT dynamic INT8", "ORT static INT8"):
         assert label in table

@@ -43,7 +43,7 @@ def test_identical_models_pass_with_exact_figures(tmp_path, models):
     assert report["passed"] is True and report["data"] == {"source": "random (seed 0)", "samples": 5}
     assert [c["metric"] for c in report["checks"]] == ["max_abs", "cosine", "top1"]
     text = (ctx.out_dir / "report.txt").read_text()
-    assert "passed: 3 of 3 checks" in text and "candidate t:candidate-of-verify" in text
+    assert "passed: 3 of 3 checks" in text and text.startswith("verify: candidate same.onnx (blake3-256 ")
     assert ctx.metrics["cosine"] == pytest.approx(1.0) and ctx.metrics["passed"] is True
 
 
@@ -53,7 +53,7 @@ def test_exceeded_threshold_fails_with_the_readable_table(tmp_path, models):
         verify(tmp_path, ref, off, max_abs=1e-4, min_cosine=0.9, samples=4)
     message = str(info.value)
     lines = message.splitlines()
-    assert lines[0].startswith("verify t:verify: candidate") and "4 samples from random (seed 0)" in lines[1]
+    assert lines[0].startswith("verify: candidate off.onnx") and "4 samples from random (seed 0)" in lines[1]
     row = next(line for line in lines if line.startswith("y") and "max_abs" in line)
     assert row.split()[-1] == "FAIL" and "<= 0.0001" in row
     assert next(line for line in lines if " cosine " in line).split()[-1] == "ok"

@@ -39,6 +39,9 @@ class _Marker:
 STEP_REF = _Marker("step-ref")
 INPUT_PATH = _Marker("input-path")
 CALLABLE_REF = _Marker("callable-ref")
+# A parameter added after caches existed: it enters the key only when set, so adding it
+# does not disown every cached result of its kind.
+KEYED_WHEN_SET = _Marker("keyed-when-set")
 
 
 def _check_callable(value: str) -> str:

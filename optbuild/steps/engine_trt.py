@@ -13,6 +13,13 @@ Networks are strongly typed: precision comes from the ONNX graph (fp16 tensors, 
 for INT8). TensorRT 11 knows nothing else; with TensorRT 10, ``precision_flags`` may still ask
 for the old weakly typed FP16/INT8 builder flags.
 
+Before the builder runs, the profiles are checked against the network's inputs and against
+the ONNX file's dim names: TensorRT takes dims of one name as one size. When the parser or
+the builder fails, the error quotes TensorRT's messages, adds a hint for those it knows (see
+``optbuild.backends.tensorrt.diagnose``) and, on a host without a GPU, sets TensorRT-RTX's
+CUDA driver messages apart as no cause; after a build that succeeds they are left out of
+the warnings.
+
 Where this host has a GPU the new engine runs on, it is then loaded and timed on random
 inputs through ``optbuild.backends.tensorrt`` (the runtime code verify steps share).
 
@@ -26,6 +33,7 @@ import re
 import statistics
 import time
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -34,6 +42,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from optbuild.atomic import write_atomic
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt import profiles as profile_form
+from optbuild.backends.tensorrt.diagnose import (
+    ModelFacts,
+    dim_name_conflicts,
+    hints,
+    noise_note,
+    read_model_facts,
+    split_driver_noise,
+)
 from optbuild.backends.tensorrt.host import (
     RTX_DEFAULT_TARGETS,
     RTX_TARGETS,
@@ -46,7 +62,7 @@ from optbuild.backends.tensorrt.host import (
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
 from optbuild.errors import StepError, StepUnavailable
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.inputdecl import InputDecls
+from optbuild.steps.inputdecl import InputDecls, StepInputs
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
@@ -101,17 +117,20 @@ class EngineParams(StepParams):
         description="Optimization profiles for dynamic inputs: a list of tables, each mapping "
                     "input name -> { min = [...], opt = [...], max = [...] } (shapes of the same "
                     "rank, min <= opt <= max in every dimension; a dimension the model fixes must "
-                    "be that size in all three). Every dynamic input must appear in every "
+                    "be that size in all three; dimensions the ONNX model gives one name, within or "
+                    "across inputs, must be given equal sizes, as TensorRT takes them as one, "
+                    "checked before building). Every dynamic input must appear in every "
                     "profile; required when the model has dynamic inputs whose shapes 'inputs' does not "
                     "declare (checked when it is parsed). Empty: one profile from the declared "
                     "shapes, or none when the model's inputs are all static. At run time each input "
                     "batch must fit one profile.",
         examples=[profile_form.EXAMPLE])
-    inputs: InputDecls | None = Field(
+    inputs: StepInputs = Field(
         None,
         description="What the model's inputs take (see 'Model inputs'); replaces the recipe's "
                     "[inputs.NAME] entry of the same input. Without profiles, one profile is made "
-                    "from the declared shapes: min, opt and max of each dim's range.",
+                    "from the declared shapes: min, opt and max of each dim's range (dims the model "
+                    "gives one name must be declared alike).",
         examples=[{"x": {"shape": [[1, 4, 8], 3, 224, 224]}}])
     optimization_level: int = Field(
         3, ge=0, le=5,
@@ -282,6 +301,26 @@ def check_profiles(profiles: list[Profile], inputs: list[tuple[str, tuple[int, .
                         f"max {rng.max[axis]}")
 
 
+def check_dim_names(profiles: list[Profile], dim_names: Mapping[str, Sequence[str | None]], model: str,
+                    declared: bool) -> None:
+    """StepError unless the dims that ``model`` gives one name (``dim_names``: input -> each
+    dim's name, from the ONNX file) get the same min / opt / max in every profile: TensorRT
+    takes them as one size, and its builder's error names neither the input nor the profile.
+    ``declared``: the profile was made from the declared input shapes, not written."""
+    for index, profile in enumerate(profiles):
+        shapes = {name: (rng.min, rng.opt, rng.max) for name, rng in profile.items()}
+        for dim_name, dims in dim_name_conflicts(shapes, dim_names):
+            where = "the profile made from the declared input shapes" if declared else f"profile {index}"
+            change = ("declare one size or range for all of them ([inputs.NAME] shape, or the step's "
+                      "inputs)" if declared else f"give them equal min, opt and max in profile {index}")
+            also = " ('?' is a name to TensorRT like any other)" if dim_name == "?" else ""
+            raise StepError(
+                f"{where} gives the dims that {model} names {dim_name!r}{also} different ranges: "
+                f"{'; '.join(dims)}. TensorRT takes the dims of one name as one size and would reject "
+                f"the profile: {change}, or, where they are independent, give them distinct names in "
+                "the ONNX model (the dim_param of its inputs' dims)")
+
+
 def _parser_errors(parser: Any) -> list[str]:
     lines = []
     for i in range(parser.num_errors):
@@ -338,14 +377,15 @@ class _TensorRTBase(Step):
         trt = importlib.import_module(self.runtime.module)
         version = str(trt.__version__)
         self._check_api(trt, version)
+        facts = read_model_facts(model)
         logger = capture_logger(trt)
         builder = trt.Builder(logger)
         network = builder.create_network(self._network_flags(trt))
         parser = trt.OnnxParser(network, logger)
         self._configure_parser(trt, parser)
         if not parser.parse_from_file(str(model)):
-            raise StepError(f"{self.runtime.label} {version} cannot parse {model.name}:\n"
-                            + quote(_parser_errors(parser) or errors(trt, logger)))
+            raise self._failure(ctx, f"{self.runtime.label} {version} cannot parse {model.name}",
+                                _parser_errors(parser) or errors(trt, logger), facts)
         if network.num_outputs == 0:  # protobuf reads some junk as an empty ModelProto
             raise StepError(f"{self.runtime.label} {version} read {model.name} as a model with no graph "
                             "outputs: not an ONNX model, or an empty one")
@@ -353,6 +393,11 @@ class _TensorRTBase(Step):
         outputs = [(t.name, tuple(t.shape)) for t in (network.get_output(i) for i in range(network.num_outputs))]
         profiles = self.params.profiles or declared_profiles(inputs, self.params.inputs)
         check_profiles(profiles, inputs, model.name)
+        if facts is not None:
+            check_dim_names(profiles, facts.dim_names, model.name, declared=not self.params.profiles)
+        else:
+            ctx.log(f"dims of one name not checked against the profiles: onnx is not installed or "
+                    f"cannot read {model.name} (pip install 'optbuild[onnx]')")
         if profiles and not self.params.profiles:
             ctx.log(f"profile from the declared inputs: {profiles[0]}")
 
@@ -366,18 +411,21 @@ class _TensorRTBase(Step):
             for name, rng in profile.items():
                 trt_profile.set_shape(name, rng.min, rng.opt, rng.max)
             if config.add_optimization_profile(trt_profile) < 0:
-                raise StepError(f"{self.runtime.label} rejected profile {index}:\n" + quote(errors(trt, logger)))
+                raise self._failure(ctx, f"{self.runtime.label} rejected profile {index}",
+                                    errors(trt, logger), facts)
         cache = self._load_timing_cache(trt, config, ctx, version)
 
         started = time.perf_counter()
         plan = builder.build_serialized_network(network, config)
         build_s = time.perf_counter() - started
-        for message in warnings(trt, logger):
+        shown, noise = split_driver_noise(warnings(trt, logger), self._gpu_less(ctx))
+        for message in shown:
             ctx.log(f"{self.runtime.label}: {message}")
+        if noise:
+            ctx.log(f"{self.runtime.label}: {noise_note(noise)}")
         if plan is None:
-            logged = errors(trt, logger) or ["(no error message; run with a verbose logger)"]
-            raise StepError(f"{self.runtime.label} {version} could not build an engine from {model.name}:\n"
-                            + quote(logged))
+            raise self._failure(ctx, f"{self.runtime.label} {version} could not build an engine from {model.name}",
+                                errors(trt, logger), facts)
         engine_path = ctx.out_dir / "model.engine"
         engine_path.write_bytes(plan)
         self._write_manifest(ctx, version, inputs, outputs, profiles)
@@ -387,6 +435,21 @@ class _TensorRTBase(Step):
         ctx.log(f"{self.runtime.label} {version}: {model.name} -> model.engine "
                 f"({ctx.metrics['engine_bytes']} bytes) in {build_s:.2f} s")
         self._maybe_infer(ctx, trt, logger, plan)
+
+    @staticmethod
+    def _gpu_less(ctx: StepContext) -> bool:
+        """Whether this host has no NVIDIA GPU: its CUDA driver errors are then noise."""
+        return gpu_missing(ctx.host) is not None
+
+    def _failure(self, ctx: StepContext, headline: str, messages: list[str], facts: ModelFacts | None) -> StepError:
+        """The error for a failed parse or build: TensorRT's messages, hints for those it knows,
+        and the CUDA driver noise of a host without a GPU set apart as no cause."""
+        lines, noise = split_driver_noise(messages, self._gpu_less(ctx))
+        text = [f"{headline}:", quote(lines or ["(no error message; run with a verbose logger)"])]
+        text += hints(lines, facts)
+        if noise:
+            text.append(f"not the cause: {noise_note(noise)}")
+        return StepError("\n".join(text))
 
     def _model(self, ctx: StepContext) -> Path:
         artifact = ctx.inputs.get("input")

@@ -21,11 +21,12 @@ The models here are validated when a recipe loads; numpy is imported inside the 
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from optbuild.errors import StepError
+from optbuild.steps.base import KEYED_WHEN_SET
 
 if TYPE_CHECKING:
     import numpy as np
@@ -89,6 +90,8 @@ class InputDecl(BaseModel):
 
 
 InputDecls = dict[str, InputDecl]
+# The ``inputs`` parameter of a step: keyed only when set (steps had no such field before).
+StepInputs = Annotated[InputDecls | None, KEYED_WHEN_SET]
 
 
 def merged(recipe: InputDecls | None, step: InputDecls | None) -> InputDecls | None:

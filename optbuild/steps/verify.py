@@ -15,13 +15,21 @@ Figures, per output, over all samples:
 ``cosine``   cosine similarity of all the output's values, samples concatenated;
              ``cosine_min`` (reported, not checked) is the worst single sample's.
 ``top1``     share of positions (every index but the last axis) whose argmax over the last
-             axis agrees: top-1 agreement of class scores. Checked on ``top1_outputs``, by
-             default every float output whose last axis has more than one entry.
+             axis agrees: top-1 agreement of class scores. Computed, and checked against
+             ``min_top1``, only where the last axis holds class scores: on ``top1_outputs``,
+             or by default on the float outputs with a last axis of 2 or more that a Softmax
+             or LogSoftmax over that axis computes (through Identity, Cast and Q/DQ nodes;
+             read from the reference's ONNX graph) or that are [batch, classes], rank 2.
+             Anything else (a pixel map [N, 1, H, W], a recurrent state [2, N, 128], box
+             regressions, rank-3 logits without a Softmax) gets no top-1 unless named.
 
 Thresholds (``max_abs``, ``max_rel``, ``min_cosine``, ``min_top1``) apply to every compared
 output; at least one must be set. The artifact is ``report.json`` (figures, thresholds,
-checks, latencies) and ``report.txt`` (the same as a table). When a check fails the step
-fails with that table as its message; nothing is cached, and the next build runs it again.
+checks, latencies) and ``report.txt`` (the same as a table). They name the models compared
+by file and content digest, never by step: the key holds the models' content, not the steps'
+names, so two verify steps over byte-identical models share one entry, and a report restored
+for either must be true of both. When a check fails the step fails with that table as its
+message; nothing is cached, and the next build runs it again.
 
 Hardware: quantized kernels differ between CPUs (x86 without VNNI saturates where VNNI
 does not), so the key holds cpu.arch and cpu.flags: a verdict is reused only on CPUs alike.
@@ -72,12 +80,12 @@ from optbuild.steps.calibdata import (
     non_default,
     ort_distribution,
 )
-from optbuild.steps.inputdecl import InputDecls, check_declarations
+from optbuild.steps.inputdecl import StepInputs, check_declarations
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: models named by file and digest, not by step
 DataSource = Annotated[str, AfterValidator(check_data_source)]
 
 
@@ -125,7 +133,7 @@ class VerifyParams(StepParams):
                     "from [low, high), high excluded; low < high. Floats are standard normal, "
                     "booleans uniform.",
         examples=[[0, 30522]])
-    inputs: InputDecls | None = Field(
+    inputs: StepInputs = Field(
         None,
         description="Random inputs only: what the reference's inputs take (see 'Model inputs'); "
                     "replaces the recipe's [inputs.NAME] entry of the same input. A declared input "
@@ -155,13 +163,18 @@ class VerifyParams(StepParams):
     min_top1: float | None = Field(
         None, ge=0, le=1,
         description="Fail when the share of positions whose argmax over the last axis agrees "
-                    "(top-1 agreement, 0 to 1) is below this, on top1_outputs. Not set: not checked.",
+                    "(top-1 agreement, 0 to 1) is below this, on the outputs that hold class "
+                    "scores (see top1_outputs). Not set: not checked.",
         examples=[0.95])
     top1_outputs: list[str] = Field(
         [],
-        description="The outputs min_top1 applies to (needs min_top1; within outputs when that "
-                    "is set). Empty: every compared float output whose last axis has 2 or more "
-                    "entries.",
+        description="The outputs whose last axis holds class scores: top-1 is computed and "
+                    "min_top1 checked on these (needs min_top1; within outputs when that is set; "
+                    "each a float output with a last axis of 2 or more). Empty: the compared float "
+                    "outputs with a last axis of 2 or more that a Softmax or LogSoftmax over that "
+                    "axis computes in the reference's ONNX graph (through Identity, Cast, Q/DQ), "
+                    "or that have rank 2, [batch, classes]; others (pixel maps, recurrent states, "
+                    "boxes, rank-3 logits without a Softmax) get no top-1 unless named here.",
         examples=[["logits"]])
 
     @field_validator("int_range")
@@ -202,6 +215,7 @@ class Verify(Step):
 
     kind = "verify"
     Params = VerifyParams
+    version = "2"  # 2: reports name no steps; top-1 only on class scores
     primary_output = "report.json"
     host_fields = ("cpu.arch", "cpu.flags")
 
@@ -274,7 +288,7 @@ class Verify(Step):
         except StepUnavailable as exc:
             raise StepError(f"the candidate {art.step} cannot run on this host: {exc}") from None
         runner = stack.enter_context(TrtRunner(loaded))
-        ctx.log(f"candidate {art.step}: {loaded.label} on {loaded.device}")
+        ctx.log(f"candidate: {loaded.label} on {loaded.device}")
 
         def infer(feed: dict[str, Any]) -> list:
             outputs = runner.infer(feed)
@@ -375,17 +389,27 @@ class Verify(Step):
                     raise StepError(f"the {role} {art.step} fails on the samples: {type(exc).__name__}: "
                                     f"{exc}") from None
 
-        figures = {n: _figures(results["reference"][n], results["candidate"][n]) for n in names}
-        top1_names = p.top1_outputs or [n for n in names if figures[n].get("top1") is not None]
-        if p.min_top1 is not None:
+        first = {n: results["reference"][n][0] for n in names}
+        if p.top1_outputs:
+            top1_names = p.top1_outputs
             for n in top1_names:
                 if n not in names:
                     raise StepError(f"top1_outputs: no compared output {n!r} (compared: {names})")
-                if figures[n].get("top1") is None:
-                    raise StepError(f"top1 does not apply to output {n!r} ({figures[n]['shape']}): "
-                                    "it needs a float output with a last axis of 2 or more")
-            if not top1_names:
-                raise StepError(f"min_top1 is set but no output has class scores on its last axis ({names})")
+                if not _argmax_applies(first[n]):
+                    raise StepError(f"top1 does not apply to output {n!r} ({first[n].dtype} "
+                                    f"{list(first[n].shape)}): it needs a float output with a last axis "
+                                    "of 2 or more")
+        else:
+            axes = softmax_axes(ref_art.primary)
+            top1_names = [n for n in names if class_scores(first[n], axes.get(n))]
+            if p.min_top1 is not None and not top1_names:
+                shapes = ", ".join(f"{n} {first[n].dtype} {list(first[n].shape)}" for n in names)
+                raise StepError(f"min_top1 is set but no compared output holds class scores on its last "
+                                f"axis ({shapes}): by default only a float output that a Softmax / LogSoftmax "
+                                "over its last axis computes, or a [batch, classes] one of rank 2, does. "
+                                "Name the outputs whose last axis is the classes in top1_outputs")
+        figures = {n: _figures(results["reference"][n], results["candidate"][n], top1=n in top1_names)
+                   for n in names}
         checks = []
         for n in names:
             f = figures[n]
@@ -402,8 +426,8 @@ class Verify(Step):
         passed = all(c["ok"] for c in checks)
         report = {
             "version": REPORT_VERSION,
-            "reference": {"step": ref_art.step, "file": ref_art.primary.name},
-            "candidate": {"step": cand_art.step, "file": cand_art.primary.name},
+            "reference": _model_entry(ref_art.primary),
+            "candidate": _model_entry(cand_art.primary),
             "data": {"source": source, "samples": len(samples)},
             "thresholds": {"max_abs": p.max_abs, "max_rel": p.max_rel, "min_cosine": p.min_cosine,
                            "min_top1": p.min_top1},
@@ -414,7 +438,7 @@ class Verify(Step):
         }
         if manifest is not None:
             report["runtime"] = {"reference": "onnxruntime (CPU)", "candidate": engine_runtime}
-        text = _table(ctx.step_id, report)
+        text = _table(report)
         ctx.log(text)
         for n in names:
             for metric in ("max_abs", "max_rel", "cosine", "top1"):
@@ -427,6 +451,60 @@ class Verify(Step):
             raise StepError(text)
         (ctx.out_dir / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
         (ctx.out_dir / "report.txt").write_text(text + "\n")
+
+
+# Ops whose output holds their input's values in its layout: a graph output behind them is
+# what the op before them computed (a Softmax's probabilities behind an Identity or a Cast).
+_PASS_THROUGH = frozenset({"Identity", "Cast", "QuantizeLinear", "DequantizeLinear"})
+
+
+def softmax_axes(model: Path) -> dict[str, int]:
+    """Graph output -> the axis of the Softmax / LogSoftmax that computes it (through
+    Identity, Cast and Q/DQ nodes); the outputs that other ops compute are absent, and so is
+    every output of an ORT-format model, which onnx cannot read."""
+    if model.suffix != ".onnx":
+        return {}
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    axes = {}
+    for output in proto.graph.output:
+        node = producer.get(output.name)
+        while node is not None and node.op_type in _PASS_THROUGH:
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type in ("Softmax", "LogSoftmax"):
+            default = -1 if opset >= 13 else 1  # opset 13 moved the default from 1 to -1
+            axes[output.name] = next((a.i for a in node.attribute if a.name == "axis"), default)
+    return axes
+
+
+def _argmax_applies(array: Any) -> bool:
+    """Whether an argmax over the last axis can be taken at all: float, 2 or more entries."""
+    import numpy as np
+
+    return np.issubdtype(array.dtype, np.floating) and array.ndim >= 1 and array.shape[-1] >= 2
+
+
+def class_scores(array: Any, softmax_axis: int | None) -> bool:
+    """Whether the last axis of an output (``array``, one sample) holds class scores, so that
+    its argmax means something: a Softmax / LogSoftmax over that axis computed it
+    (``softmax_axis``, from ``softmax_axes``), or, with no Softmax, it is [batch, classes]
+    (rank 2). A pixel map or a recurrent state has a last axis too, and no classes on it."""
+    if not _argmax_applies(array):
+        return False
+    if softmax_axis is not None:
+        return softmax_axis in (-1, array.ndim - 1)
+    return array.ndim == 2
+
+
+def _model_entry(path: Path) -> dict[str, str]:
+    """A compared model as the report names it: file name and content digest (what the key
+    holds), never the step that made it."""
+    from optbuild.digest import ALGORITHM, hash_file
+
+    return {"file": path.name, "digest": f"{ALGORITHM}:{hash_file(path)[0]}"}
 
 
 def _check_profiles(manifest: dict[str, Any], feeds: list[dict[str, Any]], source: str, step: str) -> None:
@@ -465,8 +543,9 @@ def _cosine(a, b) -> float:
     return float(np.dot(a, b) / (na * nb))
 
 
-def _figures(reference: list, candidate: list) -> dict[str, Any]:
-    """Figures of one output over all samples (arrays per sample)."""
+def _figures(reference: list, candidate: list, top1: bool) -> dict[str, Any]:
+    """Figures of one output over all samples (arrays per sample); ``top1`` when its last
+    axis holds class scores."""
     import numpy as np
 
     shapes = [(tuple(r.shape), tuple(c.shape)) for r, c in zip(reference, candidate)]
@@ -490,16 +569,16 @@ def _figures(reference: list, candidate: list) -> dict[str, Any]:
     figures["cosine_min"] = min(
         (_cosine(np.asarray(r, np.float64).ravel(), np.asarray(c, np.float64).ravel())
          for r, c in zip(reference, candidate)), default=1.0) if np.isfinite(cand).all() else float("nan")
-    top1 = None
-    if np.issubdtype(reference[0].dtype, np.floating) and reference[0].ndim >= 1 and reference[0].shape[-1] > 1:
+    agreement = None
+    if top1:
         agree = total = 0
         for r, c in zip(reference, candidate):
             a = np.argmax(r.reshape(-1, r.shape[-1]), axis=-1)
             b = np.argmax(np.asarray(c).reshape(-1, c.shape[-1]), axis=-1)
             agree += int(np.sum(a == b))
             total += a.size
-        top1 = agree / total if total else None
-    figures["top1"] = top1
+        agreement = agree / total if total else None
+    figures["top1"] = agreement
     return figures
 
 
@@ -523,8 +602,14 @@ def _fmt_threshold(metric: str, value: Any) -> str:
     return f"{value * 100:g}%" if metric == "top1" else f"{value:g}"
 
 
-def _table(step_id: str, report: dict[str, Any]) -> str:
-    """The readable report: a header, one row per figure (checked or not), a verdict."""
+def _describe(entry: dict[str, str]) -> str:
+    algorithm, _, digest = entry["digest"].partition(":")
+    return f"{entry['file']} ({algorithm} {digest[:12]})"
+
+
+def _table(report: dict[str, Any]) -> str:
+    """The readable report: a header, one row per figure (checked or not), a verdict. It
+    names no step (see the module's docstring)."""
     checks = {(c["output"], c["metric"]): c for c in report["checks"]}
     rows = [("output", "figure", "value", "threshold", "result")]
     for name, f in report["outputs"].items():
@@ -540,7 +625,7 @@ def _table(step_id: str, report: dict[str, Any]) -> str:
             rows.append((name, metric, _fmt(metric, f.get(metric)), threshold, result))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [
-        f"verify {step_id}: candidate {report['candidate']['step']} vs reference {report['reference']['step']}",
+        f"verify: candidate {_describe(report['candidate'])} vs reference {_describe(report['reference'])}",
         f"{report['data']['samples']} samples from {report['data']['source']}",
         "",
     ]
