@@ -183,6 +183,11 @@ and so are options of another mode or method (e.g. `percentile` with `method = "
 Paths are relative to the recipe file. A **step** parameter names another step's output:
 `"simplify"` (same recipe) or `"cnn:simplify"` (another recipe). Every parameter's value
 enters the step's key; descriptions and comments do not.
+
+Every step also takes `enabled = false`, which parks it without deleting it: the step and
+the steps that depend on it are skipped, saying why, and the build is still ok. A step that
+fails in its own code is remembered under its key: later builds (and `plan`) report that
+failure without running it again, until its key changes or `--retry-failed` is given.
 """
 
 _DATA = """\

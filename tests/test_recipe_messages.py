@@ -43,7 +43,7 @@ def test_an_unknown_key_names_the_closest_known_one(project, file, old, new, exp
 def test_an_unknown_key_like_no_known_one_lists_them(project):
     project.write("recipes/chain.toml", project.read("recipes/chain.toml").replace('suffix = "-mid"', "colour = 3"))
     assert problems(project) == [where(project, "recipes/chain.toml", 9) + "steps.mid.colour: unknown key "
-                                 "(expected one of: kind, input, other, suffix, sleep, fail, nested)"]
+                                 "(expected one of: kind, enabled, input, other, suffix, sleep, fail, nested)"]
 
 
 def test_an_unknown_key_inside_a_profile_names_the_closest_bound(project):

@@ -189,6 +189,58 @@ def test_symmetric_minmax_and_op_types(tmp_path, mlp):
     assert all(low == -high for low, high in table["tensors"].values())
 
 
+# --- tensors with no elements (#9 F4) -------------------------------------------------------------
+def make_resize(path: Path) -> Path:
+    """x: float32 [1, 1, 4, 4] -> Resize (nearest, x2) -> Relu -> y, its roi an empty Constant
+    as paddle2onnx writes it (layout_cdla's 'p2o.helper.constant.125')."""
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["roi"], value=numpy_helper.from_array(np.zeros(0, np.float32))),
+         helper.make_node("Constant", [], ["scales"], value=numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32))),
+         helper.make_node("Resize", ["x", "roi", "scales"], ["up"], mode="nearest"),
+         helper.make_node("Relu", ["up"], ["y"])],
+        "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])],
+    )
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # percentile's, on roi
+@pytest.mark.parametrize(("method", "options"), [
+    ("minmax", {}), ("minmax", {"symmetric": True}), ("entropy", {}), ("percentile", {})])
+def test_an_empty_tensor_is_left_out_of_the_table(tmp_path, capsys, method, options):
+    """Its range was [inf, -inf] (minmax, a failure), [-inf, inf] (symmetric) or made up
+    ([0, 0] entropy, [0, -0.5] percentile)."""
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).standard_normal((8, 1, 4, 4)).astype(np.float32))
+    table = calibrate(tmp_path, make_resize(tmp_path / "resize.onnx"), data="calib.npz", method=method, **options)
+    assert "roi" not in table["tensors"] and {"x", "up", "y"} <= set(table["tensors"])
+    assert "left out of the table: 1 tensor(s) with no elements, so no range: roi" in capsys.readouterr().err
+
+
+def test_a_tensor_empty_on_every_sample_is_left_out_and_an_infinite_one_still_fails(tmp_path):
+    """Compress keeps the values above 100: none of N(0, 1), so minmax saw no value of
+    'picked' ([inf, -inf]); shape inference cannot know that. An infinity is a real range
+    problem: x / 0."""
+    zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
+    big = numpy_helper.from_array(np.array(100, np.float32), "big")
+    graph = helper.make_graph(
+        [helper.make_node("Greater", ["x", "big"], ["g"]), helper.make_node("Compress", ["x", "g"], ["picked"]),
+         helper.make_node("ReduceSum", ["picked"], ["y"], keepdims=0)],
+        "compress", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], [big])
+    np.savez(tmp_path / "calib.npz", x=data(8))
+    table = calibrate(tmp_path, save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]),
+                                     tmp_path / "compress.onnx"), data="calib.npz")
+    assert set(table["tensors"]) == {"x", "y"}
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["x", "zero"], ["y"])], "div",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [zero])
+    divide = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), tmp_path / "div.onnx")
+    with pytest.raises(StepError, match=r"tensor 'y' has a non-finite range \[-inf, inf\]: the model produces NaN"):
+        calibrate(tmp_path, divide, name="div", data="calib.npz")
+
+
 # --- bad data: one clear error per class ----------------------------------------------------------
 EXPECTED = "float32 [batch, 4]"
 

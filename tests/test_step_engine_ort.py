@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
 
 onnx = pytest.importorskip("onnx")
@@ -116,3 +117,35 @@ def test_params_are_validated():
         OrtEngineParams(backend="onnxruntime", input="m", level="max")
     with pytest.raises(ValidationError, match="'onnx' or 'ort'"):
         OrtEngineParams(backend="onnxruntime", input="m", format="engine")
+
+
+def test_float_rounding_in_tiny_outputs_is_within_the_absolute_floor(tmp_path):
+    """Conv+BN fused at level basic: outputs near 1e-6 differ by rounding at 1 (#9 F1)."""
+    from test_step_simplify import cancelling_model
+
+    source = cancelling_model(tmp_path / "cancel.onnx")
+    _, ctx = engine(tmp_path, source, "basic", level="basic")
+    assert ctx.metrics["max_rel_error"] > 1e-3 and ctx.metrics["max_abs_error"] < 1e-7
+    with pytest.raises(StepError, match=r"the level-basic model disagrees with its input \(check 0, seeded inputs "
+                                        r"x \[1, 3, 8, 8\]\): output 'y': max relative error [0-9.e-]+ > tolerance "
+                                        r"0.001 and max abs error [0-9.e-]+ > atol 0$"):
+        engine(tmp_path, source, "no-floor", level="basic", atol=0)
+
+
+def test_check_zero_still_needs_a_model_that_loads_and_at_level_basic_passes_the_full_check(tmp_path, capsys):
+    """The output's declared shape [batch, 5] contradicts Relu's [batch, 3]: onnxruntime runs
+    it, onnx.checker's full check refuses it. Level basic promises plain ONNX; the higher
+    levels write onnxruntime's own ops (onnx.checker refuses some that it runs), so for
+    them loading is the test."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "wrong",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    source = save(model, tmp_path / "wrong.onnx")
+    with pytest.raises(StepError, match=r"^the level-basic model onnxruntime wrote of t:input-of-basic fails "
+                                        r"onnx.checker's full check: .*differ in dimension 1: \(3\) vs \(5\)"):
+        engine(tmp_path, source, "basic", level="basic", check=0)
+    _, ctx = engine(tmp_path, source, "extended", level="extended", check=0)
+    assert "max_rel_error" not in ctx.metrics
+    assert "numeric check disabled (check = 0); the result loads in onnxruntime" in capsys.readouterr().err

@@ -14,15 +14,19 @@ from optbuild.steps.opset import Opset, OpsetParams
 
 
 def old_model(path: Path, opset: int = 10) -> Path:
-    """Clip (bounds as attributes, the pre-11 form) then Softmax on a dynamic batch."""
+    """Clip (bounds as attributes, the pre-11 form), Softmax and a MatMul (for quantization to
+    act on) on a dynamic batch."""
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
+    weights = np.random.default_rng(0).standard_normal((5, 5)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Clip", ["x"], ["c"], min=-1.0, max=1.0),
-         helper.make_node("Softmax", ["c"], ["y"], axis=1)], "old",
+         helper.make_node("Softmax", ["c"], ["s"], axis=1),
+         helper.make_node("MatMul", ["s", "w"], ["y"])], "old",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])],
+        [numpy_helper.from_array(weights, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 7
     onnx.save(model, str(path))
@@ -83,6 +87,29 @@ def test_an_operator_without_an_adapter_fails_with_advice(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     with pytest.raises(StepError, match=r"cannot take r:source from opset 17 to 13: .*try a nearer version"):
         convert(tmp_path, path, version=13)
+
+
+def test_check_zero_still_refuses_a_model_onnxruntime_cannot_load(tmp_path):
+    """A custom-domain op passes onnx.checker's full check and the converter keeps it; with
+    check = 0 nothing ran the result, and it was cached though nothing can open it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Frobnicate", ["r"], ["y"], domain="com.example")],
+        "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])])
+    path = tmp_path / "custom.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11),
+                                                      helper.make_opsetid("com.example", 1)]), str(path))
+    with pytest.raises(StepError, match=r"^onnxruntime cannot load the model the opset 11 -> 13 conversion made "
+                                        r"of r:source: .*com.example:Frobnicate\(-1\) is not a registered"):
+        convert(tmp_path, path, version=13, check=0)
+
+
+def test_check_zero_passes_a_loadable_conversion(tmp_path):
+    ctx = convert(tmp_path, old_model(tmp_path / "old.onnx"), version=13, check=0)
+    assert ctx.metrics["checks"] == 0 and "max_rel_error" not in ctx.metrics
 
 
 def test_versions_older_than_onnxruntime_runs_are_refused_at_load():

@@ -33,6 +33,11 @@ Ranges are float32 values written as JSON numbers (exact when read back as float
 "format", "version", "method" and "tensors" are needed to use a table; the rest is
 provenance. quantize (mode = "static") reads it and never re-runs the model.
 
+Tensors with no elements (the empty ``roi`` Constant that paddle2onnx gives a Resize) have
+no range: they are left out of the table, and logged. Shape inference finds them (a dim of
+size 0), or minmax at run time ([inf, -inf]: no value seen); the histogram methods would
+make up ranges for them, such as [0, 0].
+
 Hardware: ranges come from float32 CPU kernels; CPUs with other vector units may differ in
 the last bits, which does not matter for a range, so the key holds no host field.
 
@@ -52,7 +57,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from optbuild.callables import Call
-from optbuild.errors import StepError
+from optbuild.errors import StepError, first_line
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.calibdata import (
     DataArg,
@@ -236,7 +241,10 @@ class Calibrate(Step):
             except Exception as exc:
                 raise StepError(f"calibration ({p.method}) failed on {ctx.inputs['input'].step}: "
                                 f"{type(exc).__name__}: {exc}") from exc
-        tensors = _table_ranges(ranges)
+        tensors, empty = _table_ranges(ranges, _empty_tensors(ctx, model))
+        if empty:
+            ctx.log(f"left out of the table: {len(empty)} tensor(s) with no elements, so no range: "
+                    f"{', '.join(empty)}")
         if not tensors:
             raise StepError(f"calibration found no float tensors to calibrate"
                             f"{' of op types ' + ', '.join(p.op_types) if p.op_types else ''}")
@@ -259,28 +267,48 @@ class Calibrate(Step):
             "tensors": tensors,
         }
         (ctx.out_dir / TABLE_FILE).write_text(json.dumps(table, indent=1, allow_nan=False) + "\n")
-        ctx.metrics.update(method=p.method, samples=len(samples), tensors=len(tensors))
+        ctx.metrics.update(method=p.method, samples=len(samples), tensors=len(tensors), empty_tensors=empty)
         ctx.log(f"{len(tensors)} tensor ranges from {len(samples)} samples")
 
 
-def _table_ranges(ranges: Any) -> dict[str, list[float]]:
-    """TensorsData -> {name: [min, max]} of Python floats (float32 values), sorted by name."""
+def _empty_tensors(ctx: StepContext, model: Path) -> set[str]:
+    """Tensors of ``model``'s graph that shape inference gives a dim of size 0: they hold no
+    element whatever the input, so no range."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(onnx.load(str(model)))
+    except Exception as exc:
+        ctx.log(f"shape inference failed ({first_line(exc)}): only tensors minmax saw no value of "
+                "are known to be empty")
+        return set()
+    return {v.name for v in (*inferred.graph.value_info, *inferred.graph.output)
+            if v.type.tensor_type.HasField("shape")
+            and any(d.HasField("dim_value") and d.dim_value == 0 for d in v.type.tensor_type.shape.dim)}
+
+
+def _table_ranges(ranges: Any, empty: set[str]) -> tuple[dict[str, list[float]], list[str]]:
+    """TensorsData -> ({name: [min, max]} of Python floats (float32 values), sorted by name;
+    the names left out because they hold no element: in ``empty``, or minmax saw no value)."""
     import math
 
     import numpy as np
 
-    tensors = {}
+    tensors, left_out = {}, []
     for name in sorted(ranges.keys()):
         low, high = ranges[name].range_value
         low, high = np.asarray(low, dtype=np.float32).reshape(-1), np.asarray(high, dtype=np.float32).reshape(-1)
         if low.size != 1 or high.size != 1:
             raise StepError(f"tensor {name!r} got a per-channel range; the table holds one range per tensor")
         lo, hi = float(low[0]), float(high[0])
+        if name in empty or (lo == math.inf and hi == -math.inf):
+            left_out.append(name)
+            continue
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise StepError(f"tensor {name!r} has a non-finite range [{lo}, {hi}]: the model produces "
                             "NaN or infinity on the calibration data")
         tensors[name] = [lo, hi]
-    return tensors
+    return tensors, left_out
 
 
 def read_table(path: Path, step: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -422,11 +423,30 @@ class Export(Step):
 
 
 # --- helpers -------------------------------------------------------------------------------
+# An output passes a comparison when its errors are within the relative tolerance or within
+# this many epsilons of its element type (float32: 9.5e-07): rounding of values near 1 inside
+# the model, which is all an output whose values are tiny (a sigmoid far from 0.5) can show.
+ROUNDING_EPS = 8
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """One output's max abs error, max error relative to the reference's largest magnitude,
+    and the machine epsilon of its element type (0 for integers and booleans)."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    eps: float
+
+
 class Comparison:
     """How far ``candidate`` outputs are from ``reference`` ones (see compare_outputs)."""
 
-    def __init__(self, max_abs: float, max_rel: float, worst: str | None, problem: str | None):
+    def __init__(self, max_abs: float, max_rel: float, worst: str | None, problem: str | None,
+                 outputs: list[OutputError] | None = None):
         self.max_abs, self.max_rel, self.worst, self.problem = max_abs, max_rel, worst, problem
+        self.outputs = outputs or []
 
     def describe(self, tolerance: float) -> str:
         if self.problem:
@@ -434,9 +454,23 @@ class Comparison:
         return (f"max relative error {self.max_rel:.3g} > tolerance {tolerance:g} (output "
                 f"{self.worst!r}, max abs error {self.max_abs:.3g})")
 
+    def failure(self, tolerance: float, atol: float | None = None) -> str | None:
+        """Why the candidate fails, None when it passes: every output must be within
+        ``tolerance`` (relative) or within ``atol`` (absolute; None: ROUNDING_EPS epsilons
+        of its element type), so that float rounding does not fail an output of tiny values."""
+        if self.problem:
+            return self.problem
+        for out in sorted(self.outputs, key=lambda o: -o.max_rel):
+            floor = ROUNDING_EPS * out.eps if atol is None else atol
+            if not (out.max_rel <= tolerance or out.max_abs <= floor):
+                return (f"output {out.name!r}: max relative error {out.max_rel:.3g} > tolerance "
+                        f"{tolerance:g} and max abs error {out.max_abs:.3g} > atol {floor:.3g}")
+        return None
+
 
 def compare_outputs(names: list[str], reference: list[Any], candidate: list[Any]) -> Comparison:
-    """Max abs error, and max error relative to each reference output's largest magnitude.
+    """Max abs error, and max error relative to each reference output's largest magnitude,
+    overall and per output (see Comparison.failure).
 
     A different output count or shape is a ``problem`` (errors are then inf); NaN or inf in
     the same places on both sides count as equal.
@@ -448,6 +482,7 @@ def compare_outputs(names: list[str], reference: list[Any], candidate: list[Any]
                           f"{len(candidate)} outputs where {len(reference)} were expected")
     worst_abs = worst_rel = 0.0
     worst = None
+    outputs = []
     for i, (ref, out) in enumerate(zip(reference, candidate)):
         name = names[i] if i < len(names) else f"#{i}"
         ref, out = np.asarray(ref), np.asarray(out)
@@ -465,10 +500,13 @@ def compare_outputs(names: list[str], reference: list[Any], candidate: list[Any]
         finite = np.abs(r[np.isfinite(r)])
         scale = float(finite.max()) if finite.size else 0.0
         rel = err / max(scale, 1e-12)
+        eps = max(float(np.finfo(a.dtype).eps) if np.issubdtype(a.dtype, np.floating) else 0.0
+                  for a in (ref, out))
+        outputs.append(OutputError(name, err, rel, eps))
         if rel > worst_rel or worst is None:
             worst = name
         worst_abs, worst_rel = max(worst_abs, err), max(worst_rel, rel)
-    return Comparison(worst_abs, worst_rel, worst, None)
+    return Comparison(worst_abs, worst_rel, worst, None, outputs)
 
 
 def _tensors(value: Any) -> list[Any]:

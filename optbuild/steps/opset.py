@@ -3,7 +3,8 @@
 Many exported models are older than the opset a later step needs (per-channel INT8
 quantization needs opset 13). The converter rewrites only the default ("ai.onnx") domain;
 custom domains are kept as they are. Like simplify, the result is trusted only after it
-passes ``onnx.checker`` (full check) and agrees with its input on seeded random inputs.
+passes ``onnx.checker`` (full check), loads in onnxruntime (even with ``check = 0``) and
+agrees with its input on seeded random inputs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pydantic import Field
 
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.inputdecl import InputDecls, inputs_field
-from optbuild.steps.rewrite_check import check_rewrite, interface
+from optbuild.steps.inputdecl import StepInputs, inputs_field
+from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, interface
 
 OLDEST = 7  # onnxruntime runs opsets 7 and newer
 
@@ -32,15 +33,17 @@ class OpsetParams(StepParams):
     check: int = Field(
         3, ge=0, le=100,
         description="How many seeded random-input comparisons with the input model to run (0 to "
-                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check "
-                    "(onnx.checker still runs).",
+                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check: "
+                    "the result must still pass onnx.checker's full check and load in onnxruntime.",
         examples=[0])
     tolerance: float = Field(
         1e-4, gt=0, le=1,
         description="Largest accepted error of the converted model against its input, relative "
-                    "to the largest magnitude of each of the input model's outputs (0 < tolerance <= 1).",
+                    "to the largest magnitude of each of the input model's outputs (0 < tolerance "
+                    "<= 1); errors within atol pass too.",
         examples=[1e-3])
-    inputs: InputDecls | None = inputs_field()
+    atol: Atol = atol_field()
+    inputs: StepInputs = inputs_field()
 
 
 class Opset(Step):
@@ -80,7 +83,7 @@ class Opset(Step):
         onnx.save(converted, str(out))
         ctx.log(f"{label}: opset {before} -> {p.version}")
         check_rewrite(ctx, source, out, label, f"the opset {before} -> {p.version} conversion",
-                      checks=p.check, tolerance=p.tolerance, decls=p.inputs)
+                      checks=p.check, tolerance=p.tolerance, atol=p.atol, decls=p.inputs)
 
     def _convert(self, model: Any, label: str, before: int | None) -> Any:
         import onnx

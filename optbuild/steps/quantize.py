@@ -2,45 +2,60 @@
 
 ``mode = "dynamic"``
     onnxruntime.quantization.quantize_dynamic: weights to int8/uint8 ahead of time,
-    activations quantized at run time. No calibration.
+    activations quantized at run time. No calibration. Nodes inside If/Loop/Scan subgraphs
+    are quantized too (onnxruntime's ``EnableSubgraph``, turned on when the model has any).
 ``mode = "static"``
     onnxruntime.quantization.quantize_static (QDQ format by default) with activation ranges
     from the table of a calibrate step (``calibration = "calibrate"``). The model is not run
     again: the table is handed to onnxruntime as a pre-computed calibration
     (``TensorsData`` via ``calibration_cache_path``), so changing only this step's params
     re-runs this step, never the calibration. Quantize the model that was calibrated: the
-    table is matched to the graph by tensor name.
+    table is matched to the graph by tensor name. onnxruntime does not quantize subgraphs
+    in this mode.
 ``mode = "fp16"``
     float32 tensors and weights to float16 (onnxconverter-common's float16 converter), with
     ``keep_io_types``: true keeps every float input and output float32, a list keeps the
-    named ones (Cast nodes convert at the border).
+    named ones (Cast nodes convert at the border). The model's value_info is dropped first
+    (onnx shape inference re-derives it): the converter retypes only the first of duplicated
+    entries, and a stale float32 entry left beside its float16 tensor makes the result
+    unloadable.
+
+Before INT8 quantization, weights held by Constant nodes (paddle2onnx exports) become
+initializers in a private copy: onnxruntime quantizes initializers only ("Expected <w> to
+be an initializer"). An INT8 result without a single quantized node is an error unless
+``allow_unchanged = true``: it would pass every later check while being the float model.
 
 Options apply to the modes named beside them; an option set for another mode is an error.
-The result is loaded and run once on onnxruntime (CPU) before it is kept, so a model that
-onnxruntime cannot execute fails here, named, not in a later step. Accuracy is verify's job.
+Every result passes onnx.checker (full_check) and opens in onnxruntime (CPU); with
+``check = true`` (the default) it also runs once, so a model that onnxruntime cannot
+execute fails here, named, not in a later step. Accuracy is verify's job.
 
 CPU notes (onnxruntime's own guidance): on x86 without VNNI (e.g. AVX2-only CPUs) uint8
 activations times int8 weights can saturate; ``reduce_range = true`` (7-bit weights) avoids
-it. Dynamic int8 weights suffer the same way there; ``weight_type = "uint8"`` or
-``reduce_range = true`` fixes it.
+it, and is the default there for int8 weights (the host's VNNI then enters the key);
+``weight_type = "uint8"`` avoids it too.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.calibdata import non_default, ort_distribution
-from optbuild.steps.inputdecl import InputDecls, inputs_field
+from optbuild.steps.inputdecl import StepInputs, inputs_field
+
+if TYPE_CHECKING:
+    from optbuild.fingerprint import Fingerprint
 
 _STATIC_ONLY = ("calibration", "format", "activation_type", "symmetric_activations")
 _INT8_ONLY = ("weight_type", "per_channel", "reduce_range", "symmetric_weights", "op_types_to_quantize",
-              "nodes_to_quantize", "nodes_to_exclude", "extra_options")
+              "nodes_to_quantize", "nodes_to_exclude", "extra_options", "allow_unchanged")
 _FP16_ONLY = ("keep_io_types", "op_block_list", "node_block_list", "min_positive_val", "max_finite_val")
 
 # onnxruntime.quantization extra_options that may pass through (see quantize_static's docstring).
@@ -93,17 +108,22 @@ class QuantizeParams(StepParams):
     weight_type: Literal["int8", "uint8"] = Field(
         "int8",
         description="dynamic and static: the integer type of quantized weights. On x86 CPUs "
-                    "without VNNI, dynamic int8 weights can saturate: use 'uint8' or reduce_range.",
+                    "without VNNI, int8 weights can saturate: reduce_range (its default there) or "
+                    "'uint8' avoids it.",
         examples=["uint8"])
     per_channel: bool = Field(
         False,
         description="dynamic and static: one scale per output channel of each weight instead of "
                     "one per tensor (usually more accurate for convolutions).",
         examples=[True])
-    reduce_range: bool = Field(
-        False,
+    reduce_range: bool | None = Field(
+        None,
         description="dynamic and static: 7-bit weights, so that uint8 x int8 products cannot "
-                    "saturate on x86 CPUs without VNNI (AVX2-only); costs a little accuracy.",
+                    "saturate on x86 CPUs without VNNI (AVX2-only); costs a little accuracy. Not "
+                    "set: true with int8 weights on an x86 CPU without VNNI (avx512_vnni or "
+                    "avx_vnni), else false; that host fact then enters the key (a VNNI and a "
+                    "non-VNNI host build different models). Set it to get the same model on "
+                    "every host.",
         examples=[True])
     symmetric_weights: bool | None = Field(
         None,
@@ -133,6 +153,14 @@ class QuantizeParams(StepParams):
                     + ", ".join(sorted(EXTRA_OPTIONS)) + ". The symmetric options have their own "
                     "parameters; calibration options belong to the calibrate step.",
         examples=[{"QuantizeBias": False}])
+    allow_unchanged: bool = Field(
+        False,
+        description="dynamic and static: accept a result in which onnxruntime quantized no node "
+                    "(no QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, *Integer or "
+                    "QLinear* node, subgraphs included). false: that is an error saying why it "
+                    "likely happened (ops inside If/Loop subgraphs in static mode, "
+                    "op_types_to_quantize or excluded nodes leaving nothing).",
+        examples=[True])
     # --- fp16 ---
     keep_io_types: bool | list[str] = Field(
         False,
@@ -162,11 +190,12 @@ class QuantizeParams(StepParams):
     # --- all ---
     check: bool = Field(
         True,
-        description="Load the result and run it once on onnxruntime (CPU) with seeded random "
-                    "inputs, so a model onnxruntime cannot execute fails here. Accuracy is checked "
-                    "by a verify step, not here.",
+        description="Run the result once on onnxruntime (CPU) with seeded random inputs, so a "
+                    "model onnxruntime cannot execute fails here. Either way the result must pass "
+                    "onnx.checker (full_check) and open in onnxruntime. Accuracy is checked by a "
+                    "verify step, not here.",
         examples=[False])
-    inputs: InputDecls | None = inputs_field()
+    inputs: StepInputs = inputs_field()
 
     @field_validator("extra_options")
     @classmethod
@@ -212,6 +241,9 @@ class Quantize(Step):
     """INT8 (dynamic, or static QDQ from a calibration table) or float16 versions of an ONNX model."""
 
     kind = "quantize"
+    # 2: Constant weights become initializers, subgraphs quantized in dynamic mode,
+    #    reduce_range's default follows the host, fp16 from re-inferred value_info.
+    version = "2"
     Params = QuantizeParams
 
     def tool_names(self) -> tuple[str, ...]:
@@ -219,54 +251,84 @@ class Quantize(Step):
             return ("onnx", ort_distribution(), "onnxconverter-common")
         return ("onnx", ort_distribution(), "numpy")
 
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        """The host enters the key only where it picks reduce_range's default."""
+        return {HOST_FIELD: x86_without_vnni(host)} if self._reduce_range_follows_host() else {}
+
+    def _reduce_range_follows_host(self) -> bool:
+        p = self.params
+        return p.mode != "fp16" and p.reduce_range is None and p.weight_type == "int8"
+
     def run(self, ctx: StepContext) -> None:
         import onnx
 
+        label = ctx.inputs["input"].step
         source = ctx.inputs["input"].primary
         if source is None or source.suffix != ".onnx":
-            raise StepError(f"quantize needs an ONNX model; {ctx.inputs['input'].step} gives "
+            raise StepError(f"quantize needs an ONNX model; {label} gives "
                             f"{source.name if source else 'no file'}")
         out = ctx.out_dir / "model.onnx"
         before = onnx.load(str(source), load_external_data=False)
+        ops_before = [n.op_type for n in all_nodes(before.graph)]
         if self.params.mode == "fp16":
             self._fp16(ctx, before, out)
         else:
-            self._int8(ctx, source, out)
-        after = onnx.load(str(out), load_external_data=False)
-        ops = [n.op_type for n in after.graph.node]
+            self._int8(ctx, source, before, out)
+        ops = [n.op_type for n in all_nodes(onnx.load(str(out), load_external_data=False).graph)]
         ctx.metrics.update(
-            mode=self.params.mode, nodes_before=len(before.graph.node), nodes_after=len(ops),
+            mode=self.params.mode, nodes_before=len(ops_before), nodes_after=len(ops),
             bytes_before=source.stat().st_size, bytes_after=out.stat().st_size,
             quantize_linear=ops.count("QuantizeLinear") + ops.count("DynamicQuantizeLinear"),
             dequantize_linear=ops.count("DequantizeLinear"),
-            integer_ops=sum(o.endswith("Integer") or o.startswith("QLinear") for o in ops),
+            integer_ops=sum(map(_integer_op, ops)),
         )
-        ctx.log(f"{self.params.mode}: {len(before.graph.node)} -> {len(ops)} nodes, "
+        ctx.log(f"{self.params.mode}: {len(ops_before)} -> {len(ops)} nodes (subgraphs included), "
                 f"{source.stat().st_size} -> {out.stat().st_size} bytes")
-        if self.params.check:
-            self._check(source, out, ctx.inputs["input"].step)
+        quantized = sum(map(_quantized_op, ops)) > sum(map(_quantized_op, ops_before))
+        if self.params.mode != "fp16" and not quantized and not self.params.allow_unchanged:
+            raise StepError(self._unchanged(before, label))
+        self._check(source, out, label)
 
     # --- INT8 ------------------------------------------------------------------------------
-    def _int8(self, ctx: StepContext, source: Path, out: Path) -> None:
+    def _int8(self, ctx: StepContext, source: Path, model: Any, out: Path) -> None:
+        import onnx
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
         p = self.params
+        label = ctx.inputs["input"].step
+        self._check_per_channel_opset(model, label)
+        self._check_node_names(model)
         types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
         extra = dict(p.extra_options)
         if p.symmetric_weights is not None:
             extra["WeightSymmetric"] = p.symmetric_weights
+        nested = self._subgraphs_quantized(model)
+        if nested and "EnableSubgraph" not in extra:
+            extra["EnableSubgraph"] = True
+            ctx.log("the model has If/Loop/Scan subgraphs: quantizing inside them too (EnableSubgraph)")
         common = {"op_types_to_quantize": p.op_types_to_quantize or None, "per_channel": p.per_channel,
-                      "reduce_range": p.reduce_range, "weight_type": types[p.weight_type],
-                      "nodes_to_quantize": p.nodes_to_quantize or None,
-                      "nodes_to_exclude": p.nodes_to_exclude or None}
-        self._check_node_names(source)
+                  "reduce_range": self._reduce_range(ctx), "weight_type": types[p.weight_type],
+                  "nodes_to_quantize": p.nodes_to_quantize or None,
+                  "nodes_to_exclude": p.nodes_to_exclude or None}
+        table = self._table(ctx, source, model) if p.mode == "static" else None
         source = ctx.private_copy(source)  # onnxruntime writes beside the model it is given
-        if p.mode == "dynamic":
+        moved = constants_to_initializers(model.graph, nested)
+        ctx.metrics["constants_to_initializers"] = moved
+        if moved:
+            ctx.log(f"{moved} Constant node tensors made initializers (onnxruntime quantizes "
+                    f"initializer weights only)")
+            source.unlink()  # a hard link to the upstream file: write a new file, never through it
+            onnx.save(model, str(source))
+        if table is None:
             try:
                 quantize_dynamic(str(source), str(out), extra_options=extra, **common)
             except Exception as exc:
-                raise StepError(f"quantize_dynamic failed on {ctx.inputs['input'].step}: "
-                                f"{type(exc).__name__}: {exc}") from exc
+                raise StepError(f"quantize_dynamic failed on {label}: {type(exc).__name__}: {exc}"
+                                f"{_hint(exc, model)}") from exc
+            if nested:
+                result = onnx.load(str(out), load_external_data=False)
+                if sort_topologically(result.graph):
+                    onnx.save(result, str(out))
             return
         import inspect
 
@@ -277,8 +339,7 @@ class Quantize(Step):
                             f"quantize_static takes calibration_cache_path (installed: "
                             f"{version(ort_distribution())})")
         extra["ActivationSymmetric"] = p.symmetric_activations
-        calib_step = ctx.inputs["calibration"].step
-        method, tensors = self._table(ctx, source)
+        method, tensors = table
         with tempfile.TemporaryDirectory(prefix="optbuild-quant-") as tmp:
             cache = Path(tmp) / "ranges.json"
             _write_ort_cache(cache, method, tensors)
@@ -289,17 +350,50 @@ class Quantize(Step):
                     activation_type=types[p.activation_type], calibrate_method=method,
                     calibration_cache_path=str(cache), extra_options=extra, **common)
             except Exception as exc:
-                raise StepError(f"quantize_static failed on {ctx.inputs['input'].step} with the table of "
-                                f"{calib_step}: {type(exc).__name__}: {exc}") from exc
+                raise StepError(f"quantize_static failed on {label} with the table of "
+                                f"{ctx.inputs['calibration'].step}: {type(exc).__name__}: {exc}"
+                                f"{_hint(exc, model)}") from exc
 
-    def _check_node_names(self, source: Path) -> None:
+    def _subgraphs_quantized(self, model: Any) -> bool:
+        """onnxruntime quantizes If/Loop/Scan subgraphs in dynamic mode only (its docs, and
+        QDQQuantizer ignores EnableSubgraph); on unless extra_options turns it off."""
+        p = self.params
+        return (p.mode == "dynamic" and p.extra_options.get("EnableSubgraph", True)
+                and any(_subgraphs(n) for n in model.graph.node))
+
+    def _reduce_range(self, ctx: StepContext) -> bool:
+        """reduce_range, or its host-dependent default (see the parameter's description)."""
+        chosen = self.params.reduce_range
+        if chosen is None:
+            chosen = self._reduce_range_follows_host() and x86_without_vnni(ctx.host)
+            if chosen:
+                ctx.log("reduce_range not set: true, as this x86 CPU has no VNNI (uint8 x int8 "
+                        "products can saturate there); set it to choose")
+        ctx.metrics["reduce_range"] = chosen
+        return chosen
+
+    def _check_per_channel_opset(self, model: Any, label: str) -> None:
+        """Static per-channel weights get a DequantizeLinear with an axis (opset 13), in QDQ
+        and, for MatMul, in QOperator format; onnxruntime writes it at any opset, and the
+        model then fails to load with a cryptic message. Dynamic mode needs no axis."""
+        p = self.params
+        opset = default_opset(model)
+        if not (p.per_channel and p.mode == "static") or opset >= 13:
+            return
+        raise StepError(
+            f"per_channel = true in static mode needs opset 13 or later (DequantizeLinear's axis); "
+            f"{label} is opset {opset}, where the result would not load (\"Unrecognized attribute: "
+            f"axis for operator DequantizeLinear\"). Convert it with an opset step, then calibrate "
+            f"and quantize that step's model:\n\n"
+            f"[steps.opset13]\nkind = \"opset\"\ninput = \"{p.input}\"\nversion = 13\n\n"
+            f"and input = \"opset13\" on this step and its calibrate step")
+
+    def _check_node_names(self, model: Any) -> None:
         """Node names in nodes_to_quantize / nodes_to_exclude must exist (a typo quantizes all)."""
         p = self.params
         if not (p.nodes_to_quantize or p.nodes_to_exclude):
             return
-        import onnx
-
-        names = {n.name for n in onnx.load(str(source), load_external_data=False).graph.node}
+        names = {n.name for n in all_nodes(model.graph)}
         for field in ("nodes_to_quantize", "nodes_to_exclude"):
             unknown = [n for n in getattr(p, field) if n not in names]
             if unknown:
@@ -309,9 +403,9 @@ class Quantize(Step):
                 hint = f"; did you mean {hints[0]!r}?" if hints else ""
                 raise StepError(f"{field}: the model has no node named {', '.join(map(repr, unknown))}{hint}")
 
-    def _table(self, ctx: StepContext, source: Path) -> tuple[Any, dict[str, list[float]]]:
-        """(calibration method, name -> [min, max]) of the calibration table, matched to the model."""
-        import onnx
+    def _table(self, ctx: StepContext, source: Path, model: Any) -> tuple[Any, dict[str, list[float]]]:
+        """(calibration method, name -> [min, max]) of the calibration table, matched to the
+        model (``source``: the upstream file, whose digest the table may record)."""
         from onnxruntime.quantization import CalibrationMethod
 
         from optbuild.digest import hash_file
@@ -321,8 +415,7 @@ class Quantize(Step):
         if artifact.primary is None:
             raise StepError(f"{artifact.step} has no calibration table")
         table = read_table(artifact.primary, artifact.step)
-        model = onnx.load(str(source), load_external_data=False)
-        names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
+        names = {i.name for i in model.graph.input} | {o for n in all_nodes(model.graph) for o in n.output}
         tensors = table["tensors"]
         known = [t for t in tensors if t in names]
         if not known:
@@ -336,6 +429,47 @@ class Quantize(Step):
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                   "percentile": CalibrationMethod.Percentile}[table["method"]]
         return method, {t: tensors[t] for t in known}
+
+    def _unchanged(self, model: Any, label: str) -> str:
+        """Why onnxruntime likely quantized nothing, and how to accept that."""
+        from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+        p = self.params
+        handled = set(IntegerOpsRegistry if p.mode == "dynamic" else
+                      QDQRegistry if p.format == "qdq" else QLinearOpsRegistry)
+        wanted = handled & set(p.op_types_to_quantize) if p.op_types_to_quantize else handled
+        top = [n for n in model.graph.node if n.op_type in wanted]
+        inner = [n for t in model.graph.node for g in _subgraphs(t) for n in all_nodes(g) if n.op_type in wanted]
+        reachable = top + inner if self._subgraphs_quantized(model) else top
+        chosen = [n for n in reachable if n.name not in p.nodes_to_exclude
+                  and (not p.nodes_to_quantize or n.name in p.nodes_to_quantize)]
+        weighted = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "Attention")
+        first = min(chosen or inner, key=lambda n: n.op_type not in weighted, default=None)
+        where = f" (first: {first.op_type} {first.name!r})" if first is not None else ""
+        if p.op_types_to_quantize and not wanted:
+            reason = (f"onnxruntime's {p.mode} quantization handles none of op_types_to_quantize "
+                      f"{p.op_types_to_quantize} (it handles {', '.join(sorted(handled))})")
+        elif not top and not inner:
+            reason = (f"the model has no node of an op type that onnxruntime's {p.mode} quantization "
+                      f"handles ({', '.join(sorted(wanted))})")
+        elif not top and p.mode == "static":
+            reason = (f"its {len(inner)} quantizable nodes{where} all sit inside If/Loop/Scan "
+                      f"subgraphs, which onnxruntime's static quantization does not enter (only "
+                      f"mode = \"dynamic\" quantizes subgraphs)")
+        elif not top and not reachable:
+            reason = (f"its {len(inner)} quantizable nodes{where} all sit inside If/Loop/Scan "
+                      f"subgraphs, and extra_options EnableSubgraph = false keeps onnxruntime out")
+        elif not chosen:
+            reason = f"nodes_to_quantize / nodes_to_exclude leave none of its {len(reachable)} quantizable nodes"
+        else:
+            reason = (f"onnxruntime passed over all {len(chosen)} candidate nodes{where}: weights computed "
+                      f"in the graph rather than stored, inputs of unknown type"
+                      + (", no calibrated range for their inputs" if p.mode == "static" else "")
+                      + ", or ops (such as Relu) quantized only beside a quantized neighbour")
+        return (f"{label}: the {p.mode} INT8 result quantizes nothing (no QuantizeLinear, "
+                f"DequantizeLinear, DynamicQuantizeLinear, *Integer or QLinear* node, subgraphs "
+                f"included): it is the float model. Likely why: {reason}. To keep it anyway, set "
+                f"allow_unchanged = true on this step.")
 
     # --- float16 -----------------------------------------------------------------------------
     def _fp16(self, ctx: StepContext, model: Any, out: Path) -> None:
@@ -357,8 +491,13 @@ class Quantize(Step):
                                 f"(it has {io_names})")
             if not_float := [n for n in keep if n not in floats]:
                 raise StepError(f"keep_io_types: {not_float} are not float32 tensors")
+        dropped = drop_value_info(model.graph)
+        ctx.metrics["value_info_dropped"] = dropped
+        if dropped:
+            ctx.log(f"fp16: {dropped} value_info entries dropped before converting (shape inference "
+                    f"re-derives them; a duplicated or stale entry keeps a float16 tensor typed float32)")
         kwargs = {"min_positive_val": p.min_positive_val, "max_finite_val": p.max_finite_val,
-                      "keep_io_types": keep is True, "node_block_list": p.node_block_list or None}
+                  "keep_io_types": keep is True, "node_block_list": p.node_block_list or None}
         if p.op_block_list is not None:
             kwargs["op_block_list"] = p.op_block_list
         try:
@@ -368,15 +507,15 @@ class Quantize(Step):
                             f"{type(exc).__name__}: {exc}") from exc
         if isinstance(keep, list):
             _keep_float32(converted, keep)
-        try:
-            onnx.checker.check_model(converted)
-        except onnx.checker.ValidationError as exc:
-            raise StepError(f"the float16 model fails onnx.checker: {exc}") from None
         onnx.save(converted, str(out))
 
-    # --- the result runs ---------------------------------------------------------------------
+    # --- the result loads, and runs ------------------------------------------------------------
     def _check(self, source: Path, out: Path, label: str) -> None:
-        """The result loads and runs once on onnxruntime (CPU), on check 0's feeds."""
+        """The result passes onnx.checker (full_check) and opens in onnxruntime (CPU), whatever
+        ``check`` says: a cached model must at least load. With ``check``, it also runs once
+        on check 0's feeds."""
+        import onnx
+
         from optbuild.steps import calibdata
         from optbuild.steps.inputdecl import check_declarations, describe_tried, feeds
         from optbuild.steps.rewrite_check import blame
@@ -386,6 +525,12 @@ class Quantize(Step):
             sess = calibdata.session(out)
         except Exception as exc:
             raise StepError(f"{what} does not load in onnxruntime (CPU): {type(exc).__name__}: {exc}") from None
+        try:
+            onnx.checker.check_model(str(out), full_check=True)
+        except Exception as exc:  # ValidationError, or an InferenceError of the strict shape inference
+            raise StepError(f"{what} fails onnx.checker (full_check): {type(exc).__name__}: {exc}") from None
+        if not self.params.check:
+            return
         specs = calibdata.input_specs(sess)
         check_declarations(specs, self.params.inputs, label)
         feed = feeds(specs, self.params.inputs, 0)
@@ -397,6 +542,149 @@ class Quantize(Step):
                 error += ("\nhint: onnxruntime's CPU kernels lack this quantized op for these types; try "
                           "weight_type = \"uint8\", or leave the op out (op_types_to_quantize / nodes_to_exclude)")
             raise StepError(error) from None
+
+
+# --- the host's CPU and reduce_range ---------------------------------------------------------
+HOST_FIELD = "cpu.x86_without_vnni"  # the key's host entry where reduce_range follows the host
+_X86 = ("x86_64", "amd64", "i386", "i686", "x86")
+_VNNI = ("avx512_vnni", "avx_vnni")
+
+
+def x86_without_vnni(host: Fingerprint) -> bool:
+    """onnxruntime's x86 u8s8 kernels without VNNI (VPMADDUBSW) saturate 16-bit sums."""
+    flags = set(str(host.get("cpu.flags") or "").split(","))
+    return str(host.get("cpu.arch") or "").lower() in _X86 and not flags.intersection(_VNNI)
+
+
+# --- graph walks -------------------------------------------------------------------------------
+_QUANTIZED_CONTRIB = ("QGemm", "QAttention", "QEmbedLayerNormalization", "DynamicQuantizeLSTM",
+                      "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+
+
+def _integer_op(op: str) -> bool:
+    return op.endswith("Integer") or op.startswith("QLinear") or op in _QUANTIZED_CONTRIB
+
+
+def _quantized_op(op: str) -> bool:
+    return op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear") or _integer_op(op)
+
+
+def _subgraphs(node: Any) -> list[Any]:
+    """The graphs held by a node's attributes (If branches, Loop and Scan bodies)."""
+    from onnx import AttributeProto
+
+    graphs = []
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            graphs.append(attr.g)
+        elif attr.type == AttributeProto.GRAPHS:
+            graphs.extend(attr.graphs)
+    return graphs
+
+
+def all_nodes(graph: Any) -> Iterator[Any]:
+    """Every node of ``graph`` and, depth first, of its nodes' subgraphs."""
+    for node in graph.node:
+        yield node
+        for sub in _subgraphs(node):
+            yield from all_nodes(sub)
+
+
+def default_opset(model: Any) -> int:
+    """The model's opset of the default ONNX domain."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def constants_to_initializers(graph: Any, nested: bool) -> int:
+    """Turn Constant nodes holding a tensor (``value``) into initializers of their graph (and,
+    with ``nested``, of subgraphs), in node order so the result is byte-deterministic.
+    onnxruntime quantizes initializer weights only. A Constant that is its graph's output
+    stays a node (an output must be produced). Returns how many were moved."""
+    outputs = {o.name for o in graph.output}
+    kept, moved = [], 0
+    for node in graph.node:
+        if (node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1
+                and node.attribute[0].name == "value" and node.output[0] not in outputs):
+            tensor = graph.initializer.add()
+            tensor.CopyFrom(node.attribute[0].t)
+            tensor.name = node.output[0]
+            moved += 1
+            continue
+        kept.append(node)
+        if nested:
+            moved += sum(constants_to_initializers(sub, nested) for sub in _subgraphs(node))
+    if moved:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return moved
+
+
+def _outer_reads(graph: Any) -> set[str]:
+    """Names the nodes of ``graph`` (and of its subgraphs) read from enclosing graphs."""
+    own = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    own |= {o for n in graph.node for o in n.output}
+    reads = {i for n in graph.node for i in n.input if i}
+    reads |= {name for n in graph.node for sub in _subgraphs(n) for name in _outer_reads(sub)}
+    return reads - own
+
+
+def sort_topologically(graph: Any) -> bool:
+    """Order the nodes of ``graph`` and its subgraphs so that each follows the producers of
+    what it reads, its subgraphs' outer-scope reads included. onnxruntime's subgraph
+    quantization appends the quantizer of an outer value after the If that reads it:
+    onnxruntime re-sorts on load, onnx.checker and other runtimes refuse. Stable (ties keep
+    their order, so a sorted graph is unchanged); returns whether anything moved."""
+    import heapq
+
+    moved = False
+    for sub in (sub for n in graph.node for sub in _subgraphs(n)):
+        moved = sort_topologically(sub) or moved  # every subgraph, no short cut
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    reads = [{i for i in n.input if i} | {r for sub in _subgraphs(n) for r in _outer_reads(sub)} for n in nodes]
+    waits = [{producer[r] for r in names if r in producer} - {i} for i, names in enumerate(reads)]
+    users: dict[int, list[int]] = {}
+    for i, deps in enumerate(waits):
+        for d in deps:
+            users.setdefault(d, []).append(i)
+    ready = [i for i, deps in enumerate(waits) if not deps]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, []):
+            waits[u].discard(i)
+            if not waits[u]:
+                heapq.heappush(ready, u)
+    if len(order) < len(nodes) or order == sorted(order):  # a cycle is left for the checker to name
+        return moved
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
+    return True
+
+
+def drop_value_info(graph: Any) -> int:
+    """Clear ``graph``'s value_info and its subgraphs'; returns how many entries went."""
+    dropped = len(graph.value_info)
+    del graph.value_info[:]
+    return dropped + sum(drop_value_info(sub) for node in graph.node for sub in _subgraphs(node))
+
+
+def _hint(exc: BaseException, model: Any) -> str:
+    """A next step for onnxruntime's known quantization errors, else ''."""
+    import re
+
+    match = re.search(r"Expected (\S+) to be an initializer", str(exc))
+    if match is None:
+        return ""
+    name = match.group(1)
+    producer = next((n for n in all_nodes(model.graph) if name in n.output), None)
+    user = next((n for n in all_nodes(model.graph) if name in n.input), None)
+    made = f"computed by {producer.op_type} node {producer.name!r}" if producer else "a graph input"
+    exclude = f", or keep its node float: nodes_to_exclude = [{user.name!r}]" if user is not None else ""
+    return (f"\nhint: the weight {name!r} is {made}, not stored, and onnxruntime quantizes stored "
+            f"weights (initializers) only: fold it into one with a simplify step before this one{exclude}")
 
 
 def _write_ort_cache(path: Path, method: Any, tensors: dict[str, list[float]]) -> None:

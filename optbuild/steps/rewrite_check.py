@@ -9,36 +9,58 @@ drop an attribute. numpy and onnxruntime are imported inside the functions.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from optbuild.errors import StepError, first_line
-from optbuild.steps.base import StepContext
+from optbuild.steps.base import KEYED_WHEN_SET, StepContext
 from optbuild.steps.inputdecl import InputDecls, check_declarations, describe_tried, feeds
+
+# The ``atol`` parameter of the checked steps: keyed only when set (it came after caches did).
+Atol = Annotated[float | None, KEYED_WHEN_SET]
+
+
+def atol_field() -> Any:
+    """The ``atol`` parameter: the absolute floor of a step's numeric check (Comparison.failure)."""
+    return Field(
+        None, ge=0,
+        description="Errors up to this absolute size pass whatever their relative size: an output "
+                    "passes when its max abs error is within atol or its max relative error within "
+                    "tolerance, so an output whose values are all tiny (a sigmoid far from 0.5, at "
+                    "1e-5) does not turn float rounding into a failure. Not set: 8 epsilons of the "
+                    "output's element type (float32 9.5e-07, float16 0.0078; integers: 0). 0: the "
+                    "relative tolerance alone.",
+        examples=[1e-6, 0])
 
 
 def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: str, *,
-                  checks: int, tolerance: float, decls: InputDecls | None = None) -> None:
+                  checks: int, tolerance: float, atol: float | None = None,
+                  decls: InputDecls | None = None) -> None:
     """Compare ``out`` (what ``tool`` made of ``label``) with ``source`` on ``checks`` seeded
     feeds (see inputdecl: the recipe's declarations, else the model's own, symbolic dims 1,
-    2, 3... in turn); StepError when they differ. Feeds on which the input model itself
-    fails are skipped (and logged), not blamed on the rewrite; when it fails on all of them,
-    nothing could be checked: an error that says what was fed and how to declare more."""
+    2, 3... in turn); StepError when they differ (beyond ``tolerance`` relative and ``atol``
+    absolute: see Comparison.failure). ``out`` must load in onnxruntime even when
+    ``checks`` is 0: a model nothing can open must not be cached. Feeds on which the input
+    model itself fails are skipped (and logged), not blamed on the rewrite; when it fails on
+    all of them, nothing could be checked: an error that says what was fed and how to
+    declare more."""
     from optbuild.steps.calibdata import input_specs
     from optbuild.steps.export import compare_outputs
 
+    try:
+        rewritten = literal_session(out)
+    except Exception as exc:
+        raise StepError(f"onnxruntime cannot load the model {tool} made of {label}: {first_line(exc)}") from None
     if checks == 0:
         ctx.metrics["checks"] = 0
-        ctx.log("numeric check disabled (check = 0)")
+        ctx.log("numeric check disabled (check = 0); the result loads in onnxruntime")
         return
     try:
         original = literal_session(source)
     except Exception as exc:
         raise StepError(f"onnxruntime cannot load the input model of {label}, so the "
                         f"{tool} result cannot be checked (check = 0 skips it): {exc}") from None
-    try:
-        rewritten = literal_session(out)
-    except Exception as exc:
-        raise StepError(f"onnxruntime cannot load the model {tool} made of {label}: {exc}") from None
     specs = input_specs(original)
     check_declarations(specs, decls, label)
     names = [o.name for o in original.get_outputs()]
@@ -60,9 +82,10 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
             raise StepError(f"{tool} broke {label}: the input model runs on {shapes(feed)} (check {i}), "
                             f"the result fails: {first_line(exc)}") from None
         result = compare_outputs(names, reference, outputs)
-        if result.problem or not result.max_rel <= tolerance:
+        failure = result.failure(tolerance, atol)
+        if failure:
             raise StepError(f"{tool} changed the outputs of {label} (check {i}, seeded inputs "
-                            f"{shapes(feed)}): {result.describe(tolerance)}")
+                            f"{shapes(feed)}): {failure}")
         for name, array in zip(names, outputs):
             shape = declared[name]
             if len(shape) == array.ndim and all(not isinstance(d, int) or d == n

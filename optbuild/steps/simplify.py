@@ -2,8 +2,16 @@
 
 A rewrite is trusted only after it agrees with its input model: the same input and output
 names, types and declared input shapes, and on ``check`` seeded random inputs (symbolic
-dims set to 1, 2, 3, ... in turn) the same output shapes and values within ``tolerance``.
-onnxslim has been seen to change an output's shape, onnxsim to fail on some graphs.
+dims set to 1, 2, 3, ... in turn) the same output shapes and values within ``tolerance``
+(or ``atol``). onnxslim has been seen to change an output's shape, onnxsim to fail on some
+graphs. A symbolic input dim may be renamed (onnxslim names unnamed ones ``input_d0``...):
+it is still symbolic. Even with ``check = 0`` the result must pass onnx.checker's full check
+and load in onnxruntime.
+
+``input_shapes`` fixes inputs' symbolic dims through the backend's own option (onnxsim's
+``overwrite_input_shapes``, onnxslim's ``input_shapes``), so the shape arithmetic folds
+away; ``dim_names`` renames symbolic dims before the backend runs, e.g. to tell apart the
+height and width that a paddle2onnx export both calls '?' (one name says they are equal).
 
 Only the chosen backend's version enters the key (``tool_names``). onnxsim 0.8 imports
 torch when it loads (~3.7 s); it is imported here, inside run, and nowhere else.
@@ -14,14 +22,18 @@ from __future__ import annotations
 import importlib
 import inspect
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from optbuild.errors import StepError
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.inputdecl import InputDecls, inputs_field
-from optbuild.steps.rewrite_check import check_rewrite, interface
+from optbuild.errors import StepError, first_line
+from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
+from optbuild.steps.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
+from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, interface
+
+InputShapes = Annotated[dict[str, list[Annotated[int, Field(ge=1)]]] | None, KEYED_WHEN_SET]
+DimNames = Annotated[dict[str, dict[Annotated[int, Field(ge=0)], Annotated[str, Field(min_length=1)]]] | None,
+                     KEYED_WHEN_SET]
 
 
 class SimplifyParams(StepParams):
@@ -37,15 +49,43 @@ class SimplifyParams(StepParams):
     check: int = Field(
         3, ge=0, le=100,
         description="How many seeded random-input comparisons with the input model to run (0 to "
-                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check "
-                    "(names, types and input shapes are still compared).",
+                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check: "
+                    "names, types and input shapes are still compared, and the result must still "
+                    "pass onnx.checker's full check and load in onnxruntime.",
         examples=[0])
     tolerance: float = Field(
         1e-4, gt=0, le=1,
         description="Largest accepted error of the simplified model against its input, relative "
-                    "to the largest magnitude of each of the input model's outputs (0 < tolerance <= 1).",
+                    "to the largest magnitude of each of the input model's outputs (0 < tolerance "
+                    "<= 1); errors within atol pass too.",
         examples=[1e-3])
-    inputs: InputDecls | None = inputs_field()
+    atol: Atol = atol_field()
+    input_shapes: InputShapes = Field(
+        None,
+        description="Fix inputs' shapes in the simplified model: input name -> its full shape, one "
+                    "size per dim. Only symbolic dims may get a size (a dim the model fixes keeps "
+                    "its size); the backend's own option does it (onnxsim's overwrite_input_shapes, "
+                    "onnxslim's input_shapes), so shape arithmetic folds away. The result then "
+                    "declares, and the check feeds, exactly these shapes. Not set: inputs keep "
+                    "their symbolic dims.",
+        examples=[{"x": [1, 3, 48, 320]}])
+    dim_names: DimNames = Field(
+        None,
+        description="Rename symbolic input dims before simplifying: input name -> {axis: name}, "
+                    "axes from 0, like export's dynamic_axes. Dims that share a name are one size "
+                    "to onnx and the simplifiers: give distinct names to dims that may differ "
+                    "(paddle2onnx calls both height and width '?'). Only symbolic dims, and not in "
+                    "an input that input_shapes fixes.",
+        examples=[{"x": {0: "batch", 2: "height", 3: "width"}}])
+    inputs: StepInputs = inputs_field()
+
+    @model_validator(mode="after")
+    def _fixed_or_named(self) -> SimplifyParams:
+        both = sorted(set(self.input_shapes or {}) & set(self.dim_names or {}))
+        if both:
+            raise ValueError(f"input {both[0]!r} is in both input_shapes (which fixes all its dims) "
+                             "and dim_names (which names symbolic ones)")
+        return self
 
 
 class Simplify(Step):
@@ -63,15 +103,19 @@ class Simplify(Step):
 
         from optbuild.steps.source import uses_external_data
 
+        p = self.params
         artifact = ctx.inputs.get("input")
         if artifact is None or artifact.primary is None or not artifact.primary.is_file():
-            raise StepError(f"input {self.params.input!r} provides no ONNX model to simplify")
+            raise StepError(f"input {p.input!r} provides no ONNX model to simplify")
         source, label = artifact.primary, artifact.step
         try:
             model = onnx.load(str(source))
         except Exception as exc:
             raise StepError(f"cannot read the model of {label} ({source}): {exc}") from None
+        self._check_shape_params(interface(model)["input_shapes"], label)
+        self._name_dims(ctx, model)
         before, declared = len(model.graph.node), interface(model)  # before a backend can touch it
+        declared["input_shapes"].update({name: list(shape) for name, shape in (p.input_shapes or {}).items()})
         started = time.perf_counter()
         backend = self._import_backend()
         imported = time.perf_counter()
@@ -80,20 +124,65 @@ class Simplify(Step):
         if uses_external_data(simplified) or simplified.ByteSize() > 2**31 - 1:
             raise StepError(f"the simplified {label} does not fit one ONNX file (over 2 GiB): not supported")
         try:
-            onnx.checker.check_model(simplified)
+            onnx.checker.check_model(simplified, full_check=True)
         except Exception as exc:
-            raise StepError(f"{self.params.backend} produced a model that fails onnx.checker "
-                            f"({label}): {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from None
-        self._same_interface(declared, simplified, label)
+            raise StepError(f"{p.backend} produced a model that fails onnx.checker's full check "
+                            f"({label}): {first_line(exc)}") from None
+        self._same_interface(ctx, declared, simplified, label)
         out = ctx.out_dir / "model.onnx"
         onnx.save(simplified, str(out))
         after = len(simplified.graph.node)
-        ctx.metrics.update(backend=self.params.backend, nodes_before=before, nodes_after=after,
+        ctx.metrics.update(backend=p.backend, nodes_before=before, nodes_after=after,
                            import_s=round(imported - started, 3), simplify_s=round(elapsed, 3))
-        ctx.log(f"{self.params.backend}: {before} -> {after} nodes in {elapsed:.2f} s "
+        ctx.log(f"{p.backend}: {before} -> {after} nodes in {elapsed:.2f} s "
                 f"(+{imported - started:.2f} s to import it)")
-        check_rewrite(ctx, source, out, label, self.params.backend,
-                      checks=self.params.check, tolerance=self.params.tolerance, decls=self.params.inputs)
+        check_rewrite(ctx, source, out, label, p.backend, checks=p.check, tolerance=p.tolerance,
+                      atol=p.atol, decls=self._check_decls())
+
+    def _check_shape_params(self, shapes: dict[str, list], label: str) -> None:
+        """StepError when input_shapes or dim_names name an input the model lacks, or
+        contradict its rank or a dim it fixes: a recipe's mistake, said in its words."""
+        p = self.params
+        for param, entries in (("input_shapes", p.input_shapes), ("dim_names", p.dim_names)):
+            for name, entry in (entries or {}).items():
+                if name not in shapes:
+                    raise StepError(f"{param}: {label} has no input {name!r} (its inputs: "
+                                    f"{', '.join(shapes) or 'none'})")
+                dims = shapes[name]
+                if param == "input_shapes" and len(entry) != len(dims):
+                    raise StepError(f"input_shapes.{name}: {entry} has rank {len(entry)}, {label} "
+                                    f"declares {dims} (rank {len(dims)})")
+                axes = enumerate(entry) if isinstance(entry, list) else entry.items()
+                for axis, value in axes:
+                    if axis >= len(dims):
+                        raise StepError(f"dim_names.{name}: {label} declares {dims}, so it has no axis {axis}")
+                    if _static(dims[axis]) and (param == "dim_names" or value != dims[axis]):
+                        raise StepError(f"{param}.{name}: dim {axis} is fixed at {dims[axis]} in {label}, "
+                                        f"{param} gives {value!r}; only symbolic dims can be "
+                                        f"{'named' if param == 'dim_names' else 'given a size'}")
+
+    def _name_dims(self, ctx: StepContext, model: Any) -> None:
+        """Apply dim_names to the model's inputs. Its value_info goes too: annotations made
+        under the old names would still tie the renamed dims together; the backends infer
+        shapes again."""
+        if not self.params.dim_names:
+            return
+        for value in model.graph.input:
+            for axis, name in self.params.dim_names.get(value.name, {}).items():
+                value.type.tensor_type.shape.dim[axis].dim_param = name
+        del model.graph.value_info[:]
+        shapes = interface(model)["input_shapes"]
+        ctx.log("dim_names: " + "; ".join(f"{name} {shapes[name]}" for name in self.params.dim_names))
+
+    def _check_decls(self) -> InputDecls | None:
+        """The declarations the numeric check feeds from: an input fixed by input_shapes takes
+        its fixed shape (the result takes no other), with its declared values or range."""
+        decls = dict(self.params.inputs or {})
+        for name, shape in (self.params.input_shapes or {}).items():
+            decl = decls.get(name)
+            decls[name] = (decl.model_copy(update={"shape": list(shape)}) if decl is not None
+                           else InputDecl(shape=list(shape)))
+        return decls or None
 
     def _import_backend(self) -> Any:
         name = self.params.backend
@@ -104,7 +193,7 @@ class Simplify(Step):
                             f"(pip install {name}): {exc}") from None
 
     def _simplify(self, module: Any, model: Any, label: str) -> Any:
-        backend = self.params.backend
+        backend, shapes = self.params.backend, self.params.input_shapes
         try:
             if backend == "onnxsim":
                 options: dict[str, Any] = {"check_n": 0}  # the check below covers dynamic shapes
@@ -112,9 +201,14 @@ class Simplify(Step):
                     # otherwise it runs when z3-solver happens to be installed and records its
                     # verdict in the model: output bytes that no key knows about
                     options["certify"] = False
+                if shapes:
+                    options["overwrite_input_shapes"] = {name: list(shape) for name, shape in shapes.items()}
                 simplified, ok = module.simplify(model, **options)
                 if not ok:
                     raise RuntimeError("onnxsim reports that its result differs from its input")
+            elif shapes:  # onnxslim takes "name:1,3,48,320" strings
+                simplified = module.slim(model, input_shapes=[f"{name}:{','.join(map(str, shape))}"
+                                                              for name, shape in shapes.items()])
             else:
                 simplified = module.slim(model)
         except Exception as exc:
@@ -125,14 +219,31 @@ class Simplify(Step):
             raise StepError(f"{backend} returned no model for {label}")
         return simplified
 
-    def _same_interface(self, before: dict[str, Any], simplified: Any, label: str) -> None:
-        """Names, element types and ranks of inputs and outputs, and the declared input
-        shapes, may not change."""
+    def _same_interface(self, ctx: StepContext, before: dict[str, Any], simplified: Any, label: str) -> None:
+        """Names, element types and ranks of inputs and outputs may not change, nor may the
+        declared input dims, except that a symbolic dim may take another name (onnxslim names
+        the unnamed ones): it still takes any size."""
         after, backend = interface(simplified), self.params.backend
         for what in ("inputs", "outputs"):
             if before[what] != after[what]:
                 raise StepError(f"{backend} changed the {what} of {label}: (name, type, rank) "
                                 f"{before[what]} -> {after[what]}")
-        if before["input_shapes"] != after["input_shapes"]:
+        changed, renamed = [], []
+        for name, dims in before["input_shapes"].items():
+            for axis, (old, new) in enumerate(zip(dims, after["input_shapes"][name])):
+                if old == new:
+                    continue
+                if _static(old) or _static(new):
+                    changed.append(f"{name} dim {axis}: {old!r} became {new!r}")
+                else:
+                    renamed.append(f"{name} dim {axis} {old!r} -> {new!r}")
+        if changed:
             raise StepError(f"{backend} changed the declared input shapes of {label}: "
-                            f"{before['input_shapes']} -> {after['input_shapes']}")
+                            f"{before['input_shapes']} -> {after['input_shapes']} ({'; '.join(changed)})")
+        if renamed:
+            ctx.log(f"{backend} renamed symbolic input dims (still symbolic): {', '.join(renamed)}")
+
+
+def _static(dim: int | str) -> bool:
+    """A dim of ``interface``'s input_shapes that fixes a size (not a name, '?' or -1)."""
+    return isinstance(dim, int) and dim > 0
