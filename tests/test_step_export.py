@@ -187,6 +187,31 @@ def build():
     assert hidden.shape == (4, 7, 8) and pooled.shape == (4, 8)
 
 
+FRAMES = """\
+import torch
+
+class Frames(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(x.shape[0], -1, 4).sum(-1)  # the length must be a multiple of 4
+
+def build():
+    return Frames(), (torch.randn(1, 8),)
+"""
+
+
+def test_the_dynamic_axes_recheck_uses_the_declared_sizes(tmp_path):
+    """One larger (9) is a length this model cannot take: the re-check is skipped; a
+    declared range gives it a size it takes (its max, 16), and the re-check runs."""
+    write_model(tmp_path, FRAMES)
+    params = {"model": "net.py:build", "input_names": ["x"], "output_names": ["y"],
+              "dynamic_axes": {"x": {"1": "length"}, "y": {"1": "frames"}}}
+    guessed = export(tmp_path, params, out="guessed")
+    assert "dynamic_check" not in guessed.metrics
+    declared = export(tmp_path, {**params, "inputs": {"x": {"shape": [1, [8, 16]]}}}, out="declared")
+    assert declared.metrics["dynamic_check"] == "x[1] = 16"
+    assert declared.metrics["dynamic_max_rel_error"] <= 1e-3
+
+
 def test_a_dynamic_axis_beyond_the_input_rank_is_an_error(tmp_path):
     write_model(tmp_path, LINEAR)
     with pytest.raises(StepError, match="input 'x' has 2 dimensions, so it has no axis 2"):

@@ -47,6 +47,7 @@ from optbuild.callables import Call
 from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
 from optbuild.steps.base import CallableRef, InputPath, Step, StepContext, StepParams
+from optbuild.steps.inputdecl import StepInputs
 
 TORCHSCRIPT_MAX_OPSET = 20  # torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET in 2.13
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset; lower ones need a fragile conversion
@@ -88,7 +89,8 @@ class ExportParams(StepParams):
                     "symbolic name}. Axes count from 0 (TOML's string keys \"0\" are accepted); "
                     "names must be listed in input_names / output_names. Empty: every shape is "
                     "fixed to the example inputs'. The export is re-checked with every dynamic "
-                    "input axis one larger.",
+                    "input axis at another size: a size 'inputs' declares for it (a range's max, "
+                    "else its min), else one larger.",
         examples=[{"image": {0: "batch"}, "logits": {0: "batch"}}])
     exporter: Literal["torchscript", "dynamo"] = Field(
         "torchscript",
@@ -105,6 +107,12 @@ class ExportParams(StepParams):
         description="Largest accepted error of onnxruntime against PyTorch on the example inputs, "
                     "relative to the largest magnitude of each PyTorch output (0 < tolerance <= 1).",
         examples=[1e-4])
+    inputs: StepInputs = Field(
+        None,
+        description="What the exported model's inputs take (see 'Model inputs'), by input_names; "
+                    "replaces the recipe's [inputs.NAME] entry of the same input. The dynamic-axes "
+                    "re-check grows each dynamic axis to a size declared for it.",
+        examples=[{"tokens": {"shape": [1, [16, 128]]}}])
 
     @field_validator("input_names", "output_names")
     @classmethod
@@ -408,7 +416,8 @@ class Export(Step):
                         f"{graph_inputs} for {len(arrays)} example inputs; name them all in input_names")
 
     def _grown(self, inputs: tuple) -> tuple[tuple | None, str]:
-        """The example inputs with every dynamic axis one larger (repeating the first slice)."""
+        """The example inputs with every dynamic axis at another size (``_other_size``), its
+        slices repeated in turn."""
         import torch
 
         grown, sizes = list(inputs), []
@@ -417,9 +426,22 @@ class Export(Step):
                 tensor = grown[i]
                 if tensor.shape[axis] == 0:
                     continue
-                grown[i] = torch.cat([tensor, tensor.narrow(axis, 0, 1)], dim=axis)
-                sizes.append(f"{name}[{axis}] = {grown[i].shape[axis]}")
+                size = self._other_size(name, axis, tensor.shape[axis])
+                grown[i] = tensor.index_select(axis, torch.arange(size) % tensor.shape[axis])
+                sizes.append(f"{name}[{axis}] = {size}")
         return (tuple(grown), ", ".join(sizes)) if sizes else (None, "")
+
+    def _other_size(self, name: str, axis: int, current: int) -> int:
+        """A size of ``name``'s dynamic ``axis`` other than the example's: the declared max,
+        else the declared min, else one larger (a guess the model may not take)."""
+        decl = (self.params.inputs or {}).get(name)
+        if decl is not None and decl.shape is not None and axis < len(decl.shape):
+            dim = decl.shape[axis]
+            declared = dim if isinstance(dim, list) else [dim]
+            for size in (declared[-1], declared[0]):
+                if size > 0 and size != current:
+                    return size
+        return current + 1
 
 
 # --- helpers -------------------------------------------------------------------------------
