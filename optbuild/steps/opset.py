@@ -16,7 +16,7 @@ from pydantic import Field
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.inputdecl import StepInputs, inputs_field
-from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, interface
+from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
 
 OLDEST = 7  # onnxruntime runs opsets 7 and newer
 
@@ -57,14 +57,7 @@ class Opset(Step):
         import onnx
 
         p = self.params
-        artifact = ctx.inputs.get("input")
-        if artifact is None or artifact.primary is None or not artifact.primary.is_file():
-            raise StepError(f"input {p.input!r} provides no ONNX model to convert")
-        source, label = artifact.primary, artifact.step
-        try:
-            model = onnx.load(str(source))
-        except Exception as exc:
-            raise StepError(f"cannot read the model of {label} ({source}): {exc}") from None
+        model, source, label = input_model(ctx, p.input, "convert")
         newest = onnx.defs.onnx_opset_version()
         if p.version > newest:
             raise StepError(f"version = {p.version}: the installed onnx {onnx.__version__} converts "

@@ -156,3 +156,18 @@ def blame(exc: BaseException, source: Path, feed: dict[str, Any], label: str, wh
                          f"it is not at fault. {described}")
     return StepError(f"{what} fails on inputs its input model runs on ({shapes(feed)}): "
                      f"{type(exc).__name__}: {first_line(exc)}")
+
+
+def input_model(ctx: StepContext, ref: str, what: str) -> tuple[Any, Path, str]:
+    """(model, its file, its step) of the ONNX model of ``ref``, the step's input, for a
+    step that rewrites it; ``what`` the rewrite ("simplify") for the error messages."""
+    import onnx
+
+    artifact = ctx.inputs.get("input")
+    if artifact is None or artifact.primary is None or not artifact.primary.is_file():
+        raise StepError(f"input {ref!r} provides no ONNX model to {what}")
+    source, label = artifact.primary, artifact.step
+    try:
+        return onnx.load(str(source)), source, label
+    except Exception as exc:
+        raise StepError(f"cannot read the model of {label} ({source}): {exc}") from None

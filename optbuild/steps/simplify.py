@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 from optbuild.errors import StepError, first_line
 from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
 from optbuild.steps.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
-from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, interface
+from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
 
 InputShapes = Annotated[dict[str, list[Annotated[int, Field(ge=1)]]] | None, KEYED_WHEN_SET]
 DimNames = Annotated[dict[str, dict[Annotated[int, Field(ge=0)], Annotated[str, Field(min_length=1)]]] | None,
@@ -104,14 +104,7 @@ class Simplify(Step):
         from optbuild.steps.source import uses_external_data
 
         p = self.params
-        artifact = ctx.inputs.get("input")
-        if artifact is None or artifact.primary is None or not artifact.primary.is_file():
-            raise StepError(f"input {p.input!r} provides no ONNX model to simplify")
-        source, label = artifact.primary, artifact.step
-        try:
-            model = onnx.load(str(source))
-        except Exception as exc:
-            raise StepError(f"cannot read the model of {label} ({source}): {exc}") from None
+        model, source, label = input_model(ctx, p.input, "simplify")
         self._check_shape_params(interface(model)["input_shapes"], label)
         self._name_dims(ctx, model)
         before, declared = len(model.graph.node), interface(model)  # before a backend can touch it
