@@ -16,8 +16,8 @@ Only what reading can decide is judged, and anything doubtful is accepted:
   binding; ``**kwargs`` takes any keyword. For ``Class.method`` only ``Class`` is checked.
 
 A file that is missing or does not parse is left to the step (and to "file not found").
-The parse is cached by the file's stat signature: planning asks for the same few files
-once per step that names them.
+The parse is shared with optbuild.pyimports (which reads the same files for their
+imports) and cached by the file's stat signature.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from optbuild.pyimports import Signature, file_signature, parsed
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,10 @@ def _bound(node: ast.AST) -> list[str]:
 
 
 @lru_cache(maxsize=256)
-def _read(path: Path, signature: tuple[int, int, int]) -> _Module | None:
-    """What ``path`` defines at module level; None when it cannot be read or parsed.
-    ``signature`` (inode, size, mtime) is only the cache key."""
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
+def _read(path: Path, signature: Signature) -> _Module | None:
+    """What ``path`` defines at module level; None when it cannot be read or parsed."""
+    tree = parsed(path, signature)
+    if tree is None:
         return None
     module_level = list(_module_level(tree.body))
     bindings: dict[str, list[ast.AST]] = {}
@@ -146,11 +146,9 @@ def check(call: Call, base_dir: Path) -> list[tuple[tuple[str, ...], str]]:
     looks right or cannot be judged by reading."""
     file, _, name = call.ref.rpartition(":")
     path = (base_dir / file).resolve()
-    try:
-        stat = path.stat()
-    except OSError:
+    if (signature := file_signature(path)) is None:
         return []
-    module = _read(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    module = _read(path, signature)
     if module is None or module.dynamic:
         return []
     head = name.partition(".")[0]

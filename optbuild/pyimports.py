@@ -66,14 +66,34 @@ def _literal_import(node: ast.Call) -> str | None:
     return None
 
 
-@lru_cache(maxsize=512)
-def _import_nodes(path: Path, signature: tuple[int, int, int]) -> tuple[ast.AST, ...]:
-    """The import statements and calls of ``path``, in source order. Cached by the file's
-    (inode, size, mtime): planning asks for the same few model and data files once per
-    step that names them, and parsing is most of what keying an export costs."""
+Signature = tuple[int, int, int]  # (inode, size, mtime): a file's identity for the caches here
+
+
+def file_signature(path: Path) -> Signature | None:
+    """``path``'s (inode, size, mtime), None when it cannot be stat'ed."""
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+@lru_cache(maxsize=512)
+def parsed(path: Path, signature: Signature) -> ast.Module | None:
+    """``path`` parsed, never run; None when it cannot be read or parsed. Cached by its
+    signature: planning reads the same few model and data files for their imports (here)
+    and their callables (optbuild.callables), and parsing is most of what that costs."""
+    try:
+        return ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
+        return None
+
+
+@lru_cache(maxsize=512)
+def _import_nodes(path: Path, signature: Signature) -> tuple[ast.AST, ...]:
+    """The import statements and calls of ``path``, in source order."""
+    tree = parsed(path, signature)
+    if tree is None:
         return ()  # the file itself still keys the step; nothing inside it can be followed
     nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom, ast.Call))]
     return tuple(sorted(nodes, key=lambda n: (n.lineno, n.col_offset)))
@@ -81,11 +101,9 @@ def _import_nodes(path: Path, signature: tuple[int, int, int]) -> tuple[ast.AST,
 
 def _imported(path: Path, roots: list[Path]) -> list[Path]:
     """The local files ``path`` imports directly, in source order (may repeat)."""
-    try:
-        stat = path.stat()
-    except OSError:
+    if (signature := file_signature(path)) is None:
         return []
-    nodes = _import_nodes(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    nodes = _import_nodes(path, signature)
     found: list[Path] = []
     for node in nodes:
         if isinstance(node, ast.Import):

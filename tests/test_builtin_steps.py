@@ -81,7 +81,7 @@ def test_export_rejects_dynamic_axes_for_unknown_names():
 def test_export_dynamic_batch_runs_at_other_sizes(tmp_path):
     import numpy as np
 
-    from optbuild.steps import onnxcheck
+    from optbuild.steps.calibdata import session
 
     step = Export(ExportParams.model_validate({
         "model": "models/cnn.py:build", "input_names": ["image"], "output_names": ["logits"],
@@ -89,7 +89,7 @@ def test_export_dynamic_batch_runs_at_other_sizes(tmp_path):
     ctx = context(tmp_path, REPO / "recipes")
     step.run(ctx)
     for batch in (1, 3):
-        (logits,) = onnxcheck.run(ctx.out_dir / "model.onnx",
-                                  {"image": np.zeros((batch, 3, 64, 64), np.float32)})
+        (logits,) = session(ctx.out_dir / "model.onnx").run(
+            None, {"image": np.zeros((batch, 3, 64, 64), np.float32)})
         assert logits.shape == (batch, 10)
     assert ctx.metrics["max_rel_error"] < 1e-4

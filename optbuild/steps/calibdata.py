@@ -387,19 +387,12 @@ def random_samples(specs: list[InputSpec], count: int, seed: int, *, dynamic_siz
     for k in range(count):
         feed = {}
         for spec in specs:
-            if decls and spec.name in decls:
-                shape = inputdecl.shape_for(spec, decls[spec.name], k)
-                feed[spec.name] = inputdecl.values(rng, spec, decls[spec.name], shape, k)
-                continue
-            shape = [d if isinstance(d, int) else dynamic_size for d in spec.shape]
-            if spec.dtype == "bool":
-                feed[spec.name] = rng.integers(0, 2, size=shape).astype(bool)
-            elif spec.dtype.startswith(("int", "uint")):
-                feed[spec.name] = rng.integers(int_range[0], int_range[1], size=shape).astype(spec.dtype)
-            elif spec.dtype in ("float32", "float16", "float64"):
-                feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+            decl = (decls or {}).get(spec.name)
+            if decl is not None:
+                shape = inputdecl.shape_for(spec, decl, k)
             else:
-                raise StepError(f"cannot make random data for input {spec} (give a data source)")
+                shape = [d if isinstance(d, int) else dynamic_size for d in spec.shape]
+            feed[spec.name] = inputdecl.values(rng, spec, decl, shape, k, (int_range[0], int_range[1] - 1))
         feeds.append(feed)
     return Samples(feeds, f"random (seed {seed})" + (", declared inputs" if decls else ""))
 

@@ -361,11 +361,11 @@ class Export(Step):
 
     def _verify(self, ctx: StepContext, out: Path, module: Any, inputs: tuple, expected: Any) -> None:
         """onnxruntime vs PyTorch on the example inputs, then with every dynamic axis grown."""
-        from optbuild.steps import onnxcheck
+        from optbuild.steps.calibdata import session as ort_session
 
         p = self.params
         try:
-            session = onnxcheck.session(out)
+            session = ort_session(out)
         except Exception as exc:
             raise StepError(f"onnxruntime cannot load the export of {p.model}: {first_line(exc)}") from None
         names = [o.name for o in session.get_outputs()]

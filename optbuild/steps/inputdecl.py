@@ -160,12 +160,15 @@ def feeds(specs: list[InputSpec], decls: InputDecls | None, check: int, seed: in
     return feed
 
 
-def values(rng: Any, spec: InputSpec, decl: InputDecl | None, shape: list[int], check: int) -> np.ndarray:
+def values(rng: Any, spec: InputSpec, decl: InputDecl | None, shape: list[int], check: int,
+           int_range: tuple[int, int] = DEFAULT_INT_RANGE) -> np.ndarray:
+    """Seeded values for ``spec`` of ``shape``: as ``decl`` says, else N(0, 1) floats,
+    uniform booleans and integers in ``int_range`` (both ends included)."""
     import numpy as np
 
     dtype = spec.dtype
     if dtype not in ("bool", "float32", "float16", "float64") and not dtype.startswith(("int", "uint")):
-        raise StepError(f"cannot make values for input {spec} (declare [inputs.{spec.name}] or give data)")
+        raise StepError(f"cannot make random values for input {spec} (give a data source)")
     if decl is not None and decl.values is not None:
         if int(np.prod(shape)) == 1:
             return np.full(shape, decl.values[check % len(decl.values)]).astype(dtype)
@@ -174,7 +177,7 @@ def values(rng: Any, spec: InputSpec, decl: InputDecl | None, shape: list[int], 
         return rng.integers(0, 2, size=shape).astype(bool)
     low, high = decl.range if decl is not None and decl.range is not None else (None, None)
     if dtype.startswith(("int", "uint")):
-        lo, hi = (int(low), int(high)) if low is not None else DEFAULT_INT_RANGE
+        lo, hi = (int(low), int(high)) if low is not None else int_range
         return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
     if low is not None:
         return rng.uniform(low, high, size=shape).astype(dtype)

@@ -135,12 +135,9 @@ def literal_session(path: Path) -> Any:
     """A CPU onnxruntime session that runs the graph as written: with ORT's own graph
     optimizations on, the reference would be one more rewrite trusting the same (possibly
     wrong) shape annotations as the simplifier, and could agree with its mistakes."""
-    import onnxruntime as ort
+    from optbuild.steps.calibdata import session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session(path, level="disable")
 
 
 def blame(exc: BaseException, source: Path, feed: dict[str, Any], label: str, what: str,
