@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import CliRun, ProjectDir
-from thirdparty_models import corpus_model
+from plugins.projects import CliRun, ProjectDir
+from plugins.thirdparty_models import corpus_model
 
 pytestmark = pytest.mark.slow
 

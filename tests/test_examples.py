@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import REPO, ProjectDir
+from plugins.projects import REPO, ProjectDir
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest_steps import MODELS, REPO
+from plugins.steps import MODELS, REPO
 
 from optbuild.pyimports import local_imports
 

@@ -6,7 +6,7 @@ import os
 
 import onnx
 import pytest
-from thirdparty_models import CORPUS, FetchError, cache_dir, corpus_model
+from plugins.thirdparty_models import CORPUS, FetchError, cache_dir, corpus_model
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))

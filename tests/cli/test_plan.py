@@ -1,0 +1,104 @@
+"""`optbuild plan` tells what `optbuild build` then does: steps this host cannot run are
+unavailable, not would-build, and the counts match, save where plan cannot know (a step
+that stops the build, an upstream rebuild that reproduces its output), which it says."""
+
+from __future__ import annotations
+
+from plugins.projects import KINDS, UNICORN, ProjectDir
+
+# src -> horn (this host cannot run it) -> after_horn; src -> mid -> out
+RECIPE = """\
+[steps.src]
+kind = "text"
+path = "../data/input.txt"
+
+[steps.horn]
+kind = "needs"
+input = "src"
+
+[steps.after_horn]
+kind = "join"
+input = "horn"
+
+[steps.mid]
+kind = "join"
+input = "src"
+suffix = "-mid"
+
+[steps.out]
+kind = "join"
+input = "mid"
+suffix = "-out"
+"""
+
+
+def _project(root) -> ProjectDir:
+    proj = ProjectDir.with_test_kinds(root)
+    proj.write("needs.py", UNICORN)
+    proj.write("optbuild.toml", KINDS)
+    proj.write("recipes/r.toml", RECIPE)
+    return proj
+
+
+def _counts(run) -> dict[str, int]:
+    (done,) = [e for e in run.events if e.get("event") == "done"]
+    return done["counts"]
+
+
+def _notes(run) -> list[str]:
+    return [e["message"] for e in run.events if e.get("event") == "note"]
+
+
+def test_plan_shows_an_unavailable_step_behind_a_would_build_one(tmp_path):
+    proj = _project(tmp_path / "proj")
+    plan = proj.cli("plan", "--skip-unavailable", "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.steps("unavailable") == ["r:horn"]
+    assert plan.steps("skipped") == ["r:after_horn"]
+    assert plan.steps("would-build") == ["r:mid", "r:out", "r:src"]
+    horn = next(e for e in plan.events if e.get("step") == "r:horn")
+    assert horn["error"] == "r:horn cannot run here: needs a unicorn (none here)"
+    build = proj.cli("build", "--skip-unavailable", "--json")
+    assert build.returncode == 0, build.stderr
+    planned = _counts(plan)
+    assert {"built" if status == "would-build" else status: n for status, n in planned.items()} == _counts(build)
+
+
+def test_plan_in_plain_text(tmp_path):
+    proj = _project(tmp_path / "proj")
+    run = proj.cli("plan", "--skip-unavailable")
+    assert "  unavailable r:horn\n      r:horn cannot run here: needs a unicorn (none here)\n" in run.stderr
+    assert "  skipped  r:after_horn  (upstream r:horn unavailable)\n" in run.stderr
+    assert "ok: 3 would-build, 1 unavailable, 1 skipped" in run.stderr
+    assert "note:" not in run.stderr  # skipped by choice: nothing stops the build
+
+
+def test_plan_says_when_a_step_would_stop_the_build(tmp_path):
+    """Without -k or --skip-unavailable the build stops at horn; which of the steps then
+    ready were started depends on timing, so plan shows every step and says so."""
+    proj = _project(tmp_path / "proj")
+    plan = proj.cli("plan", "--json")
+    assert plan.returncode == 1
+    assert plan.steps("would-build") == ["r:mid", "r:out", "r:src"]  # not "skipped: build stopped"
+    assert _notes(plan) == [("r:horn cannot run here: without --skip-unavailable or -k, the build stops "
+                             "there and skips the steps not started by then")]
+    assert "\nnote: r:horn cannot run here: without" in proj.cli("plan").stderr
+    assert _notes(proj.cli("plan", "--skip-unavailable", "--json")) == []
+    proj.write("optbuild.toml", KINDS + "\n[build]\nkeep_going = true\n")
+    assert _notes(proj.cli("plan", "--json")) == []
+
+
+def test_plan_says_steps_may_be_cached_when_their_upstream_rebuilds_the_same(tmp_path):
+    proj = _project(tmp_path / "proj")
+    proj.write("recipes/r.toml", '[steps.src]\nkind = "text"\npath = "../data/input.txt"\nupper = true\n\n'
+                                 '[steps.mid]\nkind = "join"\ninput = "src"\nsuffix = "-mid"\n\n'
+                                 '[steps.out]\nkind = "join"\ninput = "mid"\nsuffix = "-out"\n')
+    assert proj.cli("build").returncode == 0
+    proj.write("data/input.txt", "HeLLo")  # a new input; its upper-cased output is the same
+    plan = proj.cli("plan", "--json")
+    assert plan.steps("would-build") == ["r:mid", "r:out", "r:src"]
+    assert _notes(plan) == [("2 steps come after steps that will build: their keys are known only then, "
+                             "and any whose inputs come out unchanged will be cached, not built")]
+    build = proj.cli("build", "--json")
+    assert build.steps("built") == ["r:src"] and build.steps("cached") == ["r:mid", "r:out"]
+    assert _notes(proj.cli("plan", "--json")) == []  # nothing will build: nothing to guess

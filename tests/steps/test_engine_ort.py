@@ -1,0 +1,152 @@
+"""kind = "engine", backend = "onnxruntime": offline graph optimization, ONNX and ORT format."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from optbuild.errors import StepError
+from optbuild.fingerprint import Fingerprint
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper
+from plugins.models import save
+from plugins.steps import run_step
+
+from optbuild.steps.engine_ort import OrtEngine, OrtEngineParams
+
+
+def make_convnet(path: Path) -> Path:
+    """x: float32 [batch, 8, 16, 16] -> Conv 3x3 -> BatchNorm-free Relu -> Conv 3x3 -> y."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32) * 0.1, "b1")
+    w2 = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+         helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])],
+        "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 16, 16])],
+        [w1, b1, w2],
+    )
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.fixture
+def convnet(tmp_path: Path) -> Path:
+    return make_convnet(tmp_path / "convnet.onnx")
+
+
+def engine(tmp_path: Path, model: Path, name: str = "engine", **params):
+    step, ctx = run_step(OrtEngine, {"backend": "onnxruntime", "input": "m", **params}, {"input": model},
+                         tmp_path, name)
+    return step, ctx
+
+
+def domains(path: Path) -> set[str]:
+    return {n.domain or "ai.onnx" for n in onnx.load(str(path)).graph.node}
+
+
+def test_levels(tmp_path, convnet):
+    _, ctx = engine(tmp_path, convnet, "basic", level="basic")
+    basic = ctx.out_dir / "model.onnx"
+    onnx.checker.check_model(str(basic))  # basic stays pure ONNX
+    assert domains(basic) == {"ai.onnx"}
+
+    _, ctx = engine(tmp_path, convnet, "extended", level="extended")
+    assert "com.microsoft" in domains(ctx.out_dir / "model.onnx")  # Conv+Relu -> FusedConv
+    assert ctx.metrics["nodes_after"] < ctx.metrics["nodes_before"]
+    assert ctx.metrics["max_rel_error"] <= 1e-3
+
+    _, ctx = engine(tmp_path, convnet, "all", level="all")
+    if platform.machine() in ("x86_64", "AMD64") and "avx2" in Fingerprint().get("cpu.flags"):
+        assert "com.microsoft.nchwc" in domains(ctx.out_dir / "model.onnx")
+
+
+def test_ort_format(tmp_path, convnet):
+    step, ctx = engine(tmp_path, convnet, format="ort", level="all")
+    assert step.primary_output == "model.ort"
+    out = ctx.out_dir / "model.ort"
+    assert out.read_bytes()[4:8] == b"ORTM"  # the ORT format's flatbuffer identifier
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.load_model_format", "ORT")
+    sess = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((2, 8, 16, 16)).astype(np.float32)
+    reference = ort.InferenceSession(str(convnet), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], reference, rtol=1e-4, atol=1e-4)
+
+
+def test_key_holds_the_cpu_for_extended_and_all():
+    host = Fingerprint({"cpu.arch": "x86_64", "cpu.flags": "avx2,fma", "onnxruntime.version": "1.32.0",
+                        "onnxruntime.distribution": "onnxruntime"})
+
+    def key(level: str) -> dict:
+        params = OrtEngineParams(backend="onnxruntime", input="m", level=level)
+        return OrtEngine(params, Path("."), Path(".")).host_key(host)
+
+    assert key("basic") == {"onnxruntime.version": "1.32.0", "onnxruntime.distribution": "onnxruntime"}
+    for level in ("extended", "all"):
+        assert key(level)["cpu.flags"] == "avx2,fma" and key(level)["cpu.arch"] == "x86_64"
+        assert key(level)["onnxruntime.version"] == "1.32.0"
+
+
+def test_providers():
+    with pytest.raises(ValidationError, match="for TensorRT use kind 'engine' with backend 'tensorrt'"):
+        OrtEngineParams(backend="onnxruntime", input="m", provider="TensorrtExecutionProvider")
+    with pytest.raises(ValidationError, match="did you mean 'CUDAExecutionProvider'"):
+        OrtEngineParams(backend="onnxruntime", input="m", provider="CudaExecutionProvider")
+    cuda = OrtEngine(OrtEngineParams(backend="onnxruntime", input="m", provider="CUDAExecutionProvider"),
+                     Path("."), Path("."))
+    cpu_only = Fingerprint({"ort_providers.available": "CPUExecutionProvider", "gpu.count": 0})
+    assert "has no CUDAExecutionProvider" in cuda.unavailable(cpu_only)
+    listed = Fingerprint({"ort_providers.available": "CUDAExecutionProvider,CPUExecutionProvider",
+                          "gpu.count": 0, "gpu.error": "no NVIDIA GPU (NVML library not found)"})
+    assert "needs a GPU: no NVIDIA GPU" in cuda.unavailable(listed)
+    cpu = OrtEngine(OrtEngineParams(backend="onnxruntime", input="m"), Path("."), Path("."))
+    assert cpu.unavailable(cpu_only) is None
+
+
+def test_params_are_validated():
+    with pytest.raises(ValidationError, match="'basic', 'extended' or 'all'"):
+        OrtEngineParams(backend="onnxruntime", input="m", level="max")
+    with pytest.raises(ValidationError, match="'onnx' or 'ort'"):
+        OrtEngineParams(backend="onnxruntime", input="m", format="engine")
+
+
+def test_float_rounding_in_tiny_outputs_is_within_the_absolute_floor(tmp_path):
+    """Conv+BN fused at level basic: outputs near 1e-6 differ by rounding at 1 (#9 F1)."""
+    from plugins.models import cancelling_model
+
+    source = cancelling_model(tmp_path / "cancel.onnx")
+    _, ctx = engine(tmp_path, source, "basic", level="basic")
+    assert ctx.metrics["max_rel_error"] > 1e-3 and ctx.metrics["max_abs_error"] < 1e-7
+    with pytest.raises(StepError, match=r"the level-basic model disagrees with its input \(check 0, seeded inputs "
+                                        r"x \[1, 3, 8, 8\]\): output 'y': max relative error [0-9.e-]+ > tolerance "
+                                        r"0.001 and max abs error [0-9.e-]+ > atol 0$"):
+        engine(tmp_path, source, "no-floor", level="basic", atol=0)
+
+
+def test_check_zero_still_needs_a_model_that_loads_and_at_level_basic_passes_the_full_check(tmp_path, capsys):
+    """The output's declared shape [batch, 5] contradicts Relu's [batch, 3]: onnxruntime runs
+    it, onnx.checker's full check refuses it. Level basic promises plain ONNX; the higher
+    levels write onnxruntime's own ops (onnx.checker refuses some that it runs), so for
+    them loading is the test."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "wrong",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    source = save(model, tmp_path / "wrong.onnx")
+    with pytest.raises(StepError, match=r"^the level-basic model onnxruntime wrote of t:input-of-basic fails "
+                                        r"onnx.checker's full check: .*differ in dimension 1: \(3\) vs \(5\)"):
+        engine(tmp_path, source, "basic", level="basic", check=0)
+    _, ctx = engine(tmp_path, source, "extended", level="extended", check=0)
+    assert "max_rel_error" not in ctx.metrics
+    assert "numeric check disabled (check = 0); the result loads in onnxruntime" in capsys.readouterr().err

@@ -1,0 +1,258 @@
+"""A hostile or broken remote cache (issue #8): garbage entries, unsafe output names, a
+stalled server claiming huge blobs, hosts with the wrong signing key, symbolic links in a
+shared folder. Each must end in a warning and a local build, never a crash, a hang, a
+write outside the remote or the loss of good signed entries. Real remotes on loopback."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from plugins.remote import (
+    Remote,
+    cache_event,
+    cli,
+    local_store,
+    step_events,
+    warnings,
+)
+
+from optbuild import api
+from optbuild.report import Reporter
+from optbuild.store.entry import MAX_JSON_DEPTH
+from optbuild.store.remote import SIGNATURE_PREFIX, _callback, _Rejected, describe_stats, sign
+
+ALL = ["chain:mid", "chain:out", "chain:side", "chain:src"]
+KEY_ENV = "OPTBUILD_TEST_SIGNING_KEY"
+FARM_KEY = "key-of-the-build-farm"
+
+
+def key_of(project, step: str) -> str:
+    return json.loads(project.read("optbuild.lock"))["steps"][step]["key"]
+
+
+def plant(remote: Remote, key: str, body: bytes, signing_key: str | None = None) -> None:
+    """Store ``body`` as the remote entry of ``key``, signed with ``signing_key`` if given
+    (a writer holding the key, or a buggy one: the parser must still survive it)."""
+    head = b"" if signing_key is None else SIGNATURE_PREFIX + sign(body, signing_key.encode()).encode() + b"\n"
+    remote.write(remote.entry_path(key), head + body)
+
+
+def offline_build(project, targets: list[str]) -> api.BuildResult:
+    """``optbuild build --no-remote TARGETS``, through the API (its events are kept)."""
+    ws = api.open_workspace(project.root, remote=False)
+    try:
+        return api.build(ws, targets, reporter=Reporter())
+    finally:
+        ws.close()
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (not following links), with its bytes."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+# --- (3) garbage entries: a warning and a local build on every path, with or without a key ---
+GARBAGE = {
+    "chain:src": b"[" * 100_000,  # json.loads would raise RecursionError
+    "chain:mid": b'{"outputs":' * 50_000 + b"1" + b"}" * 50_000,
+    "chain:out": b"\xff\xfe\x00\x00 not JSON at all",
+    "chain:side": b'["format", 2, {"outputs": [[[[[[]]]]]]}]',  # JSON, but no entry
+}
+
+
+@pytest.mark.parametrize("where, signed", [("s3", False), ("file", True)])
+def test_garbage_entries_are_rejected_on_every_path(machines, request, monkeypatch, where, signed):
+    remote: Remote = request.getfixturevalue(f"{where}_remote")
+    monkeypatch.setenv(KEY_ENV, FARM_KEY)
+    section = remote.section(signing_key_env=KEY_ENV) if signed else remote.section()
+    a = machines("a", section)
+    assert a.build().ok
+    signing_key = FARM_KEY if signed else None
+    b = machines("b", section)
+    reasons = []
+    for body in GARBAGE.values():  # each on the root step, the one a dry run can look up
+        plant(remote, key_of(a, "chain:src"), body, signing_key)
+        plan = b.build(dry_run=True)  # `optbuild plan`
+        assert plan.ok and step_events(plan, "would-build") == ALL
+        reasons += [w for w in warnings(plan.reporter.events) if "entry of chain:src rejected" in w]
+    assert len(reasons) == 4 and f"nests deeper than {MAX_JSON_DEPTH} levels" in reasons[0], reasons
+
+    for step, body in GARBAGE.items():
+        plant(remote, key_of(a, step), body, signing_key)
+    pulled = cli(b, "cache", "pull")
+    assert pulled.returncode == 1
+    assert all(f"missing  {step}" in pulled.stderr for step in ALL), pulled.stderr
+    assert f"entry of chain:src rejected: it nests deeper than {MAX_JSON_DEPTH} levels" in pulled.stderr
+    assert list(local_store(b).iter_entries()) == []
+
+    audit = cli(b, "cache", "audit")
+    assert audit.returncode == 1 and "PROBLEMS FOUND" in audit.stdout
+    assert audit.stdout.count("\n  entry ") == 4, audit.stdout
+
+    fetch_only = cli(b, "build", "--no-build")
+    assert fetch_only.returncode == 1
+    assert "its remote entry was rejected (it nests deeper than" in fetch_only.stderr
+    assert list(local_store(b).iter_entries()) == []
+
+    built = b.build()
+    assert built.ok and step_events(built, "built") == ALL
+    assert sum("rejected" in w for w in warnings(built.reporter.events)) == 4
+    assert cache_event(built.reporter.events)["remote"]["rejected"] == 4
+    assert remote.audit(KEY_ENV if signed else None).ok  # B's build replaced the garbage
+
+
+# --- (4) unsafe output names: rejected, never stored locally ------------------------------------
+@pytest.mark.parametrize("name", ["n" * 256 + ".txt", "/".join(["d"] * 2999 + ["data.txt"]),
+                                  "data\n.txt", "\x1b[2Jdata.txt"],
+                         ids=["long-name", "3000-deep", "newline", "escape"])
+def test_an_entry_with_an_unsafe_output_name_is_rejected_and_not_stored(machines, file_remote, name):
+    a = machines("a", file_remote.section())
+    b = machines("b", file_remote.section())
+    assert a.build(["chain:src"]).ok
+    key = key_of(a, "chain:src")
+    head, doc = file_remote.read_entry(key)
+    doc["outputs"] = {name: doc["outputs"]["data.txt"]}
+    doc["primary"] = None
+    file_remote.write_entry(key, head, doc)
+
+    result = b.build(["chain:src"])
+    assert result.ok and step_events(result, "built") == ["chain:src"]
+    assert any("entry of chain:src rejected" in w and "output name" in w for w in warnings(result.reporter.events))
+    stored = dict(local_store(b).iter_entries())
+    assert list(stored) == [key] and list(stored[key].outputs) == ["data.txt"]  # B's own build
+    assert [p.name for p in (b.root / "build/chain/src").iterdir()] == ["data.txt"]
+
+    offline = offline_build(b, ["chain:src"])
+    assert offline.ok and step_events(offline, "cached") == ["chain:src"]
+
+
+# --- (5) a stalled remote claiming a huge blob: bounded by timeout_s, whatever the size ----------
+def test_a_stalled_remote_claiming_a_huge_blob_does_not_hold_the_build(machines, file_remote):
+    timeout = 1
+    a = machines("a", file_remote.section())
+    b = machines("b", file_remote.section(timeout_s=timeout))
+    assert a.build(["chain:src"]).ok
+    key = key_of(a, "chain:src")
+    head, doc = file_remote.read_entry(key)
+    digest = doc["outputs"]["data.txt"]["digest"]
+    doc["outputs"]["data.txt"]["size"] = 1 << 50  # a petabyte: the old allowance was 34 years
+    file_remote.write_entry(key, head, doc)
+    fifo = file_remote.blob_path(digest)  # opening it blocks, like a read from a hung network mount
+    os.remove(fifo)
+    os.mkfifo(fifo)
+    done: dict = {}
+    builder = threading.Thread(target=lambda: done.setdefault("result", b.build(["chain:src"])), daemon=True)
+    started = time.perf_counter()
+    try:
+        builder.start()
+        builder.join(timeout + 15)
+        elapsed = time.perf_counter() - started
+        assert not builder.is_alive(), "the build hung on the stalled remote"
+    finally:  # let the abandoned reader thread go, if it still waits
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError as exc:
+            assert exc.errno in (errno.ENXIO, errno.ENOENT)  # no reader left, or replaced
+    result = done["result"]
+    assert result.ok and step_events(result, "built") == ["chain:src"]
+    assert any(f"no response for {timeout}s" in w for w in warnings(result.reporter.events))
+    assert elapsed < timeout + 5
+
+
+def test_a_download_growing_past_its_recorded_size_is_stopped_as_bytes_arrive():
+    """What a driver without a Content-Length (chunked) reports: set_size(None), then bytes."""
+    seen: list[int] = []
+    callback = _callback(seen.append, expected=10)
+    callback.set_size(None)
+    callback.relative_update(8)
+    with pytest.raises(_Rejected, match="larger than the 10 bytes recorded"):
+        callback.relative_update(8)
+    assert seen == [0, 8]
+
+
+# --- (8) the wrong signing key, or none, never replaces good signed entries -----------------------
+def test_a_host_with_another_key_or_none_leaves_signed_entries_alone(machines, s3_remote, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, FARM_KEY)
+    signed = s3_remote.section(signing_key_env=KEY_ENV)
+    farm = machines("farm", signed)
+    assert farm.build().ok
+    keys = {step: key_of(farm, step) for step in ALL}
+    good = {step: s3_remote.read(s3_remote.entry_path(key)) for step, key in keys.items()}
+    plant(s3_remote, keys["chain:side"], b'{"unsigned": "garbage"}')  # may be replaced
+
+    monkeypatch.setenv(KEY_ENV, "a-key-someone-mistyped")
+    wrong = machines("wrong", signed)
+    result = wrong.build()
+    assert result.ok and step_events(result, "built") == ALL
+    messages = warnings(result.reporter.events)
+    mismatch = "signature mismatch: this host's signing key differs from the one that signed the remote's entries"
+    assert sum(mismatch in w for w in messages) == 3, messages
+    assert cache_event(result.reporter.events)["remote"]["signature_mismatches"] == 3
+    for step in ("chain:mid", "chain:out", "chain:src"):
+        assert s3_remote.read(s3_remote.entry_path(keys[step])) == good[step]
+    head, _doc = s3_remote.read_entry(keys["chain:side"])
+    assert head  # the garbage was replaced by an entry signed with the wrong host's key
+    assert "3 signature mismatches" in describe_stats(cache_event(result.reporter.events))
+    stats = cli(wrong, "cache", "stats")
+    assert "warning: 3 signature mismatches" in stats.stdout and mismatch.split(": ", 1)[1] in stats.stdout
+    assert json.loads(cli(wrong, "cache", "stats", "--json").stdout)["totals"]["remote"]["signature_mismatches"] == 3
+    pushed = cli(wrong, "cache", "push")
+    assert pushed.returncode == 1 and mismatch in pushed.stderr and "3 signature mismatches" in pushed.stderr
+
+    monkeypatch.delenv(KEY_ENV)
+    unsigned = machines("unsigned", s3_remote.section())
+    s3_remote.delete(s3_remote.blob_path(json.loads(good["chain:src"].split(b"\n", 1)[1])["log"]))
+    result = unsigned.build(["chain:src"])  # the entry lacks a blob: built here, not written back
+    assert result.ok and step_events(result, "built") == ["chain:src"]
+    assert any("not replacing the signed entry of chain:src with an unsigned one" in w
+               for w in warnings(result.reporter.events))
+    assert s3_remote.read(s3_remote.entry_path(keys["chain:src"])) == good["chain:src"]
+
+
+# --- (16a) --no-build names an unreachable remote as such ---------------------------------------
+def test_no_build_says_the_remote_could_not_be_reached(machines, s3_server, closed_port):
+    section = f'[remote]\nurl = "s3://nowhere/cache"\nendpoint_url = "{closed_port}"\ntimeout_s = 5\n'
+    b = machines("b", section)
+    run = cli(b, "build", "--no-build")
+    assert run.returncode == 1
+    assert "chain:src  (never built; the remote cache could not be reached (EndpointConnectionError" in run.stderr
+    plan = b.build(dry_run=True)
+    src = next(e for e in plan.reporter.events if e.get("step") == "chain:src")
+    assert any("the remote cache could not be reached" in r for r in src["reasons"]), src
+
+
+# --- (17) symbolic links in a file:// remote never lead a transfer outside it -------------------
+@pytest.mark.parametrize("linked", ["cas", "ac", "tmp"])
+def test_symlinks_in_a_shared_folder_never_redirect_transfers(machines, file_remote, tmp_path, linked):
+    a = machines("a", file_remote.section())
+    b = machines("b", file_remote.section())
+    assert a.build(["chain:src"]).ok
+    root = Path(file_remote.root)
+    key = key_of(a, "chain:src")
+    _head, doc = file_remote.read_entry(key)
+    outside = tmp_path / "home-of-someone"
+    folder = {"cas": root / "cas" / doc["outputs"]["data.txt"]["digest"][:2],
+              "ac": root / "ac" / key[:2], "tmp": root / "tmp"}[linked]
+    if folder.exists():
+        shutil.move(str(folder), str(outside))
+    else:
+        outside.mkdir()
+    folder.symlink_to(outside, target_is_directory=True)
+    before = tree(outside)
+
+    result = b.build(["chain:mid"])  # mid is not on the remote: B builds it and uploads it
+    assert result.ok
+    built = step_events(result, "built")
+    assert built == (["chain:mid"] if linked == "tmp" else ["chain:mid", "chain:src"])  # src read through the link: no
+    messages = warnings(result.reporter.events)
+    assert any("leads outside the remote's folder" in w for w in messages), messages
+    assert cache_event(result.reporter.events)["remote"]["rejected"] >= 1
+    assert tree(outside) == before  # nothing written, replaced or renamed out there
