@@ -27,6 +27,7 @@ from optbuild.graph import StepGraph
 from optbuild.paths import folder_problem
 from optbuild.recipe import Project, load_project
 from optbuild.report import Reporter
+from optbuild.status import Status
 from optbuild.store.local import LocalStore
 from optbuild.store.remote import RemoteStore, open_remote
 from optbuild.toolchain import Toolchain
@@ -51,7 +52,12 @@ def open_workspace(start: Path | None = None, *, remote: str | bool | None = Non
     project = load_project(start)
     graph = StepGraph(project.steps)
     hasher = FileHasher(project.cache_dir / "statcache.sqlite")
-    remote_store = open_remote(project.config.remote, remote, project_root=project.root)
+    section = project.config.remote
+    remote_store = open_remote(
+        section.url, remote, project_root=project.root, read=section.read, write=section.write,
+        timeout_s=section.timeout_s, max_errors=section.max_errors,
+        signing_key_env=section.signing_key_env or None, endpoint_url=section.endpoint_url or None,
+        options=dict(section.options))
     return Workspace(project, graph, LocalStore(project.cache_dir, hasher), hasher, remote_store)
 
 
@@ -65,7 +71,7 @@ class BuildResult:
         done = self.reporter.events[-1] if self.reporter.events else {}
         return bool(done.get("ok"))
 
-    def steps(self, status: str) -> list[str]:
+    def steps(self, status: Status | str) -> list[str]:
         return [sid for sid, o in self.outcomes.items() if o.status == status]
 
 
@@ -86,7 +92,7 @@ def build(
     """Build (or with ``dry_run``, plan) ``targets`` and their ancestors.
 
     With ``fetch_only`` nothing builds: what the local or remote cache holds is restored,
-    and every step that would have to build is a "would-build" outcome (the result is not ok).
+    and every step that would have to build is a ``Status.WOULD_BUILD`` outcome (the result is not ok).
     A step whose failure with the same key is remembered fails again at once, unless
     ``retry_failed``.
     ``jobs``, ``keep_going`` and ``skip_unavailable`` left at None take optbuild.toml's [build].
@@ -176,4 +182,4 @@ def clean(ws: Workspace, *, cache: bool = False) -> list[Path]:
     return removed
 
 
-__all__ = ["BuildResult", "OptbuildError", "Workspace", "build", "clean", "explain", "open_workspace"]
+__all__ = ["BuildResult", "OptbuildError", "Status", "Workspace", "build", "clean", "explain", "open_workspace"]

@@ -9,7 +9,6 @@ the key's lock is held from the second lookup until the entry is stored.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -41,14 +40,16 @@ from optbuild.keys import action_key, describe_changes, file_digests, step_ingre
 from optbuild.paths import confined
 from optbuild.recipe import Project, StepSpec
 from optbuild.report import Reporter
+from optbuild.runstats import append_stats, run_stats
+from optbuild.status import Status
 from optbuild.store.entry import ActionEntry
 from optbuild.store.failures import FailureStore
 from optbuild.store.local import BlobGone, LocalStore
-from optbuild.store.remote import RemoteSession, append_stats, run_stats
+from optbuild.store.remote import RemoteSession
 from optbuild.toolchain import Toolchain
+from optbuild.workerspec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
 
 LOG_TAIL_LINES = 25
-_USABLE = ("cached", "restored", "built", "would-build")  # restored: fetched from the remote cache
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Options:
 class Outcome:
     """What happened to one step."""
 
-    status: str  # cached | built | would-build | failed | skipped | unavailable
+    status: Status
     key: str | None = None
     entry: ActionEntry | None = None
     reasons: list[str] = field(default_factory=list)
@@ -73,9 +74,28 @@ class Outcome:
     source: str | None = None  # "remote" when the remote cache served it
     parked: bool = False  # skipped because it (or an upstream step) has enabled = false
 
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a plain string ("built") is taken as its member
+
 
 class Cancelled(Exception):
     pass
+
+
+def read_result(path: Path, returncode: int, tmp: Path) -> WorkerResult:
+    """What the worker that exited with ``returncode`` reports in ``path``. A worker that
+    died, or left something that is not a result, gives a failed result saying so (its
+    log tail is added to the message), never an exception."""
+    if returncode in DISK_FULL_ERRNOS and not path.exists():  # see optbuild.worker
+        full = OSError(returncode, os.strerror(returncode))
+        return WorkerResult(ok=False, error=describe_os_error(full, tmp), expected=True)
+    if returncode != 0 or not path.exists():
+        how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+        return WorkerResult(ok=False, error=f"worker process died ({how})")
+    try:
+        return WorkerResult.from_json(path.read_bytes())
+    except WorkerResultError as exc:
+        return WorkerResult(ok=False, error=f"worker process left an unreadable result ({exc})")
 
 
 class Executor:
@@ -129,13 +149,13 @@ class Executor:
 
         def settle(sid: str, outcome: Outcome) -> None:
             nonlocal stop, would_stop
-            halts = outcome.status == "failed" or (outcome.status == "unavailable"
-                                                   and not self.options.skip_unavailable)
+            halts = outcome.status == Status.FAILED or (outcome.status == Status.UNAVAILABLE
+                                                        and not self.options.skip_unavailable)
             if halts and not self.options.keep_going:
                 if self.options.dry_run:
                     would_stop = would_stop or sid
                 elif stop is None:
-                    stop = f"build stopped after {sid} {'failed' if outcome.status == 'failed' else 'was unavailable'}"
+                    stop = f"build stopped after {sid} {'failed' if outcome.status == Status.FAILED else 'was unavailable'}"
             for child in self.graph.dependents[sid]:
                 if child in waiting:
                     waiting[child] -= 1
@@ -145,12 +165,12 @@ class Executor:
         def blocked(sid: str) -> str | None:
             """Why ``sid`` must not start: an upstream step that did not succeed (for one that
             was skipped too, the failure behind it), else the stop, if any."""
-            bad = [d for d in self.graph.deps[sid] if self.outcomes[d].status not in _USABLE]
+            bad = [d for d in self.graph.deps[sid] if not self.outcomes[d].status.usable]
             if not bad:
                 return stop
-            dep = next((d for d in bad if self.outcomes[d].status != "skipped"), bad[0])
+            dep = next((d for d in bad if self.outcomes[d].status != Status.SKIPPED), bad[0])
             outcome = self.outcomes[dep]
-            if outcome.status == "skipped" and outcome.reasons:
+            if outcome.status == Status.SKIPPED and outcome.reasons:
                 return outcome.reasons[0]
             return f"upstream {dep} {outcome.status}"
 
@@ -160,10 +180,10 @@ class Executor:
                     while ready:
                         sid = ready.popleft()
                         if (parked := self._parked(sid)) is not None:
-                            settle(sid, self._finish(sid, Outcome("skipped", reasons=[parked], parked=True)))
+                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[parked], parked=True)))
                             continue
                         if (why := blocked(sid)) is not None:
-                            settle(sid, self._finish(sid, Outcome("skipped", reasons=[why])))
+                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
                             continue
                         decision = self._process(sid, self._decide)
                         if isinstance(decision, Outcome):
@@ -186,9 +206,9 @@ class Executor:
         counts: dict[str, int] = {}
         for outcome in self.outcomes.values():
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
-        tolerated = {"unavailable", "skipped"} if self.options.skip_unavailable else set()
-        ok = all(o.status in _USABLE or o.status in tolerated or o.parked for o in self.outcomes.values())
-        ok = ok and not (self.options.fetch_only and counts.get("would-build"))
+        tolerated = {Status.UNAVAILABLE, Status.SKIPPED} if self.options.skip_unavailable else set()
+        ok = all(o.status.usable or o.status in tolerated or o.parked for o in self.outcomes.values())
+        ok = ok and not (self.options.fetch_only and counts.get(Status.WOULD_BUILD))
         if self.remote is not None:
             self.remote.drain()
         stats = run_stats(self.outcomes, self.remote)
@@ -211,14 +231,14 @@ class Executor:
         before can be)."""
         notes = []
         if would_stop is not None:
-            if self.outcomes[would_stop].status == "failed":
+            if self.outcomes[would_stop].status == Status.FAILED:
                 what, flags = "fails", "-k"
             else:
                 what, flags = "cannot run here", "--skip-unavailable or -k"
             notes.append(f"{would_stop} {what}: without {flags}, the build stops there and skips the steps "
                          "not started by then")
         after = [sid for sid, o in self.outcomes.items()
-                 if o.key is None and o.status in ("would-build", "unavailable") and sid in self.last_build]
+                 if o.key is None and o.status in (Status.WOULD_BUILD, Status.UNAVAILABLE) and sid in self.last_build]
         if after:
             notes.append(f"{len(after)} step{'s come' if len(after) > 1 else ' comes'} after steps that will "
                          "build: their keys are known only then, and any whose inputs come out unchanged "
@@ -240,7 +260,7 @@ class Executor:
             event["error"] = outcome.error
         if outcome.source:
             event["source"] = outcome.source
-        if outcome.entry is not None and outcome.status == "built":
+        if outcome.entry is not None and outcome.status == Status.BUILT:
             event["duration_s"] = outcome.entry.duration_s
         self.reporter.emit(event)
         return outcome
@@ -262,9 +282,9 @@ class Executor:
         try:
             result = action(spec)
         except Cancelled:
-            return self._finish(sid, Outcome("skipped", reasons=["cancelled"]))
+            return self._finish(sid, Outcome(Status.SKIPPED, reasons=["cancelled"]))
         except OptbuildError as exc:
-            return self._finish(sid, Outcome("failed", error=str(exc)))
+            return self._finish(sid, Outcome(Status.FAILED, error=str(exc)))
         return self._finish(sid, result) if isinstance(result, Outcome) else result
 
     def _decide(self, spec: StepSpec) -> Outcome | Callable[[StepSpec], Outcome]:
@@ -275,8 +295,8 @@ class Executor:
             if outcome.entry is None:  # dry run: upstream will build, key unknown yet
                 why = [f"upstream {dep} will build first"]
                 if (missing := spec.step.unavailable(self.host)) is not None:  # as the build will find
-                    return Outcome("unavailable", reasons=why, error=f"{spec.id} cannot run here: {missing}")
-                return Outcome("would-build", reasons=why)
+                    return Outcome(Status.UNAVAILABLE, reasons=why, error=f"{spec.id} cannot run here: {missing}")
+                return Outcome(Status.WOULD_BUILD, reasons=why)
             upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
         try:
             ingredients = step_ingredients(
@@ -294,24 +314,24 @@ class Executor:
                 try:
                     if not self.options.dry_run:  # a dry run writes nothing, build/ included
                         self._restore(entry, dest)
-                    return Outcome("cached", key, entry)
+                    return Outcome(Status.CACHED, key, entry)
                 except BlobGone as exc:
                     reasons.append(f"its cached result could not be restored ({exc})")
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
         remote_entry = self.remote.lookup(key, spec.id) if self.remote is not None else None
         if remote_entry is not None and self.options.dry_run:  # its entry gives downstream keys
-            return Outcome("restored", key, remote_entry, [*reasons, "on the remote cache"], source="remote")
+            return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
         if remote_entry is None and not self.options.retry_failed and (failed := self.failures.get(key)):
             if not self.options.dry_run:  # the log of the failure it repeats, where the message says
                 self._keep_failed_log(spec, failed.log.encode())
-            return Outcome("failed", key, reasons=["failed before with this key"], error=failed.describe())
+            return Outcome(Status.FAILED, key, reasons=["failed before with this key"], error=failed.describe())
         if remote_entry is None:
             if (missing := spec.step.unavailable(self.host)) is not None:
-                return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+                return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
             if self.options.dry_run or self.options.fetch_only:
                 why = self.remote.miss_reason(key) if self.remote is not None else None
-                return Outcome("would-build", key, reasons=[*reasons, why] if why else reasons)
+                return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, why] if why else reasons)
         return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest, remote_entry)
 
     def _build_locked(self, spec: StepSpec, key: str, ingredients: dict[str, Any], reasons: list[str],
@@ -319,27 +339,27 @@ class Executor:
         """Fetch from the remote or build, under the key's lock, unless another builder
         stored it meanwhile. A local build is written through to the remote."""
         with self.store.shared_gc_lock(), self.store.lock(key):
-            entry, status = self.store.get_action(key), "cached"
+            entry, status = self.store.get_action(key), Status.CACHED
             if entry is None and remote_entry is not None and self.remote is not None:
-                entry, status = self.remote.fetch(remote_entry, self.store, spec.id), "restored"
+                entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
             if entry is None:
                 if (missing := spec.step.unavailable(self.host)) is not None:
-                    return Outcome("unavailable", key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+                    return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
                 if self.options.fetch_only:
                     why = self.remote.miss_reason(key) if self.remote is not None else None
-                    return Outcome("would-build", key, reasons=[*reasons, why or "its remote copy was unusable"])
+                    return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, why or "its remote copy was unusable"])
                 if not self.store.writable:
                     raise StepError(f"{spec.id} must build, but the cache {self.store.root} is read-only here: "
                                     "its result could not be stored there (make the cache writable, or set "
                                     "[cache] dir to a writable folder)")
-                self.reporter.emit({"event": "step", "step": spec.id, "status": "running",
+                self.reporter.emit({"event": "step", "step": spec.id, "status": Status.RUNNING,
                                     "key": key, "reasons": reasons})
                 entry = self._build(spec, key, ingredients)
-                status = "built"
+                status = Status.BUILT
             self._restore(entry, dest)
-            if status == "built" and self.remote is not None:
+            if status == Status.BUILT and self.remote is not None:
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
-        return Outcome(status, key, entry, reasons=reasons, source="remote" if status == "restored" else None)
+        return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
 
     def _reasons(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> list[str]:
         last = self.last_build.get(spec.id)
@@ -363,17 +383,17 @@ class Executor:
         except OSError as exc:
             raise StepError(f"cannot write the outputs of {entry.step}: {describe_os_error(exc, dest)}") from None
 
-    def _artifact(self, dep: str) -> dict[str, Any]:
+    def _artifact(self, dep: str) -> ArtifactSpec:
         spec = self.project.steps[dep]
         entry = self.outcomes[dep].entry
         assert entry is not None
         directory = self.project.build_dir / spec.recipe / spec.name
-        return {
-            "step": dep,
-            "dir": str(directory),
-            "files": {name: str(directory / name) for name in entry.outputs},
-            "primary": str(directory / entry.primary) if entry.primary else None,
-        }
+        return ArtifactSpec(
+            step=dep,
+            dir=str(directory),
+            files={name: str(directory / name) for name in entry.outputs},
+            primary=str(directory / entry.primary) if entry.primary else None,
+        )
 
     def _build(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> ActionEntry:
         """Run the step in a worker; store its outputs. A full disk (scratch space, blobs,
@@ -390,26 +410,26 @@ class Executor:
             out_dir = tmp / "out"
             out_dir.mkdir()
             log_path = tmp / "step.log"
-            worker_spec = {
-                "kind": spec.target,
-                "step_id": spec.id,
-                "params": spec.step.params.model_dump(mode="json"),
-                "base_dir": str(spec.step.base_dir),
-                "project_root": str(self.project.root),
-                "inputs": {f: self._artifact(dep) for f, dep in spec.deps.items()},
-                "out_dir": str(out_dir),
-                "state_dir": str(self.store.root / "state"),
-                "result": str(tmp / "result.json"),
-                "parent_pid": os.getpid(),
-            }
-            (tmp / "spec.json").write_text(json.dumps(worker_spec))
+            worker_spec = WorkerSpec(
+                kind=spec.target,
+                step_id=spec.id,
+                params=spec.step.params.model_dump(mode="json"),
+                base_dir=str(spec.step.base_dir),
+                project_root=str(self.project.root),
+                inputs={f: self._artifact(dep) for f, dep in spec.deps.items()},
+                out_dir=str(out_dir),
+                state_dir=str(self.store.root / "state"),
+                result=str(tmp / "result.json"),
+                parent_pid=os.getpid(),
+            )
+            (tmp / "spec.json").write_text(worker_spec.to_json())
             started = time.perf_counter()
             result = self._run_worker(spec.id, tmp, log_path)
             duration = time.perf_counter() - started
             log = log_path.read_bytes()
-            if not result.get("ok"):
+            if not result.ok:
                 message = self._failure_message(result, log, self._keep_failed_log(spec, log))
-                if result.get("repeats"):
+                if result.repeats:
                     with contextlib.suppress(OSError):  # not remembering it must not hide why it failed
                         self.failures.put(key, spec.id, message, log)
                 raise StepError(message)
@@ -423,7 +443,7 @@ class Executor:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _run_worker(self, sid: str, tmp: Path, log_path: Path) -> dict[str, Any]:
+    def _run_worker(self, sid: str, tmp: Path, log_path: Path) -> WorkerResult:
         """Run the step's worker, its stdout and stderr into ``log_path``; unbuffered (-u), so
         that what a step printed reaches the log in order even when it then crashes."""
         with open(log_path, "wb") as log:
@@ -443,21 +463,14 @@ class Executor:
             finally:
                 with self._procs_lock:
                     self._procs.pop(sid, None)
-        result_path = tmp / "result.json"
-        if proc.returncode in DISK_FULL_ERRNOS and not result_path.exists():  # see optbuild.worker
-            full = OSError(proc.returncode, os.strerror(proc.returncode))
-            return {"ok": False, "error": describe_os_error(full, tmp), "expected": True}
-        if proc.returncode != 0 or not result_path.exists():
-            how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
-            return {"ok": False, "error": f"worker process died ({how})"}
-        return json.loads(result_path.read_text())
+        return read_result(tmp / "result.json", proc.returncode, tmp)
 
-    def _failure_message(self, result: dict[str, Any], log: bytes, kept: str) -> str:
+    def _failure_message(self, result: WorkerResult, log: bytes, kept: str) -> str:
         """The step's own message; with the log's tail when the failure was unexpected, and
         ``kept``: where the full log is, or why it could not be kept."""
-        message = result.get("error") or "step failed"
+        message = result.error or "step failed"
         lines = log.decode(errors="replace").rstrip().splitlines()[-LOG_TAIL_LINES:]
-        if lines and not result.get("expected"):
+        if lines and not result.expected:
             message += "\n--- log tail ---\n" + "\n".join(lines)
         return message + f"\n({kept})"
 
@@ -483,7 +496,7 @@ class Executor:
         if self.options.dry_run:
             return
         logs = confined(self.project.build_dir / ".logs", self.project.build_dir, "the step logs to")
-        succeeded = {sid for sid, o in self.outcomes.items() if o.status in ("cached", "restored", "built")}
+        succeeded = {sid for sid, o in self.outcomes.items() if o.status.ok}
         try:
             if logs.is_symlink() or not logs.is_dir():
                 return
@@ -520,7 +533,7 @@ class Executor:
                                 "cached copy was removed (the next build restores it)")
 
     def _store_outputs(self, spec: StepSpec, key: str, ingredients: dict[str, Any], out_dir: Path,
-                       log: bytes, result: dict[str, Any], duration: float) -> ActionEntry:
+                       log: bytes, result: WorkerResult, duration: float) -> ActionEntry:
         files = sorted(p for p in out_dir.rglob("*") if p.is_file() or p.is_symlink())
         if not files:
             raise StepError(f"{spec.id} produced no output")
@@ -534,7 +547,7 @@ class Executor:
             outputs[path.relative_to(out_dir).as_posix()] = self.store.put_file(path, move=True)
         entry = ActionEntry(
             key=key, step=spec.id, kind=spec.kind, outputs=outputs, primary=primary,
-            ingredients=ingredients, log=self.store.put_bytes(log), metrics=result.get("metrics") or {},
+            ingredients=ingredients, log=self.store.put_bytes(log), metrics=result.metrics,
             duration_s=duration, created_at=time.time(), built_on=socket.gethostname(),
         )
         self.store.put_action(entry)
@@ -546,7 +559,7 @@ class Executor:
             return
         records = {}
         for sid, outcome in self.outcomes.items():
-            if outcome.entry is not None and outcome.status in ("cached", "restored", "built"):
+            if outcome.entry is not None and outcome.status.ok:
                 entry = outcome.entry
                 records[sid] = {
                     "key": entry.key,

@@ -11,18 +11,16 @@ recovered by hand.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from optbuild.atomic import write_atomic
+from optbuild.store.flock import locked
 
 FORMAT = 1
 log = logging.getLogger(__name__)
@@ -76,16 +74,9 @@ def _move_aside(path: Path) -> Path:
     return aside
 
 
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 def update(path: Path, records: dict[str, dict[str, Any]], lock_path: Path) -> bool:
     """Merge ``records`` into the lock file under ``lock_path``; returns whether it changed."""
-    with _locked(lock_path):
+    with locked(lock_path, mode=0o666):
         state = load(path)
         if state.damage is not None:
             log.warning("moved the damaged %s (%s) to %s", path, state.damage, _move_aside(path))

@@ -12,14 +12,17 @@ import threading
 import time
 from typing import Any, TextIO
 
+from optbuild.status import Status
+
 Event = dict[str, Any]
 
 # one lock for every writer of progress: reporters and bench's progress share stderr
 _WRITE_LOCK = threading.Lock()
 
 _STYLE = {
-    "cached": "green", "restored": "green", "built": "bold green", "would-build": "yellow",
-    "running": "cyan", "failed": "bold red", "skipped": "dim", "unavailable": "magenta",
+    Status.CACHED: "green", Status.RESTORED: "green", Status.BUILT: "bold green",
+    Status.WOULD_BUILD: "yellow", Status.RUNNING: "cyan", Status.FAILED: "bold red",
+    Status.SKIPPED: "dim", Status.UNAVAILABLE: "magenta",
 }
 
 
@@ -44,7 +47,7 @@ class Reporter:
     def close(self) -> None:
         pass
 
-    def steps_with(self, status: str) -> list[str]:
+    def steps_with(self, status: Status | str) -> list[str]:
         return [e["step"] for e in self.events if e.get("event") == "step" and e["status"] == status]
 
 
@@ -70,13 +73,13 @@ def _line(event: Event) -> str | None:
     kind = event.get("event")
     if kind == "step":
         status = event["status"]
-        if status == "running":
+        if status == Status.RUNNING:
             why = "; ".join(event.get("reasons") or [])
             return f"  build    {event['step']}" + (f"  ({why})" if why else "")
         text = f"  {status:<8} {event['step']}"
-        if event.get("duration_s") is not None and status == "built":
+        if event.get("duration_s") is not None and status == Status.BUILT:
             text += f"  {event['duration_s']:.1f}s"
-        if status in ("would-build", "skipped") and event.get("reasons"):
+        if status in (Status.WOULD_BUILD, Status.SKIPPED) and event.get("reasons"):
             text += "  (" + "; ".join(event["reasons"]) + ")"
         if event.get("error"):
             text += "\n" + "\n".join("      " + line for line in str(event["error"]).splitlines())
@@ -117,7 +120,7 @@ class RichReporter(Reporter):
         line = _line(event)
         if event.get("event") == "step":
             status, step = event["status"], event["step"]
-            if status == "running":
+            if status == Status.RUNNING:
                 self.running[step] = time.monotonic()
             else:
                 self.running.pop(step, None)

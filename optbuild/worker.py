@@ -1,7 +1,8 @@
 """Runs one step in its own process: ``python -m optbuild.worker SPEC.json``.
 
 A crash in a native library (onnxsim, TensorRT) kills this process, not the build. The
-spec and the result travel as JSON files; stdout and stderr go to the step's log, and
+spec and the result travel as JSON files (``optbuild.workerspec``: WorkerSpec in,
+WorkerResult out); stdout and stderr go to the step's log, and
 everything that explains a failure is written there: the traceback of any error (expected
 or not), library logging, Python warnings, and on a native crash the Python stack.
 
@@ -14,7 +15,6 @@ the full disk.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -22,6 +22,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import NoReturn
+
+from optbuild.workerspec import WorkerResult, WorkerSpec
 
 RESULT_RESERVE = 64 << 10  # bytes; results are small JSON (an error message, metrics)
 
@@ -39,33 +41,33 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def run(spec: dict) -> dict:
+def run(spec: WorkerSpec) -> WorkerResult:
     from optbuild.errors import OptbuildError, describe_os_error, is_disk_full
     from optbuild.fingerprint import Fingerprint
     from optbuild.steps.base import Artifact, StepContext
     from optbuild.steps.registry import step_class
 
-    cls = step_class(spec["kind"])
-    params = cls.Params.model_validate(spec["params"])
-    base_dir, root = Path(spec["base_dir"]), Path(spec["project_root"])
+    cls = step_class(spec.kind)
+    params = cls.Params.model_validate(spec.params)
+    base_dir, root = Path(spec.base_dir), Path(spec.project_root)
     step = cls(params, base_dir, root)
     inputs = {
         name: Artifact(
-            step=a["step"],
-            dir=Path(a["dir"]),
-            files={k: Path(v) for k, v in a["files"].items()},
-            primary=Path(a["primary"]) if a["primary"] else None,
+            step=a.step,
+            dir=Path(a.dir),
+            files={k: Path(v) for k, v in a.files.items()},
+            primary=Path(a.primary) if a.primary else None,
         )
-        for name, a in spec["inputs"].items()
+        for name, a in spec.inputs.items()
     }
     ctx = StepContext(
-        step_id=spec["step_id"],
+        step_id=spec.step_id,
         base_dir=base_dir,
         project_root=root,
-        out_dir=Path(spec["out_dir"]),
+        out_dir=Path(spec.out_dir),
         inputs=inputs,
         host=Fingerprint(),
-        state_dir=Path(spec["state_dir"]) if spec.get("state_dir") else None,
+        state_dir=Path(spec.state_dir) if spec.state_dir else None,
     )
     started = time.perf_counter()
     try:
@@ -74,15 +76,15 @@ def run(spec: dict) -> dict:
     # not so for a full disk or exhausted memory, which depend on the moment
     except OptbuildError as exc:
         _log_failure()
-        return {"ok": False, "error": str(exc), "expected": True, "repeats": True}
+        return WorkerResult(ok=False, error=str(exc), expected=True, repeats=True)
     except Exception as exc:  # a bug or a tool failure: the log tail goes to the console too
         if is_disk_full(exc):  # not a bug: say which disk to make room on
             error = describe_os_error(exc, ctx.out_dir)
             _log_failure(error)
-            return {"ok": False, "error": error, "expected": True}
+            return WorkerResult(ok=False, error=error, expected=True)
         _log_failure()
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "repeats": not isinstance(exc, MemoryError)}
-    return {"ok": True, "metrics": ctx.metrics, "run_s": time.perf_counter() - started}
+        return WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}", repeats=not isinstance(exc, MemoryError))
+    return WorkerResult(ok=True, metrics=ctx.metrics, run_s=time.perf_counter() - started)
 
 
 def _log_failure(error: str | None = None) -> None:
@@ -121,9 +123,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _capture_diagnostics()
     spec_path = Path(sys.argv[1])
-    spec = json.loads(spec_path.read_text())
-    _die_with_parent(spec["parent_pid"])
-    result_path = Path(spec["result"])
+    spec = WorkerSpec.from_json(spec_path.read_bytes())
+    _die_with_parent(spec.parent_pid)
+    result_path = Path(spec.result)
     tmp = result_path.with_suffix(".tmp")
     result_file = open(tmp, "wb")  # noqa: SIM115 (held open while the step runs)
     try:
@@ -134,7 +136,7 @@ def main() -> None:
     result = run(spec)
     try:
         result_file.seek(0)
-        result_file.write(json.dumps(result, default=str).encode())
+        result_file.write(result.to_json().encode())
         result_file.close()
     except OSError as exc:
         _disk_full_exit(exc)

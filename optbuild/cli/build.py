@@ -44,7 +44,7 @@ def report_remote(args: argparse.Namespace, result) -> None:
     """The cache statistics line (the --json stream has the "cache" event instead)."""
     if args.json:
         return
-    from optbuild.store.remote import describe_stats
+    from optbuild.runstats import describe_stats
 
     for event in result.reporter.events:
         if event.get("event") == "cache":
@@ -54,6 +54,7 @@ def report_remote(args: argparse.Namespace, result) -> None:
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.report import make_reporter
+    from optbuild.status import Status
 
     ws = api.open_workspace(args.directory, remote=remote_override(args))
     try:
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         ws.close()
     report_remote(args, result)
-    if args.no_build and (missing := result.steps("would-build")):
+    if args.no_build and (missing := result.steps(Status.WOULD_BUILD)):
         print(f"error: --no-build: {len(missing)} step(s) could not be restored from the local or "
               "the remote cache and would have to build:", file=sys.stderr)
         for sid in missing:

@@ -7,10 +7,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optbuild.cli.build import add_remote_flags, remote_override
 from optbuild.units import human_size, parse_size
+
+if TYPE_CHECKING:
+    from optbuild.api import Workspace
 
 GC_GRACE_DAYS = 7  # with a damaged optbuild.lock, gc evicts only entries unused this long
 
@@ -100,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 # --- push / pull -------------------------------------------------------------------------
-def _transfer(ws: Any, args: argparse.Namespace) -> int:
-    from optbuild.store import remote as remote_cache
+def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
+    from optbuild import runstats, transfer
 
     if ws.remote is None:
         print("error: no remote cache: set [remote] url in optbuild.toml, $OPTBUILD_REMOTE or --remote URL",
@@ -121,7 +124,7 @@ def _transfer(ws: Any, args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         if pushing:
-            report = remote_cache.push(ws, session, args.targets, everything=args.all)
+            report = transfer.push(ws, session, args.targets, everything=args.all)
         else:
             host = None
             if args.fingerprint is not None:
@@ -132,12 +135,12 @@ def _transfer(ws: Any, args: argparse.Namespace) -> int:
                 except (OSError, ValueError) as exc:
                     print(f"error: cannot read fingerprint {args.fingerprint}: {exc}", file=sys.stderr)
                     return 2
-            report = remote_cache.pull(ws, session, args.targets, host=host)
+            report = transfer.pull(ws, session, args.targets, host=host)
     finally:
         progress.close()
     summary = session.summary()
-    remote_cache.append_stats(ws.store.root, {"command": args.cache_command, "ok": report.ok,
-                                              "local": None, "remote": summary})
+    runstats.append_stats(ws.store.root, {"command": args.cache_command, "ok": report.ok,
+                                          "local": None, "remote": summary})
     verb = "pushed" if pushing else "pulled"
     where = "on the remote already" if pushing else "in the local cache already"
     for sid in report.failed:
@@ -150,7 +153,7 @@ def _transfer(ws: Any, args: argparse.Namespace) -> int:
           f"({human_size(summary['bytes_up' if pushing else 'bytes_down'])} "
           f"{'up' if pushing else 'down'}, {summary['errors']} remote errors)")
     if summary["signature_mismatches"]:
-        print(f"warning: {remote_cache.describe_mismatches(summary['signature_mismatches'])}", file=sys.stderr)
+        print(f"warning: {runstats.describe_mismatches(summary['signature_mismatches'])}", file=sys.stderr)
     if not pushing and report.done:
         print("restore the outputs with `optbuild build --no-build`")
     return 0 if report.ok else 1
@@ -292,13 +295,15 @@ def _local_counts(record: dict[str, Any]) -> dict[str, int] | None:
     Records written before unavailable steps had a count of their own counted them as
     misses; their status counts say how many to move.
     """
+    from optbuild.status import Status
+
     local = record.get("local")
     if not isinstance(local, dict):
         return None
     counts = {name: _int(local.get(name)) for name in ("hits", "misses", "unavailable")}
     if "unavailable" not in local:
         status_counts = record.get("counts")
-        moved = min(counts["misses"], _int(status_counts.get("unavailable")) if isinstance(status_counts, dict) else 0)
+        moved = min(counts["misses"], _int(status_counts.get(Status.UNAVAILABLE)) if isinstance(status_counts, dict) else 0)
         counts["misses"] -= moved
         counts["unavailable"] = moved
     return counts
@@ -309,8 +314,8 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _stats(ws: Any, args: argparse.Namespace) -> int:
-    from optbuild.store.remote import describe_mismatches, read_stats
+def _stats(ws: Workspace, args: argparse.Namespace) -> int:
+    from optbuild.runstats import describe_mismatches, read_stats
 
     records = read_stats(ws.store.root)
     totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0, "unavailable": 0},

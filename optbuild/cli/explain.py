@@ -52,13 +52,14 @@ def _is_set(value: Any) -> bool:
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.fingerprint import Fingerprint
+    from optbuild.status import Status
 
     ws = api.open_workspace(args.directory)
     try:
         sid = resolve(ws, args.target)
         host = Fingerprint()
         info = api.explain(ws, sid, host=host)
-        if info["status"] == "unavailable":
+        if info["status"] == Status.UNAVAILABLE:
             info["unavailable"] = ws.project.steps[sid].step.unavailable(host)
     finally:
         ws.close()
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=1, default=str))
         return 0
     print(f"step:   {info['step']}")
-    print(f"status: {info['status']}" + (f"  ({'; '.join(info['reasons'])})" if info["status"] != "cached" else ""))
+    print(f"status: {info['status']}" + (f"  ({'; '.join(info['reasons'])})" if info["status"] != Status.CACHED else ""))
     if info.get("unavailable"):
         print(f"        cannot run here: {info['unavailable']}")
     print(f"key:    {info['key'] or 'unknown until upstream steps are built'}")

@@ -6,12 +6,18 @@ bounded in size and nesting before they are parsed, every digest is a BLAKE3-256
 and every output name is a safe relative path that a file system can hold, so no entry
 can write outside its step's output folder, crash the parser, or poison the local cache
 with a name that later restores cannot create.
+
+This module is the store's one home for those rules: what a digest or key looks like
+(``is_digest`` / ``check_digest``; the pattern itself is the digest function's, defined in
+``optbuild.digest``), how an entry is read and validated (``parse_entry``, ``read_entry``),
+and the canonical JSON that keys and remote entries are made of (``canonical_json``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -32,6 +38,20 @@ _BRACKET = re.compile(rb"[\[\]{}]")
 
 class EntryError(ValueError):
     """Bytes or values that are not an acceptable action entry; the message says why."""
+
+
+def check_digest(value: object, what: str = "digest") -> str:
+    """Return ``value`` if it is a digest (a blob's, or an action key), else raise
+    EntryError (a ValueError) naming ``what`` it should have been."""
+    if not is_digest(value):
+        raise EntryError(f"not a {what} ({DIGEST_HEX} lowercase hex digits): {value!r}")
+    return value  # type: ignore[return-value]  # is_digest: a str
+
+
+def _digest_field(value: str) -> str:
+    if not is_digest(value):
+        raise ValueError(f"{value[:80]!r} is not a digest ({DIGEST_HEX} lowercase hex)")
+    return value
 
 
 def check_relative_path(name: str) -> str:
@@ -71,9 +91,7 @@ class OutputFile(BaseModel):
     @field_validator("digest")
     @classmethod
     def _digest(cls, value: str) -> str:
-        if not is_digest(value):
-            raise ValueError(f"{value[:80]!r} is not a digest ({DIGEST_HEX} lowercase hex)")
-        return value
+        return _digest_field(value)
 
     @field_validator("size")
     @classmethod
@@ -117,9 +135,7 @@ class ActionEntry(BaseModel):
     @field_validator("key", "log")
     @classmethod
     def _digests(cls, value: str | None) -> str | None:
-        if value is not None and not is_digest(value):
-            raise ValueError(f"{value[:80]!r} is not a digest ({DIGEST_HEX} lowercase hex)")
-        return value
+        return value if value is None else _digest_field(value)
 
     @field_validator("outputs")
     @classmethod
@@ -180,6 +196,15 @@ def parse_entry(data: bytes, expected_key: str) -> ActionEntry:
     except (ValueError, RecursionError):
         raise EntryError("it is not valid JSON") from None
     return entry_from_doc(doc, expected_key)
+
+
+def read_entry(path: Path, expected_key: str) -> ActionEntry:
+    """``parse_entry`` of the file ``path``, no more of it read than an entry may hold.
+
+    OSError when it cannot be read (FileNotFoundError when absent); EntryError otherwise.
+    """
+    with open(path, "rb") as f:
+        return parse_entry(f.read(MAX_ENTRY_BYTES + 1), expected_key)
 
 
 def _no_constant(name: str) -> Any:

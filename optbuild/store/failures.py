@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from optbuild.atomic import write_atomic
-from optbuild.digest import is_digest
-from optbuild.store.entry import EntryError, check_json_bounds
+from optbuild.store.entry import EntryError, check_digest, check_json_bounds
 
 FORMAT = 1
 MAX_LOG_CHARS = 256 << 10  # the log's tail: enough to read the failure, small enough to keep
@@ -49,9 +48,7 @@ class FailureStore:
         self.writable = writable
 
     def _path(self, key: str) -> Path:
-        if not is_digest(key):
-            raise ValueError(f"not an action key: {key!r}")
-        return self.folder / f"{key}.json"
+        return self.folder / f"{check_digest(key, 'key')}.json"
 
     def get(self, key: str) -> Failure | None:
         path = self._path(key)

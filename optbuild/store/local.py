@@ -36,13 +36,21 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from optbuild.digest import DIGEST_HEX, DIGEST_RE, FileHasher, digest_bytes, hash_file, new_hasher
+from optbuild.digest import FileHasher, digest_bytes, hash_file, new_hasher
 from optbuild.errors import CacheError, first_line
-from optbuild.store.entry import MAX_ENTRY_BYTES, ActionEntry, OutputFile, check_relative_path, parse_entry
+from optbuild.store.entry import (
+    ActionEntry,
+    OutputFile,
+    check_digest,
+    check_relative_path,
+    is_digest,
+    read_entry,
+)
+from optbuild.store.flock import locked
 
 _LOCK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _GC_LOCK = "@gc.lock"  # '@' is not allowed in lock names: no key can collide with it
@@ -154,11 +162,11 @@ class LocalStore:
     # --- paths and scratch space -------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
         """Where a blob lives. Only a digest is accepted, so no name can point outside cas/."""
-        _check_hex(digest, "digest")
+        check_digest(digest, "digest")
         return self.root / "cas" / digest[:2] / digest[2:]
 
     def _entry_path(self, key: str) -> Path:
-        _check_hex(key, "key")
+        check_digest(key, "key")
         return self.root / "ac" / key[:2] / f"{key[2:]}.json"
 
     def _tmp_name(self, label: str) -> Path:
@@ -306,7 +314,7 @@ class LocalStore:
         path = self._entry_path(key)
         removed = "" if self.read_only else " and was removed"
         try:
-            entry = _parse_entry(path, key)
+            entry = read_entry(path, key)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
@@ -359,7 +367,7 @@ class LocalStore:
         for path in sorted((self.root / "ac").glob("*/*.json")):
             key = path.parent.name + path.name[: -len(".json")]
             try:
-                entry: ActionEntry | None = _parse_entry(path, key)
+                entry: ActionEntry | None = read_entry(path, key)
             except FileNotFoundError:  # deleted since the listing
                 continue
             except (OSError, ValueError):
@@ -377,7 +385,7 @@ class LocalStore:
         """
         if not _LOCK_NAME.fullmatch(key):
             raise ValueError(f"not a lock name: {key!r}")
-        with self._flock(f"{key}.lock", fcntl.LOCK_EX):
+        with self._flock(f"{key}.lock"):
             yield
 
     @contextmanager
@@ -387,7 +395,7 @@ class LocalStore:
         So gc never deletes the blobs of an entry that is being written. Do not call gc
         while holding it (same process or not, gc waits for it).
         """
-        with self._flock(_GC_LOCK, fcntl.LOCK_SH):
+        with self._flock(_GC_LOCK, shared=True):
             yield
 
     @contextmanager
@@ -396,28 +404,10 @@ class LocalStore:
         with self.lock("dest-" + digest_bytes(str(dest).encode())):
             yield
 
-    @contextmanager
-    def _flock(self, filename: str, operation: int) -> Iterator[None]:
-        """``flock`` on a lock file; a read-only store locks only files that exist (flock
-        works on a read-only descriptor) and otherwise goes on unlocked: it writes nothing
-        that a lock would protect, and nobody who could write made the file yet."""
-        path = self.root / "locks" / filename
-        try:
-            fd = os.open(path, os.O_RDONLY) if self.read_only else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            if not self.read_only:
-                raise
-            yield
-            return
-        try:
-            fcntl.flock(fd, operation)
-            try:
-                yield
-            finally:
-                # explicit: a forked child sharing the descriptor must not keep the lock
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    def _flock(self, filename: str, *, shared: bool = False) -> AbstractContextManager[None]:
+        """``flock`` on a lock file under locks/; a read-only store locks only files that
+        exist and otherwise goes on unlocked (see ``store.flock.locked``)."""
+        return locked(self.root / "locks" / filename, shared=shared, read_only=self.read_only)
 
     # --- materialization ---------------------------------------------------------------
     def materialize(self, entry: ActionEntry, dest: Path) -> None:
@@ -567,7 +557,7 @@ class LocalStore:
             except FileNotFoundError:
                 continue
             digest = path.parent.name + path.name
-            valid = len(path.parent.name) == 2 and DIGEST_RE.fullmatch(digest) and stat.S_ISREG(st.st_mode)
+            valid = len(path.parent.name) == 2 and is_digest(digest) and stat.S_ISREG(st.st_mode)
             yield (digest if valid else None), path, st.st_size
 
     def size_bytes(self) -> int:
@@ -639,7 +629,7 @@ class LocalStore:
         """
         self._require_writable("collect garbage")
         recent = time.time_ns() - int(min_age_s * 1e9)
-        with self._flock(_GC_LOCK, fcntl.LOCK_EX):
+        with self._flock(_GC_LOCK):
             blobs = list(self._scan_blobs())
             sizes = {digest: size for digest, _path, size in blobs if digest is not None}
             before = sum(size for _digest, _path, size in blobs)
@@ -687,19 +677,8 @@ class LocalStore:
 
 
 # --- helpers ---------------------------------------------------------------------------
-def _check_hex(value: str, what: str) -> None:
-    if not isinstance(value, str) or not DIGEST_RE.fullmatch(value):
-        raise ValueError(f"not a {what} ({DIGEST_HEX} lowercase hex digits): {value!r}")
-
-
 def _digests(entries: list[ActionEntry]) -> set[str]:
     return {d for entry in entries for d in entry.blob_digests()}
-
-
-def _parse_entry(path: Path, key: str) -> ActionEntry:
-    """The entry in ``path`` (EntryError, a ValueError, when it is not a valid entry for ``key``)."""
-    with open(path, "rb") as f:
-        return parse_entry(f.read(MAX_ENTRY_BYTES + 1), key)
 
 
 def _owned_name(label: str) -> str:

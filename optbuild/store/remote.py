@@ -28,6 +28,11 @@ Faults (connection refused, timeouts, HTTP errors, slow responses) never fail a 
 is a warning event and an error count; after ``max_errors`` of them the remote is disabled
 for the rest of the run (circuit breaker) and steps build locally.
 
+What a whole run did with the caches (hits, misses, the stats file) is ``optbuild.runstats``;
+``cache push`` / ``cache pull`` over a workspace are ``optbuild.transfer``. This module, as
+all of ``optbuild.store``, imports nothing above the store layer: warnings go to any
+``EventSink`` (a Reporter is one), and the settings come as plain values.
+
 This module imports nothing heavy: fsspec (and s3fs, gcsfs, ...) load on the first remote
 operation, so a fully cached build never pays for them.
 """
@@ -36,31 +41,32 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import re
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from optbuild.digest import hash_file, is_digest, new_hasher
-from optbuild.store.entry import MAX_ENTRY_BYTES, ActionEntry, EntryError, canonical_json, parse_entry
-from optbuild.units import human_size
+from optbuild.digest import hash_file, new_hasher
+from optbuild.store.entry import (
+    MAX_ENTRY_BYTES,
+    ActionEntry,
+    EntryError,
+    canonical_json,
+    is_digest,
+    parse_entry,
+)
 
 if TYPE_CHECKING:
-    from optbuild.recipe import RemoteSection
-    from optbuild.report import Reporter
     from optbuild.store.local import LocalStore
 
 ENV_URL = "OPTBUILD_REMOTE"
-STATS_FILE = "stats.jsonl"
-STATS_MAX_BYTES = 512 << 10  # the stats file is trimmed to its newer half beyond this
 SIGNATURE_PREFIX = b"optbuild-hmac-sha256 "
 _SIGNATURE_LINE = len(SIGNATURE_PREFIX) + 64 + 1
 _OFF = {"off", "none", "no", "false", "0"}
@@ -78,32 +84,36 @@ class _Rejected(Exception):
     """What the remote sent is not acceptable (corrupt, unsigned, unsafe)."""
 
 
-# --- configuration ---------------------------------------------------------------------
-def open_remote(section: RemoteSection, override: str | bool | None = None,
-                *, project_root: Path | None = None,
-                environ: dict[str, str] | None = None) -> RemoteStore | None:
-    """The remote for this run, or None: ``--no-remote`` (False) > ``--remote URL`` (str) >
-    $OPTBUILD_REMOTE (a URL, or off/none/0 to disable) > ``[remote] url``.
+class EventSink(Protocol):
+    """Where a session's warnings go: ``optbuild.report.Reporter`` is one (this layer
+    imports nothing above it, so it names only the one method it calls)."""
 
+    def emit(self, event: dict[str, Any]) -> None: ...
+
+
+# --- configuration ---------------------------------------------------------------------
+def open_remote(url: str, override: str | bool | None = None, *, project_root: Path | None = None,
+                environ: dict[str, str] | None = None, **settings: Any) -> RemoteStore | None:
+    """The remote for this run, or None: ``--no-remote`` (False) > ``--remote URL`` (str) >
+    $OPTBUILD_REMOTE (a URL, or off/none/0 to disable) > ``url`` (``[remote] url``).
+
+    ``settings`` are RemoteStore's keyword arguments (``[remote]``'s other fields).
     Nothing is imported or contacted here.
     """
     environ = os.environ if environ is None else environ
     if override is False:
         return None
-    url = override if isinstance(override, str) and override else None
-    if url is None:
+    chosen = override if isinstance(override, str) and override else None
+    if chosen is None:
         env = environ.get(ENV_URL, "").strip()
         if env.lower() in _OFF:
             return None
-        url = env or section.url
-    if not url:
+        chosen = env or url
+    if not chosen:
         return None
-    if "://" not in url and not url.startswith("/") and project_root is not None:
-        url = str((project_root / url).resolve())  # a plain relative path: from the project root
-    return RemoteStore(
-        url, read=section.read, write=section.write, timeout_s=section.timeout_s,
-        max_errors=section.max_errors, signing_key_env=section.signing_key_env or None,
-        endpoint_url=section.endpoint_url or None, options=dict(section.options), environ=environ)
+    if "://" not in chosen and not chosen.startswith("/") and project_root is not None:
+        chosen = str((project_root / chosen).resolve())  # a plain relative path: from the project root
+    return RemoteStore(chosen, environ=environ, **settings)
 
 
 def redact(url: str) -> str:
@@ -203,7 +213,7 @@ class RemoteStore:
         self._real_root: str | None = None  # the root with symlinks resolved, on a local file system
         self._lock = threading.Lock()
 
-    def session(self, reporter: Reporter | None = None, *, dry_run: bool = False,
+    def session(self, reporter: EventSink | None = None, *, dry_run: bool = False,
                 progress: TransferProgress | None = None) -> RemoteSession:
         return RemoteSession(self, reporter, dry_run=dry_run, progress=progress)
 
@@ -431,7 +441,7 @@ class RemoteSession:
     """
 
     store: RemoteStore
-    reporter: Reporter | None = None
+    reporter: EventSink | None = None
     dry_run: bool = False
     progress: TransferProgress | None = None
     cancel: threading.Event | None = None
@@ -885,154 +895,3 @@ def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
-
-
-# --- statistics --------------------------------------------------------------------------
-def run_stats(outcomes: dict[str, Any], session: RemoteSession | None) -> dict[str, Any]:
-    """Hits and misses per cache level for one run (the "cache" event and stats line).
-
-    A step this host cannot run is counted apart, not as a miss: no cache entry was
-    missing that a build here could have made, so it must not lower the hit rate.
-    """
-    keyed = [o.status for o in outcomes.values() if o.key]
-    unavailable = keyed.count("unavailable")
-    hits = keyed.count("cached")
-    return {"local": {"hits": hits, "misses": len(keyed) - hits - unavailable, "unavailable": unavailable},
-            "remote": session.summary() if session is not None else None}
-
-
-def describe_stats(stats: dict[str, Any]) -> str:
-    """One line for people: "cache: local 3 hits, 1 miss; remote s3://...: 1 hit, ..."."""
-    local = stats.get("local") or {}
-    text = f"cache: local {_n(local.get('hits', 0), 'hit')}, {_n(local.get('misses', 0), 'miss')}"
-    if local.get("unavailable"):
-        text += f", {local['unavailable']} unavailable"
-    remote = stats.get("remote")
-    if remote:
-        text += (f"; remote {remote['url']}: {_n(remote['hits'], 'hit')}, {_n(remote['misses'], 'miss')}, "
-                 f"{_n(remote['errors'], 'error')}")
-        if remote.get("rejected"):
-            text += f", {remote['rejected']} rejected"
-        text += f", {human_size(remote['bytes_down'])} down, {human_size(remote['bytes_up'])} up"
-        if remote.get("signature_mismatches"):
-            text += f", {describe_mismatches(remote['signature_mismatches'])}"
-        if remote.get("disabled"):
-            text += " (remote disabled during the run)"
-    return text
-
-
-def describe_mismatches(count: int) -> str:
-    """Signed remote entries left in place because this host could not verify them."""
-    return (f"{count} signature mismatch{'' if count == 1 else 'es'} (signed entries on the remote "
-            "that this host's signing key does not verify were left in place)")
-
-
-def _n(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "es" if word.endswith("s") else "s")
-
-
-def append_stats(cache_dir: Path, record: dict[str, Any]) -> None:
-    """Add one line to cache/stats.jsonl (best effort; trimmed to stay small)."""
-    path = Path(cache_dir) / STATS_FILE
-    line = json.dumps({"time": time.time(), **record}, default=str, separators=(",", ":")) + "\n"
-    try:
-        with open(path, "a", encoding="utf-8") as f:  # O_APPEND: concurrent lines stay whole
-            f.write(line)
-        if path.stat().st_size > STATS_MAX_BYTES:
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-            tmp = path.with_name(f".{STATS_FILE}.{os.getpid()}.tmp")
-            tmp.write_text("".join(lines[len(lines) // 2:]), encoding="utf-8")
-            os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache still builds
-
-
-def read_stats(cache_dir: Path) -> list[dict[str, Any]]:
-    records = []
-    try:
-        text = (Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8")
-    except OSError:
-        return []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-# --- push and pull (``optbuild cache push/pull``) ---------------------------------------
-@dataclass
-class TransferReport:
-    done: list[str] = field(default_factory=list)  # pushed / pulled
-    present: list[str] = field(default_factory=list)  # already there
-    missing: list[str] = field(default_factory=list)  # not available to transfer
-    failed: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.failed)
-
-
-def pull(ws: Any, session: RemoteSession, targets: Iterable[str] = (), *, host: Any = None) -> TransferReport:
-    """Fetch into the local cache what the remote has for ``targets`` (and their ancestors),
-    without building anything; with ``host`` (a recorded Fingerprint), the keys are those
-    of that host. Keys of steps downstream of a remote hit are planned from the remote
-    entry, so a whole chain is found without building its head.
-    """
-    from optbuild.executor import Executor, Options
-    from optbuild.report import Reporter
-
-    report = TransferReport()
-    selected = ws.graph.select(list(targets))
-    planner = Executor(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), host=host,
-                       options=Options(jobs=1, dry_run=True), remote=session)
-    planned = planner.run(selected)
-    for sid in selected:
-        outcome = planned[sid]
-        if outcome.status == "cached":
-            report.present.append(sid)
-        elif getattr(outcome, "source", None) == "remote" and outcome.entry is not None:
-            with ws.store.shared_gc_lock(), ws.store.lock(outcome.key):
-                if ws.store.get_action(outcome.key) is not None:
-                    report.present.append(sid)
-                elif session.fetch(outcome.entry, ws.store, sid) is not None:
-                    report.done.append(sid)
-                else:
-                    report.failed.append(sid)
-        else:
-            report.missing.append(sid)
-    ws.hasher.flush()
-    return report
-
-
-def push(ws: Any, session: RemoteSession, targets: Iterable[str] = (), *,
-         everything: bool = False) -> TransferReport:
-    """Upload what the local cache holds for ``targets`` (their keys as recorded in the lock
-    file; all recorded steps when none), or with ``everything`` every local entry."""
-    from optbuild import lockfile
-
-    report = TransferReport()
-    if everything:
-        items = [(entry.step, key) for key, entry in ws.store.iter_entries() if entry is not None]
-    else:
-        records = lockfile.read(ws.project.lock_file)
-        targets = list(targets)
-        steps = ws.graph.select(targets) if targets else sorted(records)
-        items = []
-        for sid in steps:
-            if sid in records and "key" in records[sid]:
-                items.append((sid, records[sid]["key"]))
-            else:
-                report.missing.append(sid)
-    for sid, key in items:
-        with ws.store.shared_gc_lock():
-            entry = ws.store.get_action(key)
-            if entry is None:
-                report.missing.append(sid)
-                continue
-            result = session.push(entry, ws.store, sid, skip_if_present=True)
-        {"uploaded": report.done, "present": report.present}.get(result, report.failed).append(sid)
-    return report

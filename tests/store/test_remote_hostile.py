@@ -25,8 +25,9 @@ from plugins.remote import (
 
 from optbuild import api
 from optbuild.report import Reporter
+from optbuild.runstats import describe_stats
 from optbuild.store.entry import MAX_JSON_DEPTH
-from optbuild.store.remote import SIGNATURE_PREFIX, _callback, _Rejected, describe_stats, sign
+from optbuild.store.remote import SIGNATURE_PREFIX, _callback, _Rejected, sign
 
 ALL = ["chain:mid", "chain:out", "chain:side", "chain:src"]
 KEY_ENV = "OPTBUILD_TEST_SIGNING_KEY"
