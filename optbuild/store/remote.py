@@ -47,8 +47,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -648,17 +648,10 @@ class RemoteSession:
 
     def _download_blob(self, digest: str, size: int | None, tmp: Path, local: LocalStore,
                        label: str) -> None:
-        token = self.progress.start("down", label, size) if self.progress else None
-        ok = False
+        with self._progress("down", label, size) as counted:
+            def fn(touch: Callable[[int], None]) -> None:
+                self.store._download(self.store.blob_path(digest), tmp, size, counted(touch))
 
-        def fn(touch: Callable[[int], None]) -> None:
-            def counting(nbytes: int) -> None:
-                touch(nbytes)
-                if self.progress and nbytes:
-                    self.progress.advance(token, nbytes)
-            self.store._download(self.store.blob_path(digest), tmp, size, counting)
-
-        try:
             try:
                 self._call(f"downloading blob {digest[:8]} of {label}", fn, missing_ok=True)
             except FileNotFoundError:
@@ -672,6 +665,24 @@ class RemoteSession:
                                 f"{got[:8]}…)")
             if local.put_file(tmp, move=True).digest != digest:  # changed under us: never file it
                 raise _Rejected(f"blob {digest[:8]}… changed while it was stored")
+
+    @contextmanager
+    def _progress(self, direction: str, label: str, size: int | None) -> Iterator[Callable[..., Any]]:
+        """One blob transfer's progress: yields a function that wraps the transfer's byte
+        callback so that it also advances the progress display, which is finished (done or
+        failed) when the block ends."""
+        token = self.progress.start(direction, label, size) if self.progress else None
+        ok = False
+
+        def counted(touch: Callable[[int], None]) -> Callable[[int], None]:
+            def counting(nbytes: int) -> None:
+                touch(nbytes)
+                if self.progress and nbytes:
+                    self.progress.advance(token, nbytes)
+            return counting
+
+        try:
+            yield counted
             ok = True
         finally:
             if self.progress:
@@ -767,23 +778,12 @@ class RemoteSession:
             pool.shutdown(wait=True)
 
     def _upload_blob(self, source: Path, digest: str, size: int, label: str) -> None:
-        token = self.progress.start("up", label, size) if self.progress else None
-        ok = False
+        with self._progress("up", label, size) as counted:
+            def fn(touch: Callable[[int], None]) -> None:
+                self.store._upload(source, self.store.blob_path(digest), counted(touch))
 
-        def fn(touch: Callable[[int], None]) -> None:
-            def counting(nbytes: int) -> None:
-                touch(nbytes)
-                if self.progress and nbytes:
-                    self.progress.advance(token, nbytes)
-            self.store._upload(source, self.store.blob_path(digest), counting)
-
-        try:
             self._call(f"uploading blob {digest[:8]} of {label}", fn, upload_size=size)
             self._count(bytes_up=size, blobs_up=1)
-            ok = True
-        finally:
-            if self.progress:
-                self.progress.finish(token, ok)
 
     def _existing_entry(self, key: str) -> tuple[bool, bool]:
         """(acceptable, keep) for the remote's entry of ``key``: whether this host would use
