@@ -73,7 +73,6 @@ class BlobParams(StepParams):
 
 
 class Blob(Step):
-    kind = "blob"
     Params = BlobParams
     primary_output = "data.txt"
 

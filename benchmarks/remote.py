@@ -44,7 +44,6 @@ class WeightsParams(StepParams):
 
 class Weights(Step):
     """Writes `megabytes` MB of float32 weights from a fixed seed (a stand-in for an engine)."""
-    kind = "weights"
     Params = WeightsParams
     primary_output = "weights.bin"
 

@@ -1,12 +1,14 @@
-"""Measure built models on this host: onnxruntime (CPU provider) latency and throughput of
-every ONNX / ORT-format artifact of the selected steps, PyTorch eager as the baseline where
-a recipe exports from PyTorch, and the figures of the verify steps that checked them.
+"""Measure built models on this host: the latency and throughput of every model of the
+selected steps on the backend that runs it (optbuild.backends: onnxruntime on the CPU for
+ONNX and ORT-format models, OpenVINO for its IR, TensorRT engines on a GPU host), PyTorch
+eager as the baseline where a recipe exports from PyTorch, and the figures of the verify
+steps that checked them.
 
 ``bench(ws, targets, options)`` is what ``optbuild bench`` runs:
 
-1. Targets are steps ("recipe:step") or recipes (every step whose output is an ONNX or
-   ORT-format model: onnx, export, simplify, quantize, engine with backend onnxruntime, or
-   a plug-in kind with such an output; the others are skipped with a note).
+1. Targets are steps ("recipe:step") or recipes (every step whose output a backend runs on
+   this host: onnx, export, simplify, quantize, engine, or a plug-in kind with such an
+   output; the others, and engines this host cannot run, are skipped with a note).
 2. They are built with ``api.build`` (the cache makes that free when nothing changed), with
    the verify steps whose candidate is one of them. ``build=False`` (``--no-build``) only
    restores from the caches and fails, naming the steps, when any would have to build.
@@ -43,25 +45,25 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.atomic import write_atomic
 from optbuild.errors import OptbuildError, first_line
+from optbuild.status import Status
 from optbuild.units import human_size
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
+    from optbuild.backends.base import Backend, InputSpec, Manifest
+    from optbuild.fingerprint import Fingerprint
     from optbuild.recipe import StepSpec
     from optbuild.report import Reporter
-    from optbuild.steps.calibdata import InputSpec
 
-BENCH_VERSION = 1
+BENCH_VERSION = 2  # 2: rows of any backend; host.runtimes says what ran them
 BENCH_FILE = "bench.json"
 PLOT_FILE = "bench.png"
-MODEL_SUFFIXES = (".onnx", ".ort")
-TRT_KINDS = {"engine/tensorrt": "TensorRT", "engine/tensorrt-rtx": "TensorRT-RTX"}
-_OK = ("cached", "built", "restored")
 
 
 class BenchError(OptbuildError):
@@ -93,7 +95,7 @@ class Row:
     """One measured model (or the PyTorch module behind an export step)."""
 
     step: str  # recipe:step
-    runtime: str  # "onnxruntime" | "torch"
+    runtime: str  # the backend that ran it ("onnxruntime", "openvino", ...) or "torch"
     label: str  # "ORT static INT8", "PyTorch eager", ...
     precision: str  # "fp32", "static INT8", ...
     artifact: Path | None  # the model file (for torch: the export's callable)
@@ -106,6 +108,7 @@ class Row:
     throughput: float = 0.0  # samples per second
     speedup: float | None = None  # baseline p50 / this p50
     verify: list[dict[str, Any]] = field(default_factory=list)
+    runner: str = ""  # what ran it, with its version: "onnxruntime 1.23.2 (CPU)"
 
     @property
     def name(self) -> str:
@@ -117,8 +120,8 @@ class Row:
             artifact = str(self.artifact.relative_to(root)) if self.artifact.is_relative_to(root) \
                 else str(self.artifact)
         return {
-            "step": self.step, "runtime": self.runtime, "label": self.label, "precision": self.precision,
-            "artifact": artifact, "size_bytes": self.size_bytes, "inputs": self.inputs,
+            "step": self.step, "runtime": self.runtime, "runner": self.runner, "label": self.label,
+            "precision": self.precision, "artifact": artifact, "size_bytes": self.size_bytes, "inputs": self.inputs,
             "batch": self.batch, "load_ms": round(self.load_ms, 3),
             "latency_ms": {k: round(v, 4) for k, v in self.latency_ms.items()},
             "throughput": round(self.throughput, 2), "speedup": None if self.speedup is None
@@ -151,20 +154,32 @@ class RecipeBench:
 
 
 # --- what to bench -------------------------------------------------------------------------
-def is_model_step(spec: StepSpec) -> bool:
-    """Does the step's main output run on onnxruntime (an .onnx or .ort file)?"""
-    return spec.kind not in TRT_KINDS and Path(spec.step.primary_output or "").suffix in MODEL_SUFFIXES
+def runs_on(spec: StepSpec) -> tuple[Backend, Manifest] | None:
+    """What runs the step's main output (optbuild.backends.registry); None: not a model."""
+    from optbuild.backends import registry
+
+    return registry.for_step(spec.step)
 
 
-def _not_a_model(spec: StepSpec) -> str:
-    if spec.kind in TRT_KINDS:
-        source = spec.deps.get("input")
-        hint = f"; bench the ONNX model it is built from ({source})" if source else ""
-        return (f"{spec.id} is a {TRT_KINDS[spec.kind]} engine ({spec.step.primary_output}): bench runs "
-                f"models with onnxruntime on this host's CPU, which cannot load TensorRT engines{hint}")
-    return (f"{spec.id} is a {spec.kind} step: its output ({spec.step.primary_output or 'no file'}) is not "
-            "a model onnxruntime can run; bench takes onnx, export, simplify, quantize and "
-            "onnxruntime engine steps, or a recipe")
+def not_benched(spec: StepSpec, host: Fingerprint) -> str | None:
+    """Why bench cannot run the step's output on this host; None when it can."""
+    on = runs_on(spec)
+    if on is None:
+        return "no model output"
+    backend, manifest = on
+    return backend.unavailable(host, manifest)
+
+
+def _refusal(spec: StepSpec, why: str) -> str:
+    on = runs_on(spec)
+    if on is None:
+        return (f"{spec.id} is a {spec.kind} step: its output ({spec.step.primary_output or 'no file'}) is "
+                "not a model a backend runs; bench takes steps that give models (onnx, export, simplify, "
+                "quantize, engine) or a recipe")
+    source = spec.deps.get("input")
+    hint = f"; bench the model it is built from ({source})" if source else ""
+    return (f"{spec.id} is a {on[0].label} engine ({spec.step.primary_output}) and this host cannot run it: "
+            f"{why}{hint}")
 
 
 def select(ws: Workspace, targets: list[str]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -175,25 +190,26 @@ def select(ws: Workspace, targets: list[str]) -> tuple[dict[str, list[str]], dic
     recipes = {spec.recipe for spec in steps.values()}
     wanted: set[str] = set()
     skipped: dict[str, dict[str, list[str]]] = {}
+    host = _fingerprint()
     for target in targets:
         if target in steps:
-            if not is_model_step(steps[target]):
-                raise BenchError(_not_a_model(steps[target]))
+            if (why := not_benched(steps[target], host)) is not None:
+                raise BenchError(_refusal(steps[target], why))
             wanted.add(target)
         elif target in recipes:
             found = False
             for sid, spec in steps.items():
                 if spec.recipe != target:
                     continue
-                if is_model_step(spec):
+                if (why := not_benched(spec, host)) is None:
                     wanted.add(sid)
                     found = True
                 else:
-                    why = (f"{TRT_KINDS[spec.kind]} engines, which onnxruntime cannot run here"
-                           if spec.kind in TRT_KINDS else "no model output")
+                    if (on := runs_on(spec)) is not None:
+                        why = f"{on[0].label} engines: {why}"
                     skipped.setdefault(target, {}).setdefault(why, []).append(spec.name)
             if not found:
-                raise BenchError(f"recipe {target!r} has no step that gives an ONNX or ORT-format model")
+                raise BenchError(f"recipe {target!r} has no step that gives a model this host can run")
         else:
             ws.graph.select([target])  # raises "unknown target ...; did you mean ...?"
             raise BenchError(f"unknown target {target!r}")
@@ -218,24 +234,37 @@ def verify_steps(ws: Workspace, models: list[str]) -> dict[str, list[str]]:
 
 # --- labels ----------------------------------------------------------------------------------
 def precision(ws: Workspace, sid: str, _seen: frozenset[str] = frozenset()) -> str:
-    """What a model computes in: a quantize step's mode, else that of the model it came from."""
+    """What a model computes in: a quantize step's mode or an engine's precision, else that of
+    the model it came from."""
     spec = ws.project.steps[sid]
-    mode = getattr(spec.step.params, "mode", None)
-    if spec.kind == "quantize" and mode in ("static", "dynamic"):
+    params = spec.step.params
+    mode = getattr(params, "mode", None) if spec.kind == "quantize" else None
+    if mode in ("static", "dynamic"):
         return f"{mode} INT8"
-    if spec.kind == "quantize" and mode == "fp16":
-        return "fp16"
+    chosen = mode or getattr(params, "precision", None)
+    if isinstance(chosen, str) and chosen != "fp32":
+        return chosen.upper() if chosen.startswith("int") else chosen
     source = spec.deps.get("input")
     if source is not None and source not in _seen and source in ws.project.steps:
         return precision(ws, source, _seen | {sid})
     return "source" if spec.kind == "onnx" else "fp32"
 
 
-def _label(ws: Workspace, sid: str) -> str:
+def _label(ws: Workspace, sid: str, backend: Backend) -> str:
+    """"ORT static INT8", "OV INT8": the backend and the precision. An engine step on a
+    backend that also runs plain models (onnxruntime) is that backend's offline-optimized
+    form of one, told apart as "ORT-optimized"."""
     spec = ws.project.steps[sid]
-    if spec.kind == "engine/onnxruntime":
-        return f"ORT-optimized {precision(ws, sid)}"
-    return f"ORT {precision(ws, sid)}"
+    optimized = "-optimized" if spec.kind.startswith("engine/") and backend.suffixes else ""
+    return f"{backend.short}{optimized} {precision(ws, sid)}"
+
+
+@cache
+def _fingerprint() -> Fingerprint:
+    """This host, as the backends judge whether they can run here."""
+    from optbuild.fingerprint import Fingerprint
+
+    return Fingerprint()
 
 
 # --- building --------------------------------------------------------------------------------
@@ -250,7 +279,7 @@ def _build(ws: Workspace, models: list[str], verifies: list[str], options: Bench
                        fetch_only=not options.build)
     outcomes = result.outcomes
     needed = ws.graph.select(models)
-    missing = [sid for sid in needed if outcomes.get(sid) is not None and outcomes[sid].status == "would-build"]
+    missing = [sid for sid in needed if outcomes.get(sid) is not None and outcomes[sid].status == Status.WOULD_BUILD]
     if missing:
         listed = "\n".join(f"  {sid}" + (f"  ({'; '.join(outcomes[sid].reasons)})" if outcomes[sid].reasons else "")
                            for sid in missing)
@@ -260,10 +289,10 @@ def _build(ws: Workspace, models: list[str], verifies: list[str], options: Bench
     problems = []
     for sid in models:
         outcome = outcomes.get(sid)
-        if outcome is None or outcome.status not in _OK:
+        if outcome is None or not outcome.status.ok:
             status = outcome.status if outcome is not None else "not built"
             error = (outcome.error or "").strip() if outcome is not None else ""
-            if not error and outcome is not None and outcome.status == "skipped":
+            if not error and outcome is not None and outcome.status == Status.SKIPPED:
                 error = "an upstream step failed"
             problems.append(f"{sid} is {status}" + (f": {error}" if error else ""))
     if problems:
@@ -271,10 +300,10 @@ def _build(ws: Workspace, models: list[str], verifies: list[str], options: Bench
     notes = {}
     for sid in verifies:
         outcome = outcomes.get(sid)
-        status = outcome.status if outcome is not None else "not built"
-        if status not in _OK:
-            what = {"failed": "failed (a threshold is exceeded or it could not run: see the build output)",
-                    "would-build": "is not built (--no-build)"}.get(status, f"is {status}")
+        if outcome is None or not outcome.status.ok:
+            status = outcome.status if outcome is not None else "not built"
+            what = {Status.FAILED: "failed (a threshold is exceeded or it could not run: see the build output)",
+                    Status.WOULD_BUILD: "is not built (--no-build)"}.get(status, f"is {status}")
             notes[sid] = f"{sid} {what}: no verify figures from it"
     return outcomes, notes
 
@@ -351,35 +380,42 @@ class _Runner:
     call: Callable[[], Any]
 
 
-def _ort_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions,
-                int_range: tuple[int, int]) -> tuple[_Runner, list[str]]:
+def _model_size(path: Path) -> int:
+    """The bytes of a model: its file and the files that share its stem (model.xml and
+    model.bin, an .onnx and its external data named after it)."""
+    return sum(p.stat().st_size for p in path.parent.iterdir() if p.is_file() and p.name.startswith(path.stem))
+
+
+def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, int_range: tuple[int, int],
+                  stack: ExitStack) -> tuple[_Runner, list[str]]:
+    """The step's model, opened by the backend that runs it, on seeded inputs."""
+    from optbuild.backends import registry
     from optbuild.steps import calibdata
 
     notes = []
-    started = time.perf_counter()
+    backend, manifest = registry.for_artifact(path, sid)
     try:
-        sess = calibdata.session(path, threads=options.threads or 0)
+        runner = stack.enter_context(backend.open(path, manifest, _fingerprint(), threads=options.threads))
     except Exception as exc:
-        raise BenchError(f"onnxruntime cannot load {sid} ({path.name}): {type(exc).__name__}: "
+        raise BenchError(f"{backend.label} cannot load {sid} ({path.name}): {type(exc).__name__}: "
                          f"{first_line(exc)}") from None
-    load_ms = (time.perf_counter() - started) * 1000
-    declared = calibdata.input_specs(sess)
+    declared = runner.input_specs()
     specs = concrete_specs(declared, options.batch, options.dim)
-    feeds = calibdata.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0]
+    feeds = runner.cast(calibdata.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0])
     if declared and declared[0].shape and isinstance(declared[0].shape[0], int) \
             and declared[0].shape[0] != options.batch:
         notes.append(f"{sid}: the model fixes batch {declared[0].shape[0]}; --batch {options.batch} "
                      "does not apply to it")
     try:
-        sess.run(None, feeds)
+        runner.infer(feeds)
     except Exception as exc:
         shapes = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
-        raise BenchError(f"{sid} fails on onnxruntime with inputs {shapes}: {type(exc).__name__}: "
+        raise BenchError(f"{sid} fails on {runner.label} with inputs {shapes}: {type(exc).__name__}: "
                          f"{first_line(exc)}") from None
-    row = Row(sid, "onnxruntime", _label(ws, sid), precision(ws, sid), path,
+    row = Row(sid, backend.name, _label(ws, sid, backend), precision(ws, sid), path,
               inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
-              batch=_batch_of(specs), load_ms=load_ms, size_bytes=path.stat().st_size)
-    return _Runner(row, lambda: sess.run(None, feeds)), notes
+              batch=_batch_of(specs), load_ms=runner.load_ms, size_bytes=_model_size(path), runner=runner.label)
+    return _Runner(row, lambda: runner.infer(feeds)), notes
 
 
 @contextmanager
@@ -389,6 +425,7 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
     exported model gets. Open while measuring: the model's sibling modules stay importable."""
     import torch
 
+    from optbuild.backends import registry
     from optbuild.fingerprint import Fingerprint
     from optbuild.steps import calibdata
     from optbuild.steps.base import StepContext
@@ -399,8 +436,9 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
     with step.load_module(ctx) as (module, examples):
         load_ms = (time.perf_counter() - started) * 1000
         # the inputs the exported model gets (same seed, same shapes), by the export's input names
-        sess = calibdata.session(export_model)
-        specs = concrete_specs(calibdata.input_specs(sess), options.batch, options.dim)
+        backend, manifest = registry.for_artifact(export_model, sid)
+        with backend.open(export_model, manifest, _fingerprint()) as exported:
+            specs = concrete_specs(exported.input_specs(), options.batch, options.dim)
         feeds = calibdata.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0]
         names = list(step.params.input_names) or [s.name for s in specs]
         args = tuple(torch.from_numpy(feeds[names[i]]) if i < len(names) and names[i] in feeds else example
@@ -470,31 +508,28 @@ def measure(runners: list[_Runner], options: BenchOptions, say: Callable[[str], 
 
 
 def _baseline(rows: list[Row]) -> Row | None:
-    """The reference most verify steps compare with, else the first onnxruntime fp32 row."""
+    """The reference most verify steps compare with, else the first fp32 model row that is
+    not an optimized engine of a plain model's runtime."""
     references = Counter(v["reference"] for row in rows for v in row.verify if v.get("reference"))
     for reference, _ in references.most_common():
         for row in rows:
-            if row.step == reference and row.runtime == "onnxruntime":
+            if row.step == reference and row.runtime != "torch":
                 return row
     if len(rows) < 2:
         return None
-    ort = [row for row in rows if row.runtime == "onnxruntime"]
-    fp32 = [row for row in ort if row.precision == "fp32" and not row.label.startswith("ORT-optimized")]
-    return (fp32 or ort or rows or [None])[0]
+    models = [row for row in rows if row.runtime != "torch"]
+    fp32 = [row for row in models if row.precision == "fp32" and "-optimized " not in row.label]
+    return (fp32 or models or rows or [None])[0]
 
 
-def _host(torch_version: str | None) -> dict[str, Any]:
+def _host(rows: list[Row], torch_version: str | None) -> dict[str, Any]:
     import numpy
-    import onnxruntime
 
-    from optbuild.fingerprint import Fingerprint
-
-    host = Fingerprint()
+    host = _fingerprint()
     return {"hostname": platform.node(), "cpu": host.get("cpu.model"), "arch": host.get("cpu.arch"),
             "cpu_count": host.get("cpu.count"), "os": platform.platform(),
-            "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
-            "onnxruntime_provider": "CPUExecutionProvider", "numpy": numpy.__version__,
-            "torch": torch_version}
+            "python": platform.python_version(), "numpy": numpy.__version__,
+            "runtimes": sorted({row.runner for row in rows if row.runner}), "torch": torch_version}
 
 
 def _load_average() -> float | None:
@@ -507,9 +542,8 @@ def _load_average() -> float | None:
 def _imports() -> None:
     try:
         import numpy  # noqa: F401
-        import onnxruntime  # noqa: F401
     except ImportError as exc:
-        raise BenchError(f"bench needs onnxruntime and numpy ({exc}): pip install 'optbuild[onnx]'") from None
+        raise BenchError(f"bench needs numpy ({exc}): pip install 'optbuild[onnx]'") from None
 
 
 def _torch_version() -> str | None:
@@ -536,7 +570,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
     _imports()
     outcomes, build_notes = _build(ws, models, list(dict.fromkeys(verifies)), options, reporter)
     figures = {v: f for v in dict.fromkeys(verifies)
-               if outcomes.get(v) is not None and outcomes[v].status in _OK
+               if outcomes.get(v) is not None and outcomes[v].status.ok
                and (f := _verify_figures(ws, v, outcomes[v])) is not None}
     torch_version = _torch_version() if any(ws.project.steps[s].kind == "export" for s in models) else None
     results = []
@@ -559,8 +593,8 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                     else:
                         say(f"  load     {sid} (torch)")
                         runners.append(stack.enter_context(_torch_runner(ws, sid, path, options, int_range)))
-                say(f"  load     {sid} (onnxruntime)")
-                runner, row_notes = _ort_runner(ws, sid, path, options, int_range)
+                say(f"  load     {sid} ({runs_on(ws.project.steps[sid])[0].name})")
+                runner, row_notes = _model_runner(ws, sid, path, options, int_range, stack)
                 runners.append(runner)
                 notes += row_notes
                 runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
@@ -580,7 +614,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                     "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
                     "other_dims": options.dim, "int_range": list(int_range),
                     "rounds": len(_blocks(options.runs, options.rounds)), "gc_disabled": True}
-        result = RecipeBench(recipe, rows, settings, {**_host(torch_version), "load_average": load},
+        result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load},
                              baseline, notes)
         out_dir = ws.project.build_dir / recipe
         result.file = out_dir / BENCH_FILE
@@ -648,9 +682,8 @@ def table_rows(result: RecipeBench) -> list[list[str]]:
 def title(result: RecipeBench) -> str:
     s = result.settings
     threads = f"{s['threads']} thread{'s' if s['threads'] != 1 else ''}" if s["threads"] else "default threads"
-    versions = f"onnxruntime {result.host['onnxruntime']} CPU"
-    if result.host.get("torch"):
-        versions += f", torch {result.host['torch']}"
+    versions = ", ".join([*result.host.get("runtimes", []),
+                          *([f"torch {result.host['torch']}"] if result.host.get("torch") else [])])
     return (f"{result.recipe}: batch {s['batch']}, {threads}, {s['runs']} timed runs after {s['warmup']} "
             f"warm-up ({versions}; {result.host.get('cpu') or result.host.get('arch')})")
 

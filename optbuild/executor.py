@@ -411,7 +411,7 @@ class Executor:
             out_dir.mkdir()
             log_path = tmp / "step.log"
             worker_spec = WorkerSpec(
-                kind=spec.target,
+                implementation=spec.implementation,
                 step_id=spec.id,
                 params=spec.step.params.model_dump(mode="json"),
                 base_dir=str(spec.step.base_dir),

@@ -24,7 +24,7 @@ KEY_FORMAT = 1
 def key_files(spec: StepSpec) -> list[Path]:
     """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source."""
     files = list(spec.key_files if spec.key_files is not None else spec.step.key_files())
-    impl_file, _, _ = spec.target.rpartition(":")
+    impl_file, _, _ = spec.implementation.rpartition(":")
     if impl_file.endswith(".py"):
         files.append(Path(impl_file))
     return files

@@ -123,7 +123,7 @@ class StepSpec:
     recipe: str
     name: str
     kind: str  # registry name: "export", "engine/tensorrt-rtx", ...
-    target: str  # where the kind is implemented: "module:Class" or "/path/file.py:Class"
+    implementation: str  # where the kind is implemented: "module:Class" or "/path/file.py:Class"
     step: Step
     doc: TomlDocument
     deps: dict[str, str] = field(default_factory=dict)  # param field -> upstream step id
@@ -284,11 +284,11 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
             problems.append(doc.problem(
                 (*loc, "kind"), f"unknown step kind {kind!r}{suggestion} (known: {', '.join(known)})"))
         return None
-    target = registry.target_of(name_in_registry, local)
+    implementation = registry.implementation_of(name_in_registry, local)
     try:
-        cls = registry.step_class(target)
+        cls = registry.step_class(implementation)
     except (ImportError, AttributeError, TypeError, SyntaxError, OSError) as exc:
-        problems.append(doc.problem((*loc, "kind"), f"step kind {kind!r} ({target}) cannot load: {exc}"))
+        problems.append(doc.problem((*loc, "kind"), f"step kind {kind!r} ({implementation}) cannot load: {exc}"))
         return None
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
@@ -303,7 +303,7 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
         problems.extend(validation_problems(doc, loc, exc, cls.Params, top_keys=("kind", "enabled")))
         return None
     step = cls(params, doc.path.parent, root)
-    return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, target, step, doc, enabled=enabled)
+    return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, implementation, step, doc, enabled=enabled)
 
 
 def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],

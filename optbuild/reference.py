@@ -58,7 +58,7 @@ def step_names(kind: str, backend: str | None = None) -> list[str]:
 
 
 def step_class(name: str) -> type[Step]:
-    return registry.step_class(registry.target_of(name))
+    return registry.step_class(registry.implementation_of(name))
 
 
 def summary(cls: type[Step]) -> str:

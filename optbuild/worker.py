@@ -47,7 +47,7 @@ def run(spec: WorkerSpec) -> WorkerResult:
     from optbuild.steps.base import Artifact, StepContext
     from optbuild.steps.registry import step_class
 
-    cls = step_class(spec.kind)
+    cls = step_class(spec.implementation)
     params = cls.Params.model_validate(spec.params)
     base_dir, root = Path(spec.base_dir), Path(spec.project_root)
     step = cls(params, base_dir, root)

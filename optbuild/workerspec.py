@@ -39,7 +39,7 @@ class ArtifactSpec:
 class WorkerSpec:
     """One step to run: which kind, its parameters, its inputs and where to write."""
 
-    kind: str
+    implementation: str  # the step kind's class: "module:Class" or "/path/file.py:Class"
     step_id: str
     params: dict[str, Any]  # the step's validated parameters, as JSON
     base_dir: str  # the recipe's folder: relative parameters are read from there

@@ -218,7 +218,6 @@ class HookParams(StepParams):
 
 
 class Hook(Step):
-    kind = "hook"
     Params = HookParams
 '''
 

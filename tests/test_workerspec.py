@@ -22,7 +22,7 @@ from optbuild.workerspec import ArtifactSpec, WorkerResult, WorkerResultError, W
 
 def make_spec() -> WorkerSpec:
     return WorkerSpec(
-        kind="kinds.py:Join", step_id="chain:mid", params={"suffix": "-mid", "sleep": 0.5, "n": [1, 2]},
+        implementation="kinds.py:Join", step_id="chain:mid", params={"suffix": "-mid", "sleep": 0.5, "n": [1, 2]},
         base_dir="/p/recipes", project_root="/p",
         inputs={"input": ArtifactSpec(step="chain:src", dir="/p/build/chain/src",
                                       files={"data.txt": "/p/build/chain/src/data.txt"},

@@ -140,7 +140,6 @@ class StepContext:
 class Step:
     """Base class of step kinds. Subclasses set the class attributes and implement run()."""
 
-    kind: ClassVar[str]
     # Bump when the implementation changes what it produces: every earlier entry is disowned.
     version: ClassVar[str] = "1"
     Params: ClassVar[type[StepParams]]
@@ -208,6 +207,16 @@ class Step:
     def unavailable(self, host: Fingerprint) -> str | None:
         """None when this step can run on ``host``; else what it needs, in words."""
         return None
+
+    def runs_on(self) -> dict[str, Any] | None:
+        """What will run this step's output, as the manifest beside it will say
+        ({"backend": name, ...}; see optbuild.backends.registry), known before it is built;
+        None when no backend runs it. Default: the backend that opens the primary output's
+        suffix (onnxruntime for .onnx and .ort). Engine steps name their own."""
+        from optbuild.backends.registry import by_suffix
+
+        backend = by_suffix(Path(self.primary_output or "").suffix)
+        return {"backend": backend.name} if backend is not None else None
 
     # --- execution (worker process) ------------------------------------------------
     def run(self, ctx: StepContext) -> None:

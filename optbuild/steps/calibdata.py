@@ -29,13 +29,13 @@ when a recipe is validated, where nothing heavy may load.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optbuild import usermodule
+from optbuild.backends.base import InputSpec
 from optbuild.callables import Call
 from optbuild.errors import StepError
 
@@ -46,15 +46,6 @@ if TYPE_CHECKING:
 
 # Scalars a recipe may pass to a data callable as keyword arguments.
 DataArg = str | int | float | bool
-
-_ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(bfloat16)": "bfloat16", "tensor(int64)": "int64", "tensor(int32)": "int32",
-    "tensor(int16)": "int16", "tensor(int8)": "int8", "tensor(uint64)": "uint64",
-    "tensor(uint32)": "uint32", "tensor(uint16)": "uint16", "tensor(uint8)": "uint8",
-    "tensor(bool)": "bool", "tensor(string)": "str",
-}
-
 
 # --- the ``data`` parameter (validated when the recipe loads) -----------------------------
 def check_data_source(value: str) -> str:
@@ -120,51 +111,6 @@ def data_key_files(value: str | None, base_dir: Path, project_root: Path) -> lis
 
 
 # --- model inputs ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class InputSpec:
-    """A model input as onnxruntime declares it: dims are ints, names, or None (unknown)."""
-
-    name: str
-    dtype: str  # numpy dtype name ("float32"), or the ORT type string when unmapped
-    shape: tuple[int | str | None, ...]
-
-    def describe(self) -> str:
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.dtype} [{dims}]"
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.describe()}"
-
-
-def session(path: Path, level: str | None = None, threads: int = 0):
-    """A CPU InferenceSession over an .onnx or ORT-format (.ort) model."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    if level is not None:
-        options.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[level]
-    if Path(path).suffix == ".ort":
-        options.add_session_config_entry("session.load_model_format", "ORT")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def input_specs(sess: Any) -> list[InputSpec]:
-    specs = []
-    for arg in sess.get_inputs():
-        dims = tuple(d if isinstance(d, int) and d >= 0 else (d if isinstance(d, str) and d else None)
-                     for d in arg.shape)
-        specs.append(InputSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type), dims))
-    return specs
-
-
 def _expected(specs: list[InputSpec]) -> str:
     return "; ".join(str(s) for s in specs)
 
@@ -291,62 +237,58 @@ def _load_folder(path: Path, specs: list[InputSpec], source: str) -> list[dict[s
     return _columns_to_feeds(columns, specs, source)
 
 
-def _load_callable(value: str, base_dir: Path):
+@contextmanager
+def _load_callable(value: str, base_dir: Path) -> Iterator[Any]:
+    """The data callable of ``value``; its file's folder stays first on sys.path until the
+    block ends, so that it, and the generator it returns, can import their siblings."""
     file, _, name = value.rpartition(":")
     path = (base_dir / file).resolve()
     if not path.is_file():
         raise StepError(f"data callable file not found: {path}")
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))  # let it import its local siblings
-    module_name = f"optbuild_data_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise StepError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise StepError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
-    target: Any = module
-    for part in name.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise StepError(f"{path} has no attribute {name!r}")
-    if not callable(target):
-        raise StepError(f"{value} is not callable")
-    return target
+    with ExitStack() as stack:
+        try:
+            module = stack.enter_context(usermodule.imported(path))
+        except usermodule.ImportFailed as exc:
+            raise StepError(f"importing {path} failed: {type(exc.cause).__name__}: {exc.cause}") from exc.cause
+        target: Any = module
+        for part in name.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                raise StepError(f"{path} has no attribute {name!r}")
+        if not callable(target):
+            raise StepError(f"{value} is not callable")
+        yield target
 
 
 def _load_from_callable(value: str, base_dir: Path, args: dict[str, Any], specs: list[InputSpec],
                         limit: int | None) -> list[dict[str, np.ndarray]]:
     import numpy as np
 
-    function = _load_callable(value, base_dir)
-    try:
-        produced = function(**args)
-        iterator = iter(produced)
-    except TypeError as exc:
-        raise StepError(f"{value} must return an iterable of feed dicts (input name -> array): "
-                        f"{exc}") from exc
-    except Exception as exc:
-        raise StepError(f"{value} raised {type(exc).__name__}: {exc}") from exc
-    feeds = []
-    while limit is None or len(feeds) < limit:
-        index = len(feeds)
+    with _load_callable(value, base_dir) as function:
         try:
-            item = next(iterator)
-        except StopIteration:
-            break
+            produced = function(**args)
+            iterator = iter(produced)
+        except TypeError as exc:
+            raise StepError(f"{value} must return an iterable of feed dicts (input name -> array): "
+                            f"{exc}") from exc
         except Exception as exc:
-            raise StepError(f"{value} raised {type(exc).__name__} at sample {index}: {exc}") from exc
-        if not isinstance(item, dict):
-            raise StepError(f"{value} yielded {type(item).__name__!r} at sample {index}; expected a "
-                            f"dict of input name -> array for inputs {_expected(specs)}")
-        _match_names(list(item), specs, f"sample {index} of {value}", "value")
-        feeds.append({s.name: _check_sample(s, np.asarray(item[s.name]), f"sample {index} of {value}")
-                      for s in specs})
-    return feeds
+            raise StepError(f"{value} raised {type(exc).__name__}: {exc}") from exc
+        feeds = []
+        while limit is None or len(feeds) < limit:
+            index = len(feeds)
+            try:
+                item = next(iterator)
+            except StopIteration:
+                break
+            except Exception as exc:
+                raise StepError(f"{value} raised {type(exc).__name__} at sample {index}: {exc}") from exc
+            if not isinstance(item, dict):
+                raise StepError(f"{value} yielded {type(item).__name__!r} at sample {index}; expected a "
+                                f"dict of input name -> array for inputs {_expected(specs)}")
+            _match_names(list(item), specs, f"sample {index} of {value}", "value")
+            feeds.append({s.name: _check_sample(s, np.asarray(item[s.name]), f"sample {index} of {value}")
+                          for s in specs})
+        return feeds
 
 
 def load_samples(value: str, base_dir: Path, specs: list[InputSpec], *, args: dict[str, Any] | None = None,
@@ -395,13 +337,3 @@ def random_samples(specs: list[InputSpec], count: int, seed: int, *, dynamic_siz
             feed[spec.name] = inputdecl.values(rng, spec, decl, shape, k, (int_range[0], int_range[1] - 1))
         feeds.append(feed)
     return Samples(feeds, f"random (seed {seed})" + (", declared inputs" if decls else ""))
-
-
-# --- tools -------------------------------------------------------------------------------------
-@cache
-def ort_distribution() -> str:
-    """The installed distribution that provides onnxruntime ("onnxruntime", "onnxruntime-gpu",
-    ...): its version keys the steps that run onnxruntime. Read from metadata, not imported."""
-    from optbuild.fingerprint import installed_distribution
-
-    return installed_distribution("onnxruntime")[0] or "onnxruntime"

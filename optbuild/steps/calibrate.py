@@ -56,6 +56,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.callables import Call
 from optbuild.errors import StepError, first_line
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
@@ -65,7 +66,6 @@ from optbuild.steps.calibdata import (
     data_calls,
     data_key_files,
     non_default,
-    ort_distribution,
 )
 
 TABLE_FORMAT = "optbuild.calibration"
@@ -171,7 +171,6 @@ class CalibrateParams(StepParams):
 class Calibrate(Step):
     """Activation ranges of an ONNX model over calibration data, as a portable calibration.json."""
 
-    kind = "calibrate"
     Params = CalibrateParams
     primary_output = TABLE_FILE
 
@@ -205,6 +204,7 @@ class Calibrate(Step):
     def run(self, ctx: StepContext) -> None:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, create_calibrator
 
+        from optbuild.backends.onnxruntime import loader as ort_loader
         from optbuild.digest import hash_file
         from optbuild.steps import calibdata
 
@@ -214,7 +214,7 @@ class Calibrate(Step):
             raise StepError(f"calibrate needs an ONNX model; {ctx.inputs['input'].step} gives "
                             f"{model.name if model else 'no file'}")
         try:
-            specs = calibdata.input_specs(calibdata.session(model, level="disable"))
+            specs = ort_loader.input_specs(ort_loader.session(model, level="disable"))
         except Exception as exc:
             raise StepError(f"onnxruntime cannot load {ctx.inputs['input'].step}: {exc}") from None
         samples = calibdata.load_samples(p.data, ctx.base_dir, specs, args=p.data_args, limit=p.samples)

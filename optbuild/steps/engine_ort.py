@@ -112,7 +112,6 @@ class OrtEngineParams(StepParams):
 class OrtEngine(Step):
     """An onnxruntime model optimized offline (graph level, ONNX or ORT format), checked."""
 
-    kind = "engine"
     Params = OrtEngineParams
 
     def __init__(self, params: OrtEngineParams, base_dir: Path, project_root: Path):
@@ -218,15 +217,15 @@ class OrtEngine(Step):
             ctx.log(f"level {self.params.level}: ORT format, {out.stat().st_size} bytes")
 
     def _check(self, ctx: StepContext, source: Path, optimized: Any) -> None:
-        from optbuild.steps import calibdata
-        from optbuild.steps.export import compare_outputs
+        from optbuild.backends.onnxruntime import loader as ort_loader
+        from optbuild.compare import compare_outputs
         from optbuild.steps.inputdecl import check_declarations, describe_tried, feeds
         from optbuild.steps.rewrite_check import blame, shapes
 
         p = self.params
         label, decls = ctx.inputs["input"].step, p.inputs
-        reference = calibdata.session(source, level="disable")
-        specs = calibdata.input_specs(reference)
+        reference = ort_loader.session(source, level="disable")
+        specs = ort_loader.input_specs(reference)
         check_declarations(specs, decls, label)
         names = [o.name for o in reference.get_outputs()]
         worst_abs = worst_rel = 0.0

@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from optbuild.atomic import write_atomic
+from optbuild.backends.base import module_missing
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt import profiles as profile_form
 from optbuild.backends.tensorrt.diagnose import (
@@ -55,7 +56,6 @@ from optbuild.backends.tensorrt.host import (
     RTX_TARGETS,
     canonical_targets,
     gpu_missing,
-    module_missing,
     runtime_distribution,
     target_number,
 )
@@ -256,7 +256,7 @@ def _describe_inputs(inputs: list[tuple[str, tuple[int, ...]]]) -> str:
 def declared_profiles(inputs: list[tuple[str, tuple[int, ...]]], decls: InputDecls | None) -> list[Profile]:
     """One profile from the declared shapes of the network's dynamic inputs; [] when one of
     them is not declared (static inputs need none)."""
-    from optbuild.steps.calibdata import InputSpec
+    from optbuild.backends.base import InputSpec
     from optbuild.steps.inputdecl import profile_shapes
 
     specs = [InputSpec(name, "", tuple(d if d >= 0 else None for d in shape)) for name, shape in inputs]
@@ -543,6 +543,9 @@ class _TensorRTBase(Step):
     def _manifest_extra(self) -> dict[str, Any]:
         return {}
 
+    def runs_on(self) -> dict[str, Any]:
+        return {"backend": self.runtime.backend, **self._manifest_extra()}
+
     # --- an inference check, where a suitable GPU is present ------------------------------
     def _run_targets(self) -> list[str]:
         """The compute capabilities the engine runs on; empty: the backend's default."""
@@ -556,9 +559,11 @@ class _TensorRTBase(Step):
 
         times = []
         try:
-            loaded = load_engine(trt, plan, ctx.host, runtime=self.runtime,
-                                 targets=self._run_targets(), logger=logger)
-            with TrtRunner(loaded) as runner:
+            def load() -> Any:
+                return load_engine(trt, plan, ctx.host, runtime=self.runtime, targets=self._run_targets(),
+                                   logger=logger)
+
+            with TrtRunner(load) as runner:
                 feed = random_feed(runner)
                 for _ in range(runs + 1):
                     runner.infer(feed)
@@ -580,7 +585,6 @@ _HW_LEVELS = {"ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE
 class TensorRTEngine(_TensorRTBase):
     """TensorRT (10.x, 11.x): builds on and for this host's GPU; needs an NVIDIA GPU."""
 
-    kind = "engine/tensorrt"
     Params = TensorRTParams
     runtime = RUNTIMES["tensorrt"]
 
@@ -649,7 +653,6 @@ class TensorRTEngine(_TensorRTBase):
 class TensorRTRTXEngine(_TensorRTBase):
     """TensorRT for RTX: compiles ahead of time, with no GPU, for the named compute capabilities."""
 
-    kind = "engine/tensorrt-rtx"
     Params = TensorRTRTXParams
     runtime = RUNTIMES["tensorrt-rtx"]
 

@@ -29,21 +29,19 @@ torch drops the TorchScript exporter, the export fails with a message that says 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 import time
 import traceback
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from optbuild import usermodule
 from optbuild.callables import Call
+from optbuild.compare import compare_outputs
 from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
 from optbuild.steps.base import CallableRef, InputPath, Step, StepContext, StepParams
@@ -157,7 +155,6 @@ class ExportParams(StepParams):
 class Export(Step):
     """A PyTorch module to ONNX (TorchScript or dynamo exporter), checked against PyTorch."""
 
-    kind = "export"
     version = "2"  # 2: stack traces stripped from dynamo exports; second-size dynamic check
     Params = ExportParams
     tools = ("torch", "onnx")
@@ -214,7 +211,14 @@ class Export(Step):
         p = self.params
         file, _, attr = p.model.rpartition(":")
         path = ctx.path(file)
-        with _module_from_file(path, p.model) as namespace:
+        if not path.is_file():
+            raise StepError(f"{p.model}: {path} does not exist")
+        with ExitStack() as stack:
+            try:
+                namespace = stack.enter_context(usermodule.imported(path))
+            except usermodule.ImportFailed as exc:
+                raise StepError(f"{p.model}: importing {path} failed: {type(exc.cause).__name__}: "
+                                f"{first_line(exc.cause)}{_where(exc.cause, path.parent.resolve())}") from None
             module, inputs = self._build(namespace, attr, path)
             if p.weights is not None:
                 self._load_weights(ctx, module)
@@ -361,7 +365,7 @@ class Export(Step):
 
     def _verify(self, ctx: StepContext, out: Path, module: Any, inputs: tuple, expected: Any) -> None:
         """onnxruntime vs PyTorch on the example inputs, then with every dynamic axis grown."""
-        from optbuild.steps.calibdata import session as ort_session
+        from optbuild.backends.onnxruntime.loader import session as ort_session
 
         p = self.params
         try:
@@ -445,92 +449,6 @@ class Export(Step):
 
 
 # --- helpers -------------------------------------------------------------------------------
-# An output passes a comparison when its errors are within the relative tolerance or within
-# this many epsilons of its element type (float32: 9.5e-07): rounding of values near 1 inside
-# the model, which is all an output whose values are tiny (a sigmoid far from 0.5) can show.
-ROUNDING_EPS = 8
-
-
-@dataclass(frozen=True)
-class OutputError:
-    """One output's max abs error, max error relative to the reference's largest magnitude,
-    and the machine epsilon of its element type (0 for integers and booleans)."""
-
-    name: str
-    max_abs: float
-    max_rel: float
-    eps: float
-
-
-class Comparison:
-    """How far ``candidate`` outputs are from ``reference`` ones (see compare_outputs)."""
-
-    def __init__(self, max_abs: float, max_rel: float, worst: str | None, problem: str | None,
-                 outputs: list[OutputError] | None = None):
-        self.max_abs, self.max_rel, self.worst, self.problem = max_abs, max_rel, worst, problem
-        self.outputs = outputs or []
-
-    def describe(self, tolerance: float) -> str:
-        if self.problem:
-            return self.problem
-        return (f"max relative error {self.max_rel:.3g} > tolerance {tolerance:g} (output "
-                f"{self.worst!r}, max abs error {self.max_abs:.3g})")
-
-    def failure(self, tolerance: float, atol: float | None = None) -> str | None:
-        """Why the candidate fails, None when it passes: every output must be within
-        ``tolerance`` (relative) or within ``atol`` (absolute; None: ROUNDING_EPS epsilons
-        of its element type), so that float rounding does not fail an output of tiny values."""
-        if self.problem:
-            return self.problem
-        for out in sorted(self.outputs, key=lambda o: -o.max_rel):
-            floor = ROUNDING_EPS * out.eps if atol is None else atol
-            if not (out.max_rel <= tolerance or out.max_abs <= floor):
-                return (f"output {out.name!r}: max relative error {out.max_rel:.3g} > tolerance "
-                        f"{tolerance:g} and max abs error {out.max_abs:.3g} > atol {floor:.3g}")
-        return None
-
-
-def compare_outputs(names: list[str], reference: list[Any], candidate: list[Any]) -> Comparison:
-    """Max abs error, and max error relative to each reference output's largest magnitude,
-    overall and per output (see Comparison.failure).
-
-    A different output count or shape is a ``problem`` (errors are then inf); NaN or inf in
-    the same places on both sides count as equal.
-    """
-    import numpy as np
-
-    if len(reference) != len(candidate):
-        return Comparison(float("inf"), float("inf"), None,
-                          f"{len(candidate)} outputs where {len(reference)} were expected")
-    worst_abs = worst_rel = 0.0
-    worst = None
-    outputs = []
-    for i, (ref, out) in enumerate(zip(reference, candidate)):
-        name = names[i] if i < len(names) else f"#{i}"
-        ref, out = np.asarray(ref), np.asarray(out)
-        if ref.shape != out.shape:
-            return Comparison(float("inf"), float("inf"), name,
-                              f"output {name!r} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
-        if ref.size == 0:
-            continue
-        r, o = ref.astype(np.float64), out.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(r - o)
-        same = (np.isnan(r) & np.isnan(o)) | (np.isinf(r) & (r == o))
-        diff = np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf))
-        err = float(diff.max())
-        finite = np.abs(r[np.isfinite(r)])
-        scale = float(finite.max()) if finite.size else 0.0
-        rel = err / max(scale, 1e-12)
-        eps = max(float(np.finfo(a.dtype).eps) if np.issubdtype(a.dtype, np.floating) else 0.0
-                  for a in (ref, out))
-        outputs.append(OutputError(name, err, rel, eps))
-        if rel > worst_rel or worst is None:
-            worst = name
-        worst_abs, worst_rel = max(worst_abs, err), max(worst_rel, rel)
-    return Comparison(worst_abs, worst_rel, worst, None, outputs)
-
-
 def _tensors(value: Any) -> list[Any]:
     """The tensors of a module's output, flattened in the order the exporters use."""
     import torch
@@ -565,50 +483,6 @@ def _strip_stack_traces(model: Any) -> bool:
             node.metadata_props.extend(kept)
             changed = True
     return changed
-
-
-@contextmanager
-def _module_from_file(path: Path, ref: str) -> Iterator[Any]:
-    """Import ``path`` by file name, with its directory first on sys.path so that it can
-    import its local siblings. Afterwards sys.path is restored and the modules imported
-    from that directory are forgotten, so a later export in this process (another project,
-    an edited file) does not reuse them."""
-    if not path.is_file():
-        raise StepError(f"{ref}: {path} does not exist")
-    directory = path.parent.resolve()
-    name = f"_optbuild_export_{path.stem}"
-    saved_path, before = list(sys.path), set(sys.modules)
-    sys.path.insert(0, str(directory))
-    importlib.invalidate_caches()  # see files written since the last import
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise StepError(f"{ref}: cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:
-            raise StepError(f"{ref}: importing {path} failed: {type(exc).__name__}: "
-                            f"{first_line(exc)}{_where(exc, directory)}") from None
-        yield module
-    finally:
-        sys.path[:] = saved_path
-        for key in set(sys.modules) - before:
-            if key == name or _from_directory(sys.modules.get(key), key, directory):
-                sys.modules.pop(key, None)
-
-
-def _from_directory(module: Any, key: str, directory: Path) -> bool:
-    """Was ``module`` imported through ``directory`` (a sibling of the model file)?"""
-    file = getattr(module, "__file__", None)
-    top = key.partition(".")[0]
-    if not file or not ((directory / f"{top}.py").exists() or (directory / top).is_dir()):
-        return False
-    try:
-        return Path(file).resolve().is_relative_to(directory)
-    except OSError:
-        return False
 
 
 def _where(exc: BaseException, directory: Path) -> str:

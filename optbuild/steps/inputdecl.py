@@ -31,7 +31,7 @@ from optbuild.steps.base import KEYED_WHEN_SET
 if TYPE_CHECKING:
     import numpy as np
 
-    from optbuild.steps.calibdata import InputSpec
+    from optbuild.backends.base import InputSpec
 
 UNDECLARED_SIZES = (1, 2, 3)  # an undeclared symbolic dim, check by check
 DEFAULT_INT_RANGE = (0, 7)  # integers without a declaration: token ids, indices (inclusive)

@@ -49,7 +49,6 @@ class OpsetParams(StepParams):
 class Opset(Step):
     """Opset conversion by onnx.version_converter, checked against its input on random inputs."""
 
-    kind = "opset"
     Params = OpsetParams
     tools = ("onnx", "onnxruntime")
 

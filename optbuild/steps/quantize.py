@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibdata import non_default, ort_distribution
+from optbuild.steps.calibdata import non_default
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 
 if TYPE_CHECKING:
@@ -240,7 +241,6 @@ class QuantizeParams(StepParams):
 class Quantize(Step):
     """INT8 (dynamic, or static QDQ from a calibration table) or float16 versions of an ONNX model."""
 
-    kind = "quantize"
     # 2: Constant weights become initializers, subgraphs quantized in dynamic mode,
     #    reduce_range's default follows the host, fp16 from re-inferred value_info.
     version = "2"
@@ -516,13 +516,13 @@ class Quantize(Step):
         on check 0's feeds."""
         import onnx
 
-        from optbuild.steps import calibdata
+        from optbuild.backends.onnxruntime import loader as ort_loader
         from optbuild.steps.inputdecl import check_declarations, describe_tried, feeds
         from optbuild.steps.rewrite_check import blame
 
         what = f"the {self.params.mode} model"
         try:
-            sess = calibdata.session(out)
+            sess = ort_loader.session(out)
         except Exception as exc:
             raise StepError(f"{what} does not load in onnxruntime (CPU): {type(exc).__name__}: {exc}") from None
         try:
@@ -531,7 +531,7 @@ class Quantize(Step):
             raise StepError(f"{what} fails onnx.checker (full_check): {type(exc).__name__}: {exc}") from None
         if not self.params.check:
             return
-        specs = calibdata.input_specs(sess)
+        specs = ort_loader.input_specs(sess)
         check_declarations(specs, self.params.inputs, label)
         feed = feeds(specs, self.params.inputs, 0)
         try:

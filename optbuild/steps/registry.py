@@ -5,11 +5,10 @@ maps to ``path/to/file.py:Class``. Modules are imported only when used."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 from functools import cache
 from pathlib import Path
 
+from optbuild import usermodule
 from optbuild.steps.base import Step
 
 ENTRY_POINT_GROUP = "optbuild.steps"
@@ -63,29 +62,23 @@ def resolve(kind: str, backend: str | None, local: dict[str, str] | None = None)
     return None
 
 
-def target_of(name: str, local: dict[str, str] | None = None) -> str:
+def implementation_of(name: str, local: dict[str, str] | None = None) -> str:
     """Where kind ``name`` is implemented ("module:Class"); KeyError if nowhere."""
-    target = (local or {}).get(name) or BUILTIN.get(name) or _plugins().get(name)
-    if target is None:
+    implementation = (local or {}).get(name) or BUILTIN.get(name) or _plugins().get(name)
+    if implementation is None:
         raise KeyError(name)
-    return target
+    return implementation
 
 
 @cache
-def step_class(target: str) -> type[Step]:
+def step_class(implementation: str) -> type[Step]:
     """Load a Step class from "module:Class" or "/abs/path/file.py:Class"."""
-    module_name, _, attr = target.rpartition(":")
+    module_name, _, attr = implementation.rpartition(":")
     if module_name.endswith(".py"):
-        path = Path(module_name)
-        spec = importlib.util.spec_from_file_location(f"optbuild_local_{path.stem}", path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        module = usermodule.load(Path(module_name))  # ImportFailed, an ImportError, if it raises
     else:
         module = importlib.import_module(module_name)
     cls = getattr(module, attr)
     if not (isinstance(cls, type) and issubclass(cls, Step)):
-        raise TypeError(f"{target} is not an optbuild Step subclass")
+        raise TypeError(f"{implementation} is not an optbuild Step subclass")
     return cls

@@ -22,7 +22,8 @@ Atol = Annotated[float | None, KEYED_WHEN_SET]
 
 
 def atol_field() -> Any:
-    """The ``atol`` parameter: the absolute floor of a step's numeric check (Comparison.failure)."""
+    """The ``atol`` parameter: the absolute floor of a step's numeric check (see
+    optbuild.compare.Comparison.failure)."""
     return Field(
         None, ge=0,
         description="Errors up to this absolute size pass whatever their relative size: an output "
@@ -40,13 +41,13 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
     """Compare ``out`` (what ``tool`` made of ``label``) with ``source`` on ``checks`` seeded
     feeds (see inputdecl: the recipe's declarations, else the model's own, symbolic dims 1,
     2, 3... in turn); StepError when they differ (beyond ``tolerance`` relative and ``atol``
-    absolute: see Comparison.failure). ``out`` must load in onnxruntime even when
-    ``checks`` is 0: a model nothing can open must not be cached. Feeds on which the input
+    absolute: see optbuild.compare.Comparison.failure). ``out`` must load in onnxruntime even
+    when ``checks`` is 0: a model nothing can open must not be cached. Feeds on which the input
     model itself fails are skipped (and logged), not blamed on the rewrite; when it fails on
     all of them, nothing could be checked: an error that says what was fed and how to
     declare more."""
-    from optbuild.steps.calibdata import input_specs
-    from optbuild.steps.export import compare_outputs
+    from optbuild.backends.onnxruntime.loader import input_specs
+    from optbuild.compare import compare_outputs
 
     try:
         rewritten = literal_session(out)
@@ -135,7 +136,7 @@ def literal_session(path: Path) -> Any:
     """A CPU onnxruntime session that runs the graph as written: with ORT's own graph
     optimizations on, the reference would be one more rewrite trusting the same (possibly
     wrong) shape annotations as the simplifier, and could agree with its mistakes."""
-    from optbuild.steps.calibdata import session
+    from optbuild.backends.onnxruntime.loader import session
 
     return session(path, level="disable")
 

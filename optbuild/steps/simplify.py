@@ -91,7 +91,6 @@ class SimplifyParams(StepParams):
 class Simplify(Step):
     """Graph simplification by onnxsim or onnxslim, checked against its input on random inputs."""
 
-    kind = "simplify"
     Params = SimplifyParams
     tools = ("onnx", "onnxruntime")  # + the chosen backend: see tool_names
 

@@ -64,7 +64,6 @@ def uses_external_data(model: Any) -> bool:
 class OnnxSource(Step):
     """An existing ONNX file as a pipeline's source, checked with onnx.checker."""
 
-    kind = "onnx"
     Params = OnnxSourceParams
     tools = ("onnx",)
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from plugins.trt import CONV_PROFILE, make_ctx, needs_module, small_convnet
 
+from optbuild.backends.base import InputSpec
 from optbuild.backends.tensorrt import RUNTIMES
 from optbuild.backends.tensorrt.host import RTX_TARGETS, run_obstacle
 from optbuild.backends.tensorrt.loader import load_engine, open_engine
@@ -219,11 +220,13 @@ def fake_loaded(engine: FakeEngine, cudart: FakeCudart) -> SimpleNamespace:
 
 def test_runner_feeds_copies_and_switches_profiles():
     cudart = FakeCudart()
-    runner = TrtRunner(fake_loaded(FakeEngine(), cudart))
-    assert runner.input_names == ["x"] and runner.output_names == ["y"]
-    assert runner.profiles == [{"x": Bounds((1, 4), (2, 4), (4, 4))}, {"x": Bounds((5, 4), (8, 4), (16, 4))}]
+    runner = TrtRunner(lambda: fake_loaded(FakeEngine(), cudart))
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     with runner:
+        assert runner.input_names == ["x"] and runner.output_names() == ["y"]
+        assert runner.input_specs() == [InputSpec("x", "float32", (None, 4))]
+        assert runner.label == "FakeRT 1.0 on gpu.0 (fake)"
+        assert runner.profiles == [{"x": Bounds((1, 4), (2, 4), (4, 4))}, {"x": Bounds((5, 4), (8, 4), (16, 4))}]
         out = runner.infer({"x": x})
         np.testing.assert_array_equal(out["y"], 2 * x)  # profile 0
         assert runner.last_inference_ms is not None and runner.last_inference_ms >= 0
@@ -244,12 +247,12 @@ def test_runner_feeds_copies_and_switches_profiles():
 
 def test_runner_names_what_it_cannot_feed():
     with pytest.raises(RunnerError, match="outside its 'with' block"):
-        TrtRunner(fake_loaded(FakeEngine(), FakeCudart())).infer({"x": np.zeros((1, 4), np.float32)})
-    with TrtRunner(fake_loaded(FakeEngine("bf16"), FakeCudart())) as runner, \
+        TrtRunner(lambda: fake_loaded(FakeEngine(), FakeCudart())).infer({"x": np.zeros((1, 4), np.float32)})
+    with TrtRunner(lambda: fake_loaded(FakeEngine("bf16"), FakeCudart())) as runner, \
             pytest.raises(UnsupportedEngine, match="tensor 'x' is bf16, which has no numpy type"):
         runner.infer({"x": np.zeros((1, 4), np.float32)})
     engine = FakeEngine("int32")
-    with TrtRunner(fake_loaded(engine, FakeCudart())) as runner, \
+    with TrtRunner(lambda: fake_loaded(engine, FakeCudart())) as runner, \
             pytest.raises(RunnerError, match="values outside int32's range"):
         runner.infer({"x": np.full((1, 4), 2**40, np.int64)})
 
@@ -289,14 +292,17 @@ def build_engine(tmp_path, backend: str, model, host: Fingerprint, targets: list
 @pytest.mark.parametrize("backend", ["tensorrt-rtx", "tensorrt"])
 def test_trt_runner_matches_onnxruntime(tmp_path, backend):
     host, targets = _gpu_host_for(backend)
-    from optbuild.steps import calibdata
+    from optbuild.backends import registry
+    from optbuild.backends.onnxruntime.loader import session as ort_session
 
     model = small_convnet(tmp_path / "conv.onnx")
     ctx = build_engine(tmp_path, backend, model, host, targets, CONV_PROFILE)
-    session = calibdata.session(model)
+    session = ort_session(model)
     rng = np.random.default_rng(5)
-    loaded = open_engine(ctx.out_dir / "model.engine", host, runtime=RUNTIMES[backend], targets=targets)
-    with TrtRunner(loaded) as runner:
+    engine = ctx.out_dir / "model.engine"
+    runs_on, manifest = registry.for_artifact(engine, "the engine")
+    assert runs_on.name == backend and runs_on.unavailable(host, manifest) is None
+    with runs_on.open(engine, manifest, host) as runner:
         for shape in ((2, 3, 32, 32), (4, 3, 64, 64), (1, 3, 48, 40)):  # dynamic batch and size
             image = rng.standard_normal(shape).astype(np.float32)
             got = runner.infer({"image": image})["out"].astype(np.float64)

@@ -77,6 +77,9 @@ def test_bench_builds_then_measures_every_model_of_the_recipe(examples, benched)
     assert any("TensorRT-RTX" in note and "rtx_fp32" in note for note in result["notes"])
     assert result["baseline"] == {"step": "transformer:simplify", "runtime": "onnxruntime"}
     assert result["settings"]["threads"] == 1 and result["settings"]["runs"] == 5
+    # each row says what ran it (the backend's runner, with its version); the host lists them
+    assert rows[("onnxruntime", "simplify")]["runner"].startswith("onnxruntime ")
+    assert result["host"]["runtimes"] == [rows[("onnxruntime", "simplify")]["runner"]]
     # PyTorch and the exported model see the same inputs: token ids of the declared shape
     assert rows[("torch", "export")]["inputs"] == rows[("onnxruntime", "export")]["inputs"] \
         == {"tokens": {"shape": [1, 32], "dtype": "int64"}}
@@ -97,7 +100,7 @@ def test_bench_json_is_written_beside_the_artifacts(examples, benched):
     written = json.loads((examples.root / "build/transformer/bench.json").read_text())
     assert _mode(examples.root / "build/transformer/bench.json") == _umask_mode()
     (printed,) = benched["recipes"]
-    assert written["rows"] == printed["rows"] and written["version"] == 1
+    assert written["rows"] == printed["rows"] and written["version"] == 2
     assert written["rows"][0]["artifact"] == "recipes/models/transformer.py"
     assert (examples.root / written["rows"][1]["artifact"]).is_file()
 

@@ -29,7 +29,6 @@ class NeedsGpuParams(StepParams):
 class NeedsGpu(Step):
     \"\"\"A step no host here can run, as a TensorRT step on a host without a GPU.\"\"\"
 
-    kind = "needs_gpu"
     Params = NeedsGpuParams
 
     def unavailable(self, host):

@@ -27,7 +27,6 @@ class Chatty(Step):
     """Writes as tools do (print, a C library's stderr, a warning, logging), then fails
     with a StepError or, with crash, dies as a native library would."""
 
-    kind = "chatty"
     Params = ChattyParams
 
     def run(self, ctx):

@@ -35,7 +35,6 @@ class Nap(Step):
     """A long step caught half-way: writes part of its output, records its pid in a file
     named after it in $NAP_PIDS, then sleeps."""
 
-    kind = "nap"
     Params = NapParams
     primary_output = "data.txt"
 

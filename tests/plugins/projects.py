@@ -135,7 +135,6 @@ class NeedsParams(StepParams):
 class Needs(Step):
     """A step no host has what it needs for."""
 
-    kind = "needs"
     Params = NeedsParams
     primary_output = "data.txt"
 

@@ -81,7 +81,7 @@ def test_export_rejects_dynamic_axes_for_unknown_names():
 def test_export_dynamic_batch_runs_at_other_sizes(tmp_path):
     import numpy as np
 
-    from optbuild.steps.calibdata import session
+    from optbuild.backends.onnxruntime.loader import session
 
     step = Export(ExportParams.model_validate({
         "model": "models/cnn.py:build", "input_names": ["image"], "output_names": ["logits"],

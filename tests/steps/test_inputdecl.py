@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from optbuild.backends.base import InputSpec
 from optbuild.errors import StepError
-from optbuild.steps.calibdata import InputSpec
 from optbuild.steps.inputdecl import (
     InputDecl,
     check_declarations,

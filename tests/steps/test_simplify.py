@@ -311,7 +311,7 @@ def test_float_rounding_in_tiny_outputs_is_within_the_absolute_floor(tmp_path, b
 
 
 def test_the_absolute_floor_holds_per_output_and_follows_the_element_type():
-    from optbuild.steps.export import compare_outputs
+    from optbuild.compare import compare_outputs
 
     big, tiny = np.full(4, 100.0, np.float32), np.full(4, 1e-6, np.float32)
     result = compare_outputs(["big", "tiny"], [big, tiny], [big + np.float32(1e-3), tiny + np.float32(5e-8)])

@@ -26,8 +26,9 @@ from plugins.models import make_mlp
 from plugins.steps import run_step
 from plugins.thirdparty_models import corpus_model
 
+from optbuild.compare import class_scores, softmax_axes
 from optbuild.errors import StepError
-from optbuild.steps.verify import Verify, class_scores, softmax_axes
+from optbuild.steps.verify import Verify
 
 
 def verify(tmp_path: Path, reference: Path, candidate: Path, name: str = "verify", **params) -> dict:

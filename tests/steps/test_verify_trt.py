@@ -18,12 +18,12 @@ import pytest
 from plugins.projects import REPO, ProjectDir
 from plugins.trt import MATMUL_PROFILE, make_ctx, matmul_relu
 
+from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
 from optbuild.keys import key_params
 from optbuild.recipe import load_project
 from optbuild.steps.base import Artifact, Step, StepContext
-from optbuild.steps.calibdata import ort_distribution
 from optbuild.steps.verify import Verify, VerifyParams
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
@@ -126,7 +126,7 @@ def test_steps_without_an_engine_keep_their_key_material():
     engine = rtx_verify(targets=["8.9", "sm_86"], candidate="quantize_int8", data="models/calib.py:images",
                         max_abs=0.02, data_args={"count": 64, "seed": 1}, min_cosine=0.99, min_top1=0.95)
     assert engine.params == step.params  # what the engine step says is not written in the verify step
-    assert engine.targets == ("sm86", "sm89")
+    assert engine.sides["candidate"][1]["targets"] == ["sm86", "sm89"]
     assert engine.tool_names()[:2] == (ort_distribution(), "numpy")
     assert engine.tool_names()[2].startswith("tensorrt-rtx")
 
@@ -138,12 +138,13 @@ def test_the_project_loader_binds_verify_steps_to_their_candidates(tmp_path):
     matmul_relu(tmp_path / "recipes" / "m.onnx")
     project = load_project(tmp_path)
     on_engine, on_model = project.steps["m:check_engine"].step, project.steps["m:check_model"].step
-    assert on_engine.runtime is not None and on_engine.runtime.backend == "tensorrt-rtx"
-    assert on_engine.targets == ("sm89",)
+    backend, manifest = on_engine.sides["candidate"]
+    assert backend.name == "tensorrt-rtx" and manifest["targets"] == ["sm89"]
     assert on_engine.unavailable(RTX_3090).startswith("needs a GPU the TensorRT-RTX engine runs on: gpu.0 "
                                                       "(NVIDIA GeForce RTX 3090, compute capability 8.6) is "
                                                       "not among the targets sm89")
-    assert on_model.runtime is None and on_model.unavailable(NO_GPU) is None
+    assert on_model.sides["candidate"][0].name == "onnxruntime"
+    assert on_model.unavailable(NO_GPU).startswith("needs an NVIDIA GPU to run the TensorRT-RTX engine")
 
 
 NEEDS_RECIPE = """
@@ -205,7 +206,7 @@ def test_samples_outside_the_engine_profile_are_named(tmp_path, rtx_engine):
     with pytest.raises(StepError) as info:
         run_verify(tmp_path, model, engine, data="big.npz")
     assert str(info.value).startswith(
-        "sample 0 of big.npz does not fit the candidate engine t:rtx: input 'x' has shape [12, 16], outside "
+        "sample 0 of big.npz does not fit the candidate t:rtx: input 'x' has shape [12, 16], outside "
         "the engine's optimization profile (min [1, 16], max [8, 16])")
     with pytest.raises(StepError, match=r"sample 0 of random \(seed 0\) .*shape \[9, 16\]"):
         run_verify(tmp_path, model, engine, dynamic_size=9)
@@ -218,16 +219,18 @@ def test_an_engine_without_its_manifest_is_refused(tmp_path, rtx_engine):
     shutil.copy(engine.primary, bare / "model.engine")
     alone = Artifact(step="t:bare", dir=bare, files={"model.engine": bare / "model.engine"},
                      primary=bare / "model.engine")
-    with pytest.raises(StepError, match=r"the candidate t:bare has no readable engine.json beside model.engine"):
+    with pytest.raises(StepError, match=r"the candidate t:bare gives model.engine with no engine.json beside it "
+                                        r"to say which backend runs it"):
         run_verify(tmp_path, model, alone)
 
 
 def test_a_host_that_cannot_run_the_engine_gets_a_message_not_a_crash(tmp_path, rtx_engine):
     model, engine = rtx_engine
-    with pytest.raises(StepError, match=r"the candidate t:rtx cannot run on this host: no NVIDIA GPU \(NVIDIA "
-                                        r"driver not loaded\)"):
+    with pytest.raises(StepError, match=r"the candidate t:rtx cannot run on this host: needs an NVIDIA GPU to run "
+                                        r"the TensorRT-RTX engine \(here: NVIDIA driver not loaded\)"):
         run_verify(tmp_path, model, engine)
-    with pytest.raises(StepError, match=r"cannot run on this host: gpu.0 \(NVIDIA H100 80GB HBM3.* not among "
+    with pytest.raises(StepError, match=r"cannot run on this host: needs a GPU the TensorRT-RTX engine runs on: "
+                                        r"gpu.0 \(NVIDIA H100 80GB HBM3.* not among "
                                         r"the targets sm86, sm89"):
         run_verify(tmp_path, model, engine, host=H100)
 
@@ -242,7 +245,6 @@ class NeedsParams(StepParams):
 
 
 class Needs(Step):
-    kind = "needs"
     Params = NeedsParams
     primary_output = "data.txt"
 

@@ -28,7 +28,6 @@ class FillParams(StepParams):
 
 
 class Fill(Step):
-    kind = "fill"
     Params = FillParams
     primary_output = "data.bin"
 

@@ -7,10 +7,11 @@ host without a GPU can crash the process (CUDA error 35, then a segfault on dese
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import typing
 from collections.abc import Sequence
+
+from optbuild.backends.base import has_module
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
@@ -87,23 +88,9 @@ def run_obstacle(backend: str, host: Fingerprint, targets: Sequence[str] = ()) -
     return None
 
 
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a missing parent package raises
-        return False
-
-
-def module_missing(module: str, label: str, extra: str) -> str | None:
-    """What to install when ``module`` is absent, in words; None when it is there."""
-    if not _has_module(module):
-        return f"{label}'s Python module {module!r} (pip install 'optbuild[{extra}]')"
-    return None
-
-
 def cudart_missing(extra: str) -> str | None:
     """What to install when cuda-python's runtime bindings are absent; None when present."""
-    if _has_module("cuda.bindings.runtime") or _has_module("cuda.cudart"):
+    if has_module("cuda.bindings.runtime") or has_module("cuda.cudart"):
         return None
     return f"cuda-python (pip install 'optbuild[{extra}]')"
 

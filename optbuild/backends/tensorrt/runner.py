@@ -6,16 +6,19 @@ allocated with cuda-python (and grown, never shrunk, across calls), inputs are c
 the engine runs on its own stream, outputs are copied back. ``last_inference_ms`` times the
 execution alone (enqueue to stream synchronize), copies excluded.
 
-Use it as a context manager: the execution context, stream and buffers live inside it.
+It is a ``Runner`` (optbuild.backends.base): built from a function that loads the engine,
+it loads on entering its ``with`` block, where the execution context, stream and buffers
+live, and frees them on leaving it.
 """
 
 from __future__ import annotations
 
 import time
 import typing
-from collections.abc import Mapping
-from typing import Any, Self
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from optbuild.backends.base import InputSpec, Runner
 from optbuild.backends.tensorrt.profiles import Bounds, ShapeMismatch, choose_profile
 from optbuild.errors import StepError
 
@@ -42,22 +45,17 @@ def _check(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-class TrtRunner:
-    """Runs a loaded engine on feed dicts; see the module docstring."""
+class TrtRunner(Runner):
+    """Runs an engine on feed dicts; see the module docstring. ``load`` gives the engine
+    (``loader.open_engine`` over a file, ``loader.load_engine`` over a fresh plan)."""
 
-    def __init__(self, loaded: LoadedEngine):
-        self.loaded = loaded
-        trt, engine = loaded.trt, loaded.engine
-        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
-        self.input_names = [n for n in names if is_input[n]]
-        self.output_names = [n for n in names if not is_input[n]]
-        # Declared shapes (-1: dynamic) and each profile's bounds of the dynamic inputs.
-        self.inputs = {n: tuple(engine.get_tensor_shape(n)) for n in self.input_names}
-        dynamic = [n for n, shape in self.inputs.items() if any(d < 0 for d in shape)]
-        self.profiles: list[dict[str, Bounds]] = [
-            {n: Bounds(*(tuple(s) for s in engine.get_tensor_profile_shape(n, i))) for n in dynamic}
-            for i in range(engine.num_optimization_profiles)] if dynamic else []
+    def __init__(self, load: Callable[[], LoadedEngine]):
+        self._load = load
+        self.loaded: Any = None
+        self.input_names: list[str] = []
+        self._outputs: list[str] = []
+        self.inputs: dict[str, tuple[int, ...]] = {}  # declared shapes, -1 where dynamic
+        self.profiles: list[dict[str, Bounds]] = []  # each profile's bounds of the dynamic inputs
         self.last_inference_ms: float | None = None
         self._context: Any = None
         self._stream: Any = None
@@ -65,20 +63,31 @@ class TrtRunner:
         self._buffers: dict[str, tuple[Any, int]] = {}  # name -> (device pointer, bytes)
 
     # --- lifetime ------------------------------------------------------------------------
-    def __enter__(self) -> Self:
-        engine, cudart = self.loaded.engine, self.loaded.cudart
+    def _open(self) -> None:
+        self.loaded = loaded = self._load()
+        trt, engine, cudart = loaded.trt, loaded.engine, loaded.cudart
+        self.label = f"{loaded.label} on {loaded.device}"
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+        self.input_names = [n for n in names if is_input[n]]
+        self._outputs = [n for n in names if not is_input[n]]
+        self.inputs = {n: tuple(engine.get_tensor_shape(n)) for n in self.input_names}
+        dynamic = [n for n, shape in self.inputs.items() if any(d < 0 for d in shape)]
+        self.profiles = [
+            {n: Bounds(*(tuple(s) for s in engine.get_tensor_profile_shape(n, i))) for n in dynamic}
+            for i in range(engine.num_optimization_profiles)] if dynamic else []
         for name in self.input_names:
             if engine.is_shape_inference_io(name):
                 raise UnsupportedEngine(f"input {name!r} is a shape tensor; this runner feeds "
                                         "execution tensors only")
         self._context = engine.create_execution_context()
         if self._context is None:
-            raise RunnerError(f"{self.loaded.label} could not create an execution context on "
-                              f"{self.loaded.device}")
+            raise RunnerError(f"{loaded.label} could not create an execution context on {loaded.device}")
         self._stream = _check(cudart.cudaStreamCreate(), "cudaStreamCreate")
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _close(self) -> None:
+        if self.loaded is None:
+            return
         cudart = self.loaded.cudart
         for pointer, _ in self._buffers.values():
             cudart.cudaFree(pointer)
@@ -87,6 +96,14 @@ class TrtRunner:
             cudart.cudaStreamDestroy(self._stream)
             self._stream = None
         self._context = None
+
+    # --- the Runner contract -------------------------------------------------------------
+    def input_specs(self) -> list[InputSpec]:
+        return [InputSpec(n, self.dtype(n).name, tuple(None if d < 0 else d for d in shape))
+                for n, shape in self.inputs.items()]
+
+    def output_names(self) -> list[str]:
+        return list(self._outputs)
 
     # --- types and buffers ---------------------------------------------------------------
     def dtype(self, name: str) -> np.dtype:
@@ -159,7 +176,7 @@ class TrtRunner:
             _check(cudart.cudaMemcpyAsync(pointer, array.ctypes.data, array.nbytes, h2d, stream), "cudaMemcpyAsync")
             context.set_tensor_address(name, int(pointer))
         outputs = {}
-        for name in self.output_names:
+        for name in self._outputs:
             shape = tuple(context.get_tensor_shape(name))
             if any(d < 0 for d in shape):
                 raise UnsupportedEngine(f"the shape of output {name!r} depends on data ({list(shape)})")

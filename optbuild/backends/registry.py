@@ -1,0 +1,100 @@
+"""Backends by name: the built-ins, and third-party ones from the entry point group
+``optbuild.backends`` (name -> ``module:attr``, a ``Backend`` instance). A module is
+imported when its backend is first asked for; none imports its runtime on import.
+
+Verify, bench and the steps' checks find what runs an artifact here (``for_artifact``, or
+``for_step`` before it is built), and never name a backend themselves.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from optbuild.backends.base import Backend, Manifest
+from optbuild.errors import StepError
+
+ENTRY_POINT_GROUP = "optbuild.backends"
+MANIFEST = "engine.json"  # beside an engine: its backend and what it was built for
+
+BUILTIN: dict[str, str] = {
+    "onnxruntime": "optbuild.backends.onnxruntime:BACKEND",
+    "tensorrt": "optbuild.backends.tensorrt.backend:TENSORRT",
+    "tensorrt-rtx": "optbuild.backends.tensorrt.backend:TENSORRT_RTX",
+}
+
+
+@cache
+def _plugins() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def names() -> list[str]:
+    return sorted({*BUILTIN, *_plugins()})
+
+
+@cache
+def get(name: str) -> Backend:
+    """The backend called ``name``; KeyError naming the known ones if there is none."""
+    where = BUILTIN.get(name) or _plugins().get(name)
+    if where is None:
+        raise KeyError(f"no backend {name!r} (known: {', '.join(names())})")
+    module, _, attr = where.partition(":")
+    backend = getattr(importlib.import_module(module), attr)
+    if not isinstance(backend, Backend):
+        raise TypeError(f"{where} is not an optbuild Backend")
+    return backend
+
+
+def for_step(step: Any) -> tuple[Backend, Manifest] | None:
+    """What runs the output of ``step`` (a Step), from what the step says of itself before
+    it is built; None when its output is nothing a backend runs."""
+    manifest = step.runs_on()
+    if manifest is None:
+        return None
+    return get(manifest["backend"]), manifest
+
+
+def by_suffix(suffix: str) -> Backend | None:
+    """The built-in backend that opens files of ``suffix`` with no manifest (".onnx")."""
+    for name in BUILTIN:
+        if suffix in (backend := get(name)).suffixes:
+            return backend
+    return None
+
+
+def onnx_backend() -> Backend:
+    """The backend that runs a plain ONNX model, one with no manifest."""
+    backend = by_suffix(".onnx")
+    if backend is None:
+        raise KeyError("no backend runs .onnx files")
+    return backend
+
+
+def for_artifact(model: Path, what: str) -> tuple[Backend, Manifest]:
+    """What runs the artifact ``model``: the backend its ``engine.json`` names, else the one
+    that opens its suffix. StepError, naming ``what`` ("the candidate r:engine"), when none
+    does or the manifest is unreadable."""
+    manifest_file = model.parent / MANIFEST
+    if manifest_file.is_file():
+        try:
+            manifest = json.loads(manifest_file.read_text())
+            name = manifest["backend"]
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise StepError(f"{what} has no readable {MANIFEST} beside {model.name} "
+                            f"({type(exc).__name__}: {exc})") from None
+        if name not in names():
+            raise StepError(f"{what} is an engine of backend {name!r}, which no installed backend runs "
+                            f"(they are {', '.join(names())})")
+        return get(name), manifest
+    backend = by_suffix(model.suffix)
+    if backend is None:
+        raise StepError(f"{what} gives {model.name} with no {MANIFEST} beside it to say which backend "
+                        f"runs it (without one, the backends run "
+                        f"{', '.join(sorted({s for n in BUILTIN for s in get(n).suffixes}))} files)")
+    return backend, {"backend": backend.name}

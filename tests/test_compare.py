@@ -1,0 +1,96 @@
+"""optbuild.compare: one set of metrics for the per-feed checks and verify's figures."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+from optbuild import compare
+
+
+def test_max_errors_are_relative_to_the_reference_scale():
+    ref = np.array([[10.0, -20.0], [0.0, 5.0]], np.float32)
+    cand = ref + np.array([[0.0, 0.5], [0.01, 0.0]], np.float32)
+    max_abs, max_rel = compare.max_errors(ref, cand)
+    assert max_abs == pytest.approx(0.5) and max_rel == pytest.approx(0.5 / 20)
+    assert compare.max_errors(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
+
+
+def test_nan_and_inf_in_the_same_places_are_equal_elsewhere_infinite():
+    ref = np.array([1.0, np.nan, np.inf])
+    assert compare.max_errors(ref, ref.copy()) == (0.0, 0.0)
+    assert compare.max_errors(ref, np.array([1.0, 0.0, np.inf]))[0] == math.inf
+
+
+def test_cosine():
+    a = np.array([1.0, 2.0, 3.0])
+    assert compare.cosine(a, 2 * a) == pytest.approx(1.0)
+    assert compare.cosine(a, -a) == pytest.approx(-1.0)
+    assert compare.cosine(np.zeros(3), np.zeros(3)) == 1.0
+    assert compare.cosine(a, np.zeros(3)) == 0.0
+    assert math.isnan(compare.cosine(a, np.array([1.0, np.nan, 3.0])))
+
+
+def test_the_per_feed_check_and_the_figures_share_their_metrics():
+    rng = np.random.default_rng(0)
+    refs = [rng.standard_normal((2, 5)).astype(np.float32) for _ in range(3)]
+    cands = [r + rng.normal(0, 1e-3, r.shape).astype(np.float32) for r in refs]
+    figures = compare.output_figures(refs, cands, top1_applies=True)
+    per_feed = [compare.compare_outputs(["y"], [r], [c]) for r, c in zip(refs, cands)]
+    assert figures["max_abs"] == max(c.max_abs for c in per_feed)
+    scale = max(float(np.abs(r).max()) for r in refs)
+    assert figures["max_rel"] == pytest.approx(figures["max_abs"] / scale)
+    assert figures["cosine_min"] <= figures["cosine"] <= 1.0
+    assert figures["top1"] == pytest.approx(np.mean([np.argmax(r, -1) == np.argmax(c, -1)
+                                                     for r, c in zip(refs, cands)]))
+    assert compare.output_figures(refs, cands, top1_applies=False)["top1"] is None
+
+
+def test_figures_of_mismatched_shapes_fail_a_shape_check():
+    figures = {"y": compare.output_figures([np.zeros((1, 2))], [np.zeros((1, 3))], top1_applies=False)}
+    assert figures["y"]["shape_mismatch"] == "sample 0: (1, 3) vs (1, 2)"
+    checks = compare.threshold_checks(figures, {"max_abs": 1.0}, [])
+    assert checks == [{"output": "y", "metric": "shape", "value": "sample 0: (1, 3) vs (1, 2)", "op": "==",
+                       "threshold": "reference", "ok": False}]
+
+
+def test_threshold_checks_take_each_set_threshold_and_fail_nan():
+    figures = {"a": {"max_abs": 0.5, "max_rel": 0.01, "cosine": 0.99, "top1": 0.9},
+               "b": {"max_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan"), "top1": None}}
+    thresholds = {"max_abs": 1.0, "max_rel": None, "min_cosine": 0.995, "min_top1": 0.8}
+    checks = compare.threshold_checks(figures, thresholds, top1_outputs=["a"])
+    assert [(c["output"], c["metric"], c["ok"]) for c in checks] == [
+        ("a", "max_abs", True), ("a", "cosine", False), ("a", "top1", True),
+        ("b", "max_abs", False), ("b", "cosine", False)]
+
+
+def test_the_table_and_strict_json():
+    report = {
+        "reference": {"file": "ref.onnx", "digest": "blake3-256:" + "a" * 64},
+        "candidate": {"file": "int8.onnx", "digest": "blake3-256:" + "b" * 64},
+        "data": {"source": "random (seed 0)", "samples": 4},
+        "outputs": {"y": {"max_abs": 0.25, "max_rel": float("inf"), "cosine": 0.9, "cosine_min": 0.8,
+                          "top1": 0.75}},
+        "checks": [{"output": "y", "metric": "top1", "value": 0.75, "op": ">=", "threshold": 0.9, "ok": False}],
+        "latency_ms": {"reference": 1.0, "candidate": 0.5},
+        "runtime": {"reference": "onnxruntime (CPU)", "candidate": "onnxruntime (CPU)"},
+    }
+    text = compare.table(report)
+    lines = text.splitlines()
+    assert lines[0] == "verify: candidate int8.onnx (blake3-256 bbbbbbbbbbbb) vs reference ref.onnx " \
+                       "(blake3-256 aaaaaaaaaaaa)"
+    assert lines[1] == "4 samples from random (seed 0)"
+    assert lines[-1] == "FAILED: 1 of 1 checks: y top1 75.0% (needs >= 90%)"
+    assert any(line.split() == ["y", "max_rel", "inf"] for line in lines)
+    assert compare.jsonable(report["outputs"])["y"]["max_rel"] == "inf"
+
+
+def test_importing_it_loads_no_numpy():
+    code = "import sys, optbuild.compare, optbuild.steps.verify; print('numpy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"

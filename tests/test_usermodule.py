@@ -1,0 +1,98 @@
+"""optbuild.usermodule: a user's file imported by path, its folder on sys.path only while needed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from optbuild import usermodule
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_sibling_import_works_inside_the_block_and_is_forgotten_after(tmp_path):
+    write(tmp_path / "helpers_um.py", "VALUE = 42\n")
+    entry = write(tmp_path / "net.py", "import helpers_um\n\ndef lazily():\n    import later_um\n"
+                                       "    return later_um.VALUE\n")
+    write(tmp_path / "later_um.py", "VALUE = 7\n")
+    path_before = list(sys.path)
+    with usermodule.imported(entry) as module:
+        assert module.helpers_um.VALUE == 42
+        assert sys.path[0] == str(tmp_path.resolve())
+        assert module.lazily() == 7  # a sibling imported after the file ran, still in the block
+    assert sys.path == path_before
+    assert "helpers_um" not in sys.modules and "later_um" not in sys.modules
+    assert module.__name__ not in sys.modules
+
+
+def test_sys_path_is_restored_after_a_failing_import(tmp_path):
+    write(tmp_path / "ok_sibling_um.py", "X = 1\n")
+    entry = write(tmp_path / "broken.py", "import ok_sibling_um\nraise ValueError('no model here')\n")
+    path_before, modules_before = list(sys.path), set(sys.modules)
+    with pytest.raises(usermodule.ImportFailed) as info, usermodule.imported(entry):
+        pass
+    assert sys.path == path_before
+    assert set(sys.modules) == modules_before
+    assert isinstance(info.value.cause, ValueError) and isinstance(info.value, ImportError)
+    assert str(info.value) == f"importing {entry.resolve()} failed: ValueError: no model here"
+    assert info.value.__cause__ is info.value.cause
+
+
+def test_sys_path_is_restored_when_the_block_raises(tmp_path):
+    entry = write(tmp_path / "fine.py", "X = 1\n")
+    path_before = list(sys.path)
+    with pytest.raises(RuntimeError), usermodule.imported(entry):
+        raise RuntimeError("the caller's own failure")
+    assert sys.path == path_before
+
+
+def test_a_missing_file_and_sys_exit_are_import_failures(tmp_path):
+    with pytest.raises(usermodule.ImportFailed) as info, usermodule.imported(tmp_path / "gone.py"):
+        pass
+    assert isinstance(info.value.cause, FileNotFoundError)
+    entry = write(tmp_path / "quits.py", "import sys\nsys.exit(3)\n")
+    with pytest.raises(usermodule.ImportFailed) as info, usermodule.imported(entry):
+        pass
+    assert isinstance(info.value.cause, SystemExit)
+
+
+def test_files_of_the_same_name_in_two_folders_get_their_own_modules(tmp_path):
+    first = write(tmp_path / "a" / "model.py", "from layers_um import WHO\n")
+    write(tmp_path / "a" / "layers_um.py", "WHO = 'a'\n")
+    second = write(tmp_path / "b" / "model.py", "from layers_um import WHO\n")
+    write(tmp_path / "b" / "layers_um.py", "WHO = 'b'\n")
+    with usermodule.imported(first) as one:
+        assert one.WHO == "a"
+    with usermodule.imported(second) as two:
+        assert two.WHO == "b"  # not a's sibling, forgotten when a's block ended
+    assert one is not two and one.__name__ != two.__name__
+    assert one.__file__ == str(first.resolve()) and two.__file__ == str(second.resolve())
+
+
+def test_an_edited_file_is_imported_afresh(tmp_path):
+    entry = write(tmp_path / "edited.py", "VALUE = 1\n")
+    with usermodule.imported(entry) as module:
+        assert module.VALUE == 1
+    entry.write_text("VALUE = 2  # a different size, so the cached bytecode is stale\n")
+    with usermodule.imported(entry) as module:
+        assert module.VALUE == 2
+
+
+def test_load_keeps_the_module_and_restores_sys_path(tmp_path):
+    write(tmp_path / "kind_helper_um.py", "NAME = 'helper'\n")
+    entry = write(tmp_path / "kinds.py", "from kind_helper_um import NAME\n")
+    path_before = list(sys.path)
+    module = usermodule.load(entry)
+    try:
+        assert module.NAME == "helper"
+        assert sys.modules[module.__name__] is module  # a step kind's class outlives the import
+        assert sys.path == path_before
+    finally:
+        sys.modules.pop("kind_helper_um", None)
+        sys.modules.pop(module.__name__, None)
