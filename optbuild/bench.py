@@ -251,12 +251,14 @@ def precision(ws: Workspace, sid: str, _seen: frozenset[str] = frozenset()) -> s
 
 
 def _label(ws: Workspace, sid: str, backend: Backend) -> str:
-    """"ORT static INT8", "OV INT8": the backend and the precision. An engine step on a
-    backend that also runs plain models (onnxruntime) is that backend's offline-optimized
-    form of one, told apart as "ORT-optimized"."""
+    """"ORT static INT8", "OV INT8": the backend and the precision. An engine built for the
+    runtime that also runs the model it came from (onnxruntime's offline-optimized model) is
+    told apart from that model as "ORT-optimized"."""
     spec = ws.project.steps[sid]
-    optimized = "-optimized" if spec.kind.startswith("engine/") and backend.suffixes else ""
-    return f"{backend.short}{optimized} {precision(ws, sid)}"
+    source = ws.project.steps.get(spec.deps.get("input", ""))
+    same = spec.kind.startswith("engine/") and source is not None and (on := runs_on(source)) is not None \
+        and on[0].name == backend.name
+    return f"{backend.short}{'-optimized' if same else ''} {precision(ws, sid)}"
 
 
 @cache

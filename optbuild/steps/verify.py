@@ -41,7 +41,7 @@ does not), gpu.0's compute capability for a TensorRT engine (and gpu.0's model f
 TensorRT-RTX, which specializes an engine for the GPU that loads it). The step is
 unavailable where either side's backend says so (``Backend.unavailable``: no GPU, a GPU the
 engine was not built for, a missing module). Each sample must fit the runner before anything
-runs (``Runner.unfit``: an engine's optimization profiles). Nothing of this is written in the
+runs (``Backend.unfit``: an engine's optimization profiles). Nothing of this is written in the
 verify step or the recipe: planning learns it from the steps compared (``bind``), the worker
 from the artifacts.
 """
