@@ -24,6 +24,7 @@ BUILTIN: dict[str, str] = {
     "onnxruntime": "optbuild.backends.onnxruntime:BACKEND",
     "tensorrt": "optbuild.backends.tensorrt.backend:TENSORRT",
     "tensorrt-rtx": "optbuild.backends.tensorrt.backend:TENSORRT_RTX",
+    "openvino": "optbuild.backends.openvino:BACKEND",
 }
 
 

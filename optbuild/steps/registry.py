@@ -25,6 +25,7 @@ BUILTIN: dict[str, str] = {
     "engine/onnxruntime": "optbuild.steps.engine_ort:OrtEngine",
     "engine/tensorrt": "optbuild.steps.engine_trt:TensorRTEngine",
     "engine/tensorrt-rtx": "optbuild.steps.engine_trt:TensorRTRTXEngine",
+    "engine/openvino": "optbuild.steps.engine_ov:OpenVINOEngine",
 }
 
 

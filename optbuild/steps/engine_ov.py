@@ -1,0 +1,605 @@
+"""kind = "engine", backend = "openvino": an OpenVINO IR (model.xml + model.bin) from an ONNX model.
+
+OpenVINO's model converter (``openvino.convert_model``) turns the input step's ONNX model
+into OpenVINO's own graph, with its conversion-time transformations (constant folding,
+shape-subgraph cleanup). Inputs that ``inputs`` (or the recipe's [inputs.NAME]) declares a
+shape for get it in the IR: a size fixes the dim, a range [min, max] or [min, opt, max]
+bounds it; other dims stay as the ONNX model has them (dynamic dims stay dynamic). Then, by
+``precision``:
+
+* "fp32": saved as it is.
+* "fp16": weights stored as float16 (``save_model(compress_to_fp16=True)``): half the file;
+  the CPU plugin decompresses them when it compiles the model, and computes in its default
+  inference precision (f32, or bf16 / fp16 on CPUs that have them natively).
+* "int8": NNCF's post-training quantization (``nncf.quantize``, target device ANY, preset
+  "performance": symmetric activations, or "mixed": asymmetric) inserts FakeQuantize ops
+  with ranges observed on ``samples`` samples of ``calibration`` (the forms the calibrate
+  step takes: .npz, a folder of .npy, ``file.py:callable``; see optbuild.steps.calibdata),
+  then fast bias correction. ``model_type = "transformer"`` (nncf.ModelType.TRANSFORMER)
+  keeps the element-wise ops, normalizations and reductions of transformers float, quantizes
+  the MatMuls, smooths their activation outliers into the weights first (SmoothQuant, with
+  ``smooth_quant_alpha``) and makes "mixed" the default preset. ``ignored_scope`` (op
+  names, op types, name patterns: nncf.IgnoredScope) keeps ops float; each entry must
+  match an op of the converted model, checked before NNCF runs. ``overflow_fix`` is NNCF's
+  7-bit weights against the saturating uint8 x int8 sums of x86 CPUs without VNNI.
+
+The performance ``hint`` ("latency" or "throughput") is not part of the graph: it is stored
+in the IR's rt_info (optbuild/hint) and in engine.json, and applied when a runner compiles
+the model (optbuild.backends.openvino). engine.json also names the backend, the OpenVINO
+version, the precision and the inputs and outputs (name, dtype, shape: null for a dynamic
+dim, [min, max] for a bounded one); "fp32" IRs pin the inference precision f32 there.
+
+Before it is kept, the IR must compile for the CPU, even with ``check = 0``. It is then
+compared with its input model, run by onnxruntime as written, on ``check`` inputs: seeded
+random ones (declared inputs, else symbolic dims 1, 2, 3 in turn) for fp32 and fp16, the
+first calibration samples for int8 (random inputs would fall outside the calibrated
+ranges). The IR runs at inference precision f32 there, whatever the CPU, so that the
+verdict does not depend on the host. An output fails when its max error relative to its
+largest magnitude exceeds ``tolerance`` (and its max abs error exceeds ``atol``), or, for
+float outputs, when the cosine similarity of all its values over the comparisons (concatenated)
+is below ``min_cosine``.
+
+Key: the params, the input model's content, the calibration data (or the callable's file
+and the project-local modules it imports) and the versions of openvino (and nncf and numpy
+for int8); no host field. Conversion and FP16 compression are graph rewrites (constant
+folding runs OpenVINO's reference implementations, not the CPU plugin's kernels): the same
+IR on any host. NNCF quantizes for target device ANY, not for this CPU, and collects its
+statistics at f32 inference precision; its ranges and bias corrections are float32 results
+of the CPU plugin's kernels, which differ between instruction sets in the last bits
+(measured with OpenVINO 2026.4 / NNCF 3.4 on one CPU, AVX2 against ONEDNN_MAX_CPU_ISA=SSE41:
+201 bytes of a 5-conv net's 160 kB model.bin differed, biases and ranges by at most 2e-6
+relative), which does not matter for a range, as with the calibrate step. The files are
+reproducible: model.xml holds node names OpenVINO numbers from a per-process counter, and
+each step runs in a fresh worker process, so a rebuild writes the same bytes.
+
+OpenVINO and NNCF are imported inside ``run``, with their usage telemetry blocked (see
+optbuild.backends.openvino.loader); importing this module imports neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import json
+import re
+import time
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from optbuild.backends.base import module_missing
+from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
+from optbuild.backends.openvino.loader import RT_INFO_HINT, RT_INFO_PRECISION
+from optbuild.callables import Call
+from optbuild.errors import StepError
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.calibdata import DataArg, data_key_files, is_callable_source, non_default
+from optbuild.steps.calibrate import DataSource
+from optbuild.steps.inputdecl import InputDecls, StepInputs
+from optbuild.steps.rewrite_check import Atol, atol_field
+
+if typing.TYPE_CHECKING:
+    from optbuild.backends.base import InputSpec
+    from optbuild.fingerprint import Fingerprint
+
+MANIFEST = "engine.json"
+# Default thresholds of the check, by precision (None: not checked).
+TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "int8": None}
+MIN_COSINE = {"fp32": None, "fp16": None, "int8": 0.99}
+_INT8_ONLY = ("calibration", "calibration_args", "samples", "preset", "model_type", "ignored_scope",
+              "smooth_quant_alpha", "overflow_fix")
+# OpenVINO's op types for ONNX ones that differ, for ignored_scope's messages.
+OV_TYPES = {"Gemm": "MatMul", "LayerNormalization": "MVN", "Conv": "Convolution",
+            "ConvTranspose": "ConvolutionBackpropData", "Mul": "Multiply", "Sub": "Subtract", "Div": "Divide",
+            "Pow": "Power", "Attention": "ScaledDotProductAttention", "BatchNormalization": "BatchNormInference"}
+
+
+class IgnoredScope(BaseModel):
+    """Ops NNCF leaves float (nncf.IgnoredScope); every entry must match an op."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    names: list[str] = Field(
+        [],
+        description="OpenVINO op names, exactly. Converted from ONNX, an op mostly keeps the ONNX "
+                    "node's name, but a Gemm 'g' with a bias becomes the MatMul 'g/WithoutBiases' "
+                    "and an Add 'g', an op that gives a model output takes the output's name, and "
+                    "decomposed ops get new names ('MVN_10').",
+        examples=[["/head/Gemm/WithoutBiases"]])
+    types: list[str] = Field(
+        [],
+        description="OpenVINO op types (not ONNX's): 'MatMul', 'Convolution', 'MVN' (layer "
+                    "normalization), 'Softmax', 'ScaledDotProductAttention'...",
+        examples=[["ScaledDotProductAttention"]])
+    patterns: list[str] = Field(
+        [],
+        description="Regular expressions (Python's), matched from the start of the op names.",
+        examples=[["/head/", ".*/attn/out/"]])
+
+    @field_validator("patterns")
+    @classmethod
+    def _regular_expressions(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return patterns
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> IgnoredScope:
+        if not (self.names or self.types or self.patterns):
+            raise ValueError("ignored_scope names no op: give names, types or patterns")
+        return self
+
+
+class OpenVINOEngineParams(StepParams):
+    backend: Literal["openvino"] = Field(
+        description="Selects this engine: an OpenVINO IR (model.xml + model.bin) for OpenVINO's "
+                    "CPU plugin.",
+        examples=["openvino"])
+    input: StepRef = Field(
+        description="The step whose ONNX model is converted (e.g. a simplify step; for int8 give "
+                    "the float model: NNCF quantizes it).",
+        examples=["simplify"])
+    precision: Literal["fp32", "fp16", "int8"] = Field(
+        "fp32",
+        description="'fp32': the converted model as it is; 'fp16': weights stored as float16 (half "
+                    "the file; computed at the CPU's default inference precision); 'int8': NNCF "
+                    "post-training quantization over `calibration` (FakeQuantize ops the CPU plugin "
+                    "runs as INT8 kernels).",
+        examples=["int8"])
+    calibration: DataSource | None = Field(
+        None,
+        description="int8 only, and required there: calibration samples, relative to the recipe "
+                    "file, in the forms the calibrate step's `data` takes: an .npz file (one array "
+                    "per input, under its name), a folder of `<input>.npy` files or `<input>/` "
+                    "sub-folders of per-sample .npy files, or 'file.py:callable' returning feed "
+                    "dicts. The data files, or the callable's file and the project-local modules "
+                    "it imports, enter the key.",
+        examples=["models/calib.py:images", "calib/images.npz"])
+    calibration_args: dict[str, DataArg] = Field(
+        {},
+        description="Keyword arguments for a calibration callable: names -> strings, integers, "
+                    "floats or booleans, passed as `callable(**calibration_args)`; they enter the key.",
+        examples=[{"count": 64, "seed": 0}])
+    samples: int = Field(
+        300, ge=1,
+        description="int8 only: use at most this many calibration samples (NNCF's subset_size; "
+                    "fewer when the data holds fewer). A data callable may be infinite.",
+        examples=[128])
+    preset: Literal["performance", "mixed"] | None = Field(
+        None,
+        description="int8 only: NNCF's quantization preset. 'performance': symmetric weights and "
+                    "activations; 'mixed': symmetric weights, asymmetric activations (better for "
+                    "activations that are not centred on 0, e.g. after GELU or in transformers). "
+                    "Not set: 'mixed' with model_type 'transformer' (NNCF's default there), else "
+                    "'performance'.",
+        examples=["mixed"])
+    model_type: Literal["transformer"] | None = Field(
+        None,
+        description="int8 only: 'transformer' (nncf.ModelType.TRANSFORMER) for transformer "
+                    "models: NNCF keeps their Add, Multiply, MVN (layer norm), reductions and other "
+                    "element-wise ops float, quantizes the MatMuls (both inputs symmetric where neither is a "
+                    "weight), first migrates activation outliers into the MatMul weights "
+                    "(SmoothQuant, see smooth_quant_alpha), and the preset defaults to 'mixed'. "
+                    "Not set: a generic model (CNNs).",
+        examples=["transformer"])
+    ignored_scope: IgnoredScope | None = Field(
+        None,
+        description="int8 only: ops NNCF leaves float (nncf.IgnoredScope), a table of lists: "
+                    "`names` (OpenVINO op names: mostly the ONNX node names, but a Gemm 'g' with a "
+                    "bias becomes the MatMul 'g/WithoutBiases'), `types` (OpenVINO op types: 'MatMul', "
+                    "'MVN', 'Softmax'...) and `patterns` (regular expressions matched from the "
+                    "start of op names). Each entry must match an op of the converted model, or "
+                    "the step fails naming it (with close op names).",
+        examples=[{"patterns": ["/head/"]}, {"names": ["/head/Gemm/WithoutBiases"], "types": ["Softmax"]}])
+    smooth_quant_alpha: float | None = Field(
+        None,
+        description="int8 with model_type 'transformer' only: SmoothQuant's migration strength for "
+                    "MatMuls, in [0, 1] (how much of the activations' outlier range moves into the "
+                    "weights: 0.5 balances them), or -1 to skip SmoothQuant. Not set: NNCF's "
+                    "default, 0.95.",
+        examples=[0.5, -1])
+    overflow_fix: Literal["enable", "first_layer", "disable"] | None = Field(
+        None,
+        description="int8 only: NNCF's overflow fix, 7-bit weights (7-bit range, 8-bit storage) "
+                    "for the layers it names: 'enable' all, 'first_layer' the first one, "
+                    "'disable' none. x86 CPUs without VNNI (AVX2 only, or older) add uint8 x int8 "
+                    "products in 16-bit sums that saturate with 8-bit weights (as the quantize "
+                    "step's reduce_range); VNNI, AMX and ARM CPUs need no fix. Not set: NNCF's "
+                    "default, 'first_layer'.",
+        examples=["enable"])
+    hint: Literal["latency", "throughput"] = Field(
+        "latency",
+        description="OpenVINO's performance hint, applied when the model is compiled: 'latency' "
+                    "(one stream, all cores on one request) or 'throughput' (several streams for "
+                    "parallel requests). Stored in the IR's rt_info and in engine.json; it does "
+                    "not change the graph.",
+        examples=["throughput"])
+    inputs: StepInputs = Field(
+        None,
+        description="What the model's inputs take (see 'Model inputs'); replaces the recipe's "
+                    "[inputs.NAME] entry of the same input. A declared shape becomes the IR's "
+                    "input shape: a size fixes the dim (static shapes compile to faster CPU "
+                    "kernels), a range [min, max] or [min, opt, max] bounds it. The check's seeded "
+                    "inputs follow the declarations.",
+        examples=[{"x": {"shape": [1, 3, 224, 224]}}])
+    check: int = Field(
+        3, ge=0,
+        description="How many comparisons with the input model (run by onnxruntime) to make: "
+                    "seeded random inputs for fp32 and fp16, the first calibration samples for "
+                    "int8. 0 skips them: the IR must still compile for the CPU.",
+        examples=[0])
+    tolerance: float | None = Field(
+        None, gt=0,
+        description="Largest accepted error of the IR against its input model, relative to the "
+                    "largest magnitude of each output; errors within atol pass too. Not set: 1e-3 "
+                    "for fp32, 1e-2 for fp16, not checked for int8 (min_cosine is).",
+        examples=[1e-4])
+    min_cosine: float | None = Field(
+        None, ge=-1, le=1,
+        description="Smallest accepted cosine similarity between a float output of the IR and "
+                    "the input model's, over all comparisons (values concatenated). Not set: 0.99 "
+                    "for int8, not checked for fp32 and fp16 (tolerance is).",
+        examples=[0.995])
+    atol: Atol = atol_field()
+
+    @model_validator(mode="after")
+    def _int8_settings(self) -> OpenVINOEngineParams:
+        if self.precision == "int8":
+            if self.calibration is None:
+                raise ValueError("precision 'int8' needs calibration data: calibration = 'file.npz', "
+                                 "a folder of .npy files, or 'file.py:callable'")
+        else:
+            foreign = non_default(self, _INT8_ONLY)
+            if foreign:
+                raise ValueError(f"{', '.join(map(repr, foreign))} only apply to precision 'int8', "
+                                 f"not {self.precision!r}")
+        if self.calibration_args and (self.calibration is None or not is_callable_source(self.calibration)):
+            raise ValueError("'calibration_args' only apply to a 'file.py:callable' calibration source")
+        alpha = self.smooth_quant_alpha
+        if alpha is not None:
+            if not (alpha == -1 or 0 <= alpha <= 1):
+                raise ValueError(f"smooth_quant_alpha is {alpha}: give a number in [0, 1], or -1 to skip "
+                                 "SmoothQuant")
+            if self.model_type != "transformer":
+                raise ValueError("'smooth_quant_alpha' only applies with model_type 'transformer' (NNCF "
+                                 "runs SmoothQuant on transformers only)")
+        return self
+
+    def resolved_preset(self) -> str:
+        """The preset NNCF quantizes with: the one set, else NNCF's default for the model type."""
+        return self.preset or ("mixed" if self.model_type == "transformer" else "performance")
+
+
+class OpenVINOEngine(Step):
+    """An OpenVINO IR (fp32, fp16 weights, or NNCF INT8) from an ONNX model, checked."""
+
+    version = "1"
+    Params = OpenVINOEngineParams
+    primary_output = "model.xml"
+    host_fields = ()  # see the module docstring
+
+    # --- what the key covers -------------------------------------------------------------
+    def tool_names(self) -> tuple[str, ...]:
+        return ("openvino", "nncf", "numpy") if self.params.precision == "int8" else ("openvino",)
+
+    def key_files(self) -> list[Path]:
+        files = super().key_files()
+        files.extend(p for p in data_key_files(self.params.calibration, self.base_dir, self.project_root)
+                     if p not in files)
+        return files
+
+    def calls(self) -> list[Call]:
+        source = self.params.calibration
+        if source is None or not is_callable_source(source):
+            return []
+        return [Call("calibration", source, keywords=tuple(self.params.calibration_args),
+                     keywords_field="calibration_args")]
+
+    def runs_on(self) -> dict[str, Any]:
+        """What engine.json will say of the IR that runs it (optbuild.backends.registry)."""
+        return self._manifest_head()
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        needs = [openvino_missing()]
+        if self.params.precision == "int8":
+            needs.append(nncf_missing())
+        if self.params.check:
+            needs.append(module_missing("onnxruntime", "onnxruntime", "onnx"))
+        needs = [n for n in needs if n]
+        return "needs " + " and ".join(needs) if needs else None
+
+    # --- execution -------------------------------------------------------------------------
+    def run(self, ctx: StepContext) -> None:
+        from optbuild.backends.openvino import loader
+        from optbuild.steps.inputdecl import check_declarations
+
+        p = self.params
+        artifact = ctx.inputs["input"]
+        source, label = artifact.primary, artifact.step
+        if source is None or source.suffix != ".onnx" or not source.is_file():
+            raise StepError(f"the {LABEL} engine needs an ONNX model; {label} gives "
+                            f"{source.name if source else 'no file'}")
+        if (missing := openvino_missing()) is not None:
+            raise StepError(f"the {LABEL} engine needs {missing}")
+        ov = loader.import_openvino()
+        started = time.perf_counter()
+        model = self._convert(ov, source, label)
+        check_declarations(loader.input_specs(model), p.inputs, label)
+        self._reshape(ov, model, p.inputs, label)
+        ctx.metrics["convert_s"] = round(time.perf_counter() - started, 3)
+        specs = loader.input_specs(model)
+        samples: list[dict[str, Any]] = []
+        extra: dict[str, Any] = {}
+        if p.precision == "int8":
+            model, samples, extra = self._quantize(ctx, model, specs, label)
+        model.set_rt_info(p.hint, RT_INFO_HINT)
+        model.set_rt_info(p.precision, RT_INFO_PRECISION)
+        out = ctx.out_dir / self.primary_output
+        try:
+            ov.save_model(model, str(out), compress_to_fp16=p.precision == "fp16")
+        except Exception as exc:
+            raise StepError(f"OpenVINO could not save the IR of {label}: {loader.message(exc)}") from None
+        manifest = {
+            **self._manifest_head(),
+            "openvino_version": str(ov.get_version()),
+            "inputs": loader.describe_ports(model.inputs, "input"),
+            "outputs": loader.describe_ports(model.outputs, "output"),
+            **extra,
+        }
+        (ctx.out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        ops = [op.get_type_name() for op in model.get_ops()]
+        ctx.metrics.update(precision=p.precision, hint=p.hint, ops=len(ops),
+                           fake_quantize=ops.count("FakeQuantize"), bytes_before=source.stat().st_size,
+                           bytes_after=out.stat().st_size + out.with_suffix(".bin").stat().st_size)
+        ctx.log(f"{LABEL} {loader.short_version(ov)}: {label} -> {p.precision} IR, {len(ops)} ops, "
+                f"{ctx.metrics['bytes_after']} bytes (ONNX {ctx.metrics['bytes_before']})")
+        del model
+        self._check(ctx, source, out, label, samples)
+
+    def _manifest_head(self) -> dict[str, Any]:
+        p = self.params
+        head: dict[str, Any] = {"backend": "openvino", "precision": p.precision, "hint": p.hint}
+        if p.precision == "fp32":
+            head["inference_precision"] = "f32"  # not the bf16 / fp16 default of CPUs that have them
+        return head
+
+    def _convert(self, ov: Any, source: Path, label: str) -> Any:
+        from openvino.frontend import FrontEndManager
+
+        from optbuild.backends.openvino import loader
+
+        try:
+            recognized = FrontEndManager().load_by_framework("onnx").supported(str(source))
+        except Exception as exc:
+            raise StepError(f"{LABEL} cannot open the model of {label}: {loader.message(exc)}") from None
+        if not recognized:
+            raise StepError(f"{label} gives {source.name}, which {LABEL}'s ONNX reader does not "
+                            "recognize as an ONNX model (corrupt or truncated?)")
+        try:
+            return ov.convert_model(str(source))
+        except Exception as exc:
+            reason = (loader.conversion_failure(exc) if type(exc).__name__ == "OpConversionFailure"
+                      else loader.message(exc))
+            raise StepError(f"{LABEL} cannot convert the model of {label}: {reason}") from None
+
+    @staticmethod
+    def _reshape(ov: Any, model: Any, decls: InputDecls | None, label: str) -> None:
+        """Give the inputs the shapes ``decls`` declare (sizes fixed, ranges bounded)."""
+        from optbuild.backends.openvino import loader
+
+        shapes = {name: ov.PartialShape([ov.Dimension(d) if isinstance(d, int) else ov.Dimension(d[0], d[-1])
+                                         for d in decl.shape])
+                  for name, decl in (decls or {}).items() if decl.shape is not None}
+        if not shapes:
+            return
+        try:
+            model.reshape(shapes)
+        except Exception as exc:
+            listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+            raise StepError(f"{LABEL} cannot give {label} the declared input shapes ({listed}): "
+                            f"{loader.message(exc)}") from None
+
+    def _quantize(self, ctx: StepContext, model: Any, specs: list[InputSpec],
+                  label: str) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+        """NNCF post-training INT8 over the calibration samples: (model, samples, manifest entries)."""
+        from optbuild.backends.openvino import loader
+        from optbuild.steps.calibdata import load_samples
+
+        p = self.params
+        if (missing := nncf_missing()) is not None:
+            raise StepError(f"precision 'int8' needs {missing}")
+        assert p.calibration is not None  # the params' validator sees to it
+        ignored, warnings = ignored_ops(model, p.ignored_scope, label) if p.ignored_scope is not None else ([], [])
+        for warning in warnings:
+            ctx.log(f"warning: {warning}")
+        samples = load_samples(p.calibration, ctx.base_dir, specs, args=p.calibration_args, limit=p.samples)
+        nncf = loader.import_nncf()
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            AdvancedSmoothQuantParameters,
+            OverflowFix,
+        )
+
+        preset = p.resolved_preset()
+        options: dict[str, Any] = {
+            "preset": {"performance": nncf.QuantizationPreset.PERFORMANCE,
+                       "mixed": nncf.QuantizationPreset.MIXED}[preset]}
+        if p.model_type == "transformer":
+            options["model_type"] = nncf.ModelType.TRANSFORMER
+        if p.ignored_scope is not None:
+            scope = p.ignored_scope
+            options["ignored_scope"] = nncf.IgnoredScope(names=list(scope.names), types=list(scope.types),
+                                                         patterns=list(scope.patterns), validate=True)
+        advanced: dict[str, Any] = {}
+        if p.smooth_quant_alpha is not None:
+            advanced["smooth_quant_alphas"] = AdvancedSmoothQuantParameters(matmul=p.smooth_quant_alpha)
+        if p.overflow_fix is not None:
+            advanced["overflow_fix"] = {"enable": OverflowFix.ENABLE, "first_layer": OverflowFix.FIRST_LAYER,
+                                        "disable": OverflowFix.DISABLE}[p.overflow_fix]
+        if advanced:
+            options["advanced_parameters"] = AdvancedQuantizationParameters(**advanced)
+        started = time.perf_counter()
+        progress = io.StringIO()  # NNCF's progress bars (rich, on stdout): not for the step's log
+        try:
+            with contextlib.redirect_stdout(progress):
+                quantized = nncf.quantize(model, nncf.Dataset(samples.feeds), subset_size=len(samples),
+                                          target_device=nncf.TargetDevice.ANY, **options)
+        except nncf.ValidationError as exc:  # the ignored scope, checked above: NNCF saw another graph
+            raise StepError(f"ignored_scope: NNCF found no op of {label} for some entries: "
+                            f"{loader.message(exc)}") from None
+        except Exception as exc:
+            raise StepError(f"NNCF could not quantize {label} over {len(samples)} samples of "
+                            f"{samples.source} ({type(exc).__name__}): {loader.message(exc)}") from None
+        seconds = time.perf_counter() - started
+        fake = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ops())
+        ctx.metrics.update(quantize_s=round(seconds, 3), calibration_samples=len(samples), ignored_ops=len(ignored))
+        settings = [f"preset {preset}"]
+        if p.model_type:
+            settings.append(f"model type {p.model_type}")
+        if p.smooth_quant_alpha is not None:
+            settings.append(f"SmoothQuant alpha {p.smooth_quant_alpha}")
+        if p.overflow_fix is not None:
+            settings.append(f"overflow fix {p.overflow_fix}")
+        ctx.log(f"NNCF {nncf.__version__}: {fake} FakeQuantize ops from {len(samples)} samples of "
+                f"{samples.source} ({', '.join(settings)}) in {seconds:.1f} s")
+        if ignored:
+            shown = ", ".join(ignored[:6]) + (f" and {len(ignored) - 6} more" if len(ignored) > 6 else "")
+            ctx.log(f"ignored_scope keeps {len(ignored)} ops float: {shown}")
+        if not fake:
+            ctx.log(f"warning: NNCF quantized nothing in {label}: it has no operation NNCF quantizes "
+                    "(convolutions, MatMul...)" + (" outside ignored_scope" if ignored else ""))
+        extra: dict[str, Any] = {"nncf_version": str(nncf.__version__), "preset": preset,
+                                 "calibration_samples": len(samples)}
+        for name in ("model_type", "smooth_quant_alpha", "overflow_fix"):
+            if getattr(p, name) is not None:
+                extra[name] = getattr(p, name)
+        if ignored:
+            extra["ignored_ops"] = ignored
+        return quantized, samples.feeds, extra
+
+    def _check(self, ctx: StepContext, source: Path, out: Path, label: str,
+               samples: list[dict[str, Any]]) -> None:
+        from optbuild.backends.onnxruntime.loader import input_specs
+        from optbuild.backends.openvino.runner import OpenVINORunner
+        from optbuild.compare import compare_outputs
+        from optbuild.errors import first_line
+        from optbuild.steps.inputdecl import describe_tried, feeds
+        from optbuild.steps.rewrite_check import blame, literal_session, shapes
+
+        p = self.params
+        with OpenVINORunner(out, hint=p.hint, inference_precision="f32") as runner:
+            ctx.metrics["load_ms"] = round(runner.load_ms, 1)
+            if not p.check:
+                ctx.metrics["checks"] = 0
+                ctx.log("numeric check disabled (check = 0); the IR compiles for the CPU")
+                return
+            try:
+                reference = literal_session(source)
+            except Exception as exc:
+                raise StepError(f"onnxruntime cannot load the input model of {label}, so the {LABEL} IR "
+                                f"cannot be checked (check = 0 skips it): {first_line(exc)}") from None
+            specs = input_specs(reference)
+            names = [o.name for o in reference.get_outputs()]
+            missing = [n for n in names if n not in runner.output_names()]
+            if missing:
+                raise StepError(f"the {LABEL} IR of {label} lacks outputs {missing} of its input model "
+                                f"(it has {runner.output_names()})")
+            tolerance = p.tolerance if p.tolerance is not None else TOLERANCE[p.precision]
+            min_cosine = p.min_cosine if p.min_cosine is not None else MIN_COSINE[p.precision]
+            count = min(p.check, len(samples)) if p.precision == "int8" else p.check
+            what = "calibration samples" if p.precision == "int8" else "seeded inputs"
+            worst_abs = worst_rel = 0.0
+            seen: dict[str, tuple[list[Any], list[Any]]] = {name: ([], []) for name in names}
+            for i in range(count):
+                feed = samples[i] if p.precision == "int8" else feeds(specs, p.inputs, i)
+                tried = (f"fed calibration sample {i}" if p.precision == "int8"
+                         else describe_tried(specs, p.inputs, [i]))
+                try:
+                    expected = reference.run(names, feed)
+                except Exception as exc:
+                    raise StepError(f"the input model of {label} does not run on the inputs the check made "
+                                    f"({shapes(feed)}): {first_line(exc)}. {tried}") from None
+                try:
+                    got = runner.infer(feed)
+                except Exception as exc:
+                    raise blame(exc, source, feed, label, f"the {LABEL} IR", tried) from None
+                result = compare_outputs(names, expected, [got[n] for n in names])
+                failure = result.failure(tolerance, p.atol) if tolerance is not None else result.problem
+                if failure:
+                    raise StepError(f"the {p.precision} {LABEL} IR disagrees with {label} (check {i}, "
+                                    f"inputs {shapes(feed)}): {failure}")
+                for name, ref in zip(names, expected):
+                    seen[name][0].append(ref)
+                    seen[name][1].append(got[name])
+                worst_abs, worst_rel = max(worst_abs, result.max_abs), max(worst_rel, result.max_rel)
+        cosines = {name: cos for name, (refs, cands) in seen.items() if (cos := _float_cosine(refs, cands)) is not None}
+        for name, cos in cosines.items():
+            if min_cosine is not None and not cos >= min_cosine:
+                raise StepError(f"the {p.precision} {LABEL} IR disagrees with {label}: output {name!r} has cosine "
+                                f"similarity {cos:.5f} over {count} {what}, below min_cosine {min_cosine}")
+        worst_cos = min(cosines.values(), default=1.0)
+        ctx.metrics.update(checks=count, max_abs_error=worst_abs, max_rel_error=worst_rel, cosine=worst_cos)
+        ctx.log(f"{LABEL} IR vs input on {count} {what}: max abs error {worst_abs:.3g}, relative "
+                f"{worst_rel:.3g}, cosine {worst_cos:.6f}")
+
+
+def ignored_ops(model: Any, scope: IgnoredScope, label: str) -> tuple[list[str], list[str]]:
+    """The names of the ops of ``model`` (an openvino.Model) that ``scope`` matches, as NNCF
+    matches them (names exactly, types by OpenVINO op type, patterns from the start of the
+    name), and warnings (a name that only hits the bias Add of a Gemm). StepError naming
+    each entry that matches no op, with close op names or types."""
+    ops = [(op.get_friendly_name(), op.get_type_name()) for op in model.get_ops()
+           if op.get_type_name() not in ("Parameter", "Result", "Constant")]
+    all_names = [name for name, _ in ops]
+    all_types = sorted({kind for _, kind in ops})
+    kinds = dict(ops)
+    matched: dict[str, None] = {}
+    unmatched: list[str] = []
+    warnings: list[str] = []
+    for name in scope.names:
+        if name in all_names:
+            matched[name] = None
+            if kinds[name] == "Add" and (mm := f"{name}/WithoutBiases") in kinds and mm not in scope.names:
+                warnings.append(f"ignored_scope name {name!r} is the bias Add of the Gemm {name!r} of {label}, "
+                                f"which NNCF does not quantize anyway; its MatMul is {mm!r}")
+            continue
+        near = [n for n in all_names if n.startswith(name)][:3] or difflib.get_close_matches(name, all_names, 3)
+        unmatched.append(f"name {name!r}" + (f" (close: {', '.join(map(repr, near))})" if near else ""))
+    for kind in scope.types:
+        hits = [name for name, k in ops if k == kind]
+        matched.update(dict.fromkeys(hits))
+        if not hits:
+            near = ([OV_TYPES[kind]] if OV_TYPES.get(kind) in all_types
+                    else difflib.get_close_matches(kind, all_types, 3, cutoff=0.5))
+            unmatched.append(f"type {kind!r}" + (f" (close: {', '.join(map(repr, near))})" if near else ""))
+    for pattern in scope.patterns:
+        hits = [name for name in all_names if re.match(pattern, name)]
+        matched.update(dict.fromkeys(hits))
+        if not hits:
+            unmatched.append(f"pattern {pattern!r}")
+    if unmatched:
+        raise StepError(f"ignored_scope: {'; '.join(unmatched)} match{'es' if len(unmatched) == 1 else ''} no op "
+                        f"of {label} as OpenVINO converted it (OpenVINO op names are mostly the ONNX node names, "
+                        f"but a Gemm 'g' with a bias becomes the MatMul 'g/WithoutBiases'; its op types here: "
+                        f"{', '.join(all_types)})")
+    return list(matched), warnings
+
+
+def _float_cosine(references: list[Any], candidates: list[Any]) -> float | None:
+    """Cosine similarity of all the values of one output over the comparisons, concatenated;
+    None for non-float or empty outputs (compare.cosine covers the rest)."""
+    import numpy as np
+
+    from optbuild.compare import cosine
+
+    if not references or not all(np.issubdtype(np.asarray(a).dtype, np.floating) for a in references + candidates):
+        return None
+    a = np.concatenate([np.asarray(r, np.float64).ravel() for r in references])
+    b = np.concatenate([np.asarray(c, np.float64).ravel() for c in candidates])
+    return cosine(a, b) if a.size else None
