@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,7 +56,7 @@ from optbuild.units import human_size
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
-    from optbuild.backends.base import Backend, InputSpec, Manifest
+    from optbuild.backends.base import Backend, Manifest, TensorSpec
     from optbuild.fingerprint import Fingerprint
     from optbuild.recipe import StepSpec
     from optbuild.report import Reporter
@@ -344,24 +344,6 @@ def _verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | N
 
 
 # --- inputs ----------------------------------------------------------------------------------
-def concrete_specs(specs: list[InputSpec], batch: int, dim: int) -> list[InputSpec]:
-    """Specs with every unknown dim given: ``batch`` on axis 0, ``dim`` elsewhere; a symbolic
-    name gets one value everywhere (``batch`` if it is on axis 0 of any input)."""
-    batch_names = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
-    out = []
-    for spec in specs:
-        shape = []
-        for axis, d in enumerate(spec.shape):
-            if isinstance(d, int):
-                shape.append(d)
-            elif axis == 0 or (isinstance(d, str) and d in batch_names):
-                shape.append(batch)
-            else:
-                shape.append(dim)
-        out.append(replace(spec, shape=tuple(shape)))
-    return out
-
-
 def _int_range(ws: Workspace, verifies: list[str]) -> tuple[int, int]:
     for sid in verifies:
         value = getattr(ws.project.steps[sid].step.params, "int_range", None)
@@ -370,7 +352,7 @@ def _int_range(ws: Workspace, verifies: list[str]) -> tuple[int, int]:
     return 0, 8
 
 
-def _batch_of(specs: list[InputSpec]) -> int:
+def _batch_of(specs: list[TensorSpec]) -> int:
     first = specs[0].shape if specs else ()
     return int(first[0]) if first and isinstance(first[0], int) else 1
 
@@ -391,8 +373,8 @@ def _model_size(path: Path) -> int:
 def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, int_range: tuple[int, int],
                   stack: ExitStack) -> tuple[_Runner, list[str]]:
     """The step's model, opened by the backend that runs it, on seeded inputs."""
+    from optbuild import samples as sampling
     from optbuild.backends import registry
-    from optbuild.steps import calibdata
 
     notes = []
     backend, manifest = registry.for_artifact(path, sid)
@@ -402,8 +384,8 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
         raise BenchError(f"{backend.label} cannot load {sid} ({path.name}): {type(exc).__name__}: "
                          f"{first_line(exc)}") from None
     declared = runner.input_specs()
-    specs = concrete_specs(declared, options.batch, options.dim)
-    feeds = runner.cast(calibdata.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0])
+    specs = sampling.concrete_specs(declared, options.batch, options.dim)
+    feeds = runner.cast(sampling.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0])
     if declared and declared[0].shape and isinstance(declared[0].shape[0], int) \
             and declared[0].shape[0] != options.batch:
         notes.append(f"{sid}: the model fixes batch {declared[0].shape[0]}; --batch {options.batch} "
@@ -427,9 +409,9 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
     exported model gets. Open while measuring: the model's sibling modules stay importable."""
     import torch
 
+    from optbuild import samples as sampling
     from optbuild.backends import registry
     from optbuild.fingerprint import Fingerprint
-    from optbuild.steps import calibdata
     from optbuild.steps.base import StepContext
 
     step = ws.project.steps[sid].step  # an optbuild.steps.export.Export
@@ -440,8 +422,8 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
         # the inputs the exported model gets (same seed, same shapes), by the export's input names
         backend, manifest = registry.for_artifact(export_model, sid)
         with backend.open(export_model, manifest, _fingerprint()) as exported:
-            specs = concrete_specs(exported.input_specs(), options.batch, options.dim)
-        feeds = calibdata.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0]
+            specs = sampling.concrete_specs(exported.input_specs(), options.batch, options.dim)
+        feeds = sampling.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0]
         names = list(step.params.input_names) or [s.name for s in specs]
         args = tuple(torch.from_numpy(feeds[names[i]]) if i < len(names) and names[i] in feeds else example
                      for i, example in enumerate(examples))

@@ -21,9 +21,9 @@ from pydantic import AfterValidator, BaseModel
 from pydantic.fields import FieldInfo
 
 from optbuild.errors import OptbuildError
+from optbuild.samples import check_data_source
 from optbuild.steps import registry
 from optbuild.steps.base import CALLABLE_REF, INPUT_PATH, STEP_REF, Step
-from optbuild.steps.calibdata import check_data_source
 
 GENERATE = "python -m optbuild.reference > docs/steps.md"
 WIDTH = 92  # descriptions are wrapped to this: the text reads the same in a terminal

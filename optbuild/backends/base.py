@@ -32,8 +32,9 @@ Manifest = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
-class InputSpec:
-    """A model input as its runtime declares it: dims are ints, names, or None (unknown)."""
+class TensorSpec:
+    """A model input or output as its runtime declares it: dims are ints, names, or None
+    (unknown)."""
 
     name: str
     dtype: str  # numpy dtype name ("float32"), or the runtime's type string when numpy has none
@@ -69,12 +70,15 @@ class Runner(ABC):
         """Free what ``_open`` took."""
 
     @abstractmethod
-    def input_specs(self) -> list[InputSpec]:
+    def input_specs(self) -> list[TensorSpec]:
         """The inputs, with the dims the artifact leaves open as names or None."""
 
     @abstractmethod
-    def output_names(self) -> list[str]:
+    def output_specs(self) -> list[TensorSpec]:
         """The outputs, in the artifact's order."""
+
+    def output_names(self) -> list[str]:
+        return [spec.name for spec in self.output_specs()]
 
     @abstractmethod
     def infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,7 +1,7 @@
 """kind = "calibrate": activation ranges of an ONNX model over calibration data.
 
 The model runs on onnxruntime (CPU) over the samples of ``data`` (an .npz file, a folder of
-.npy files, or ``file.py:callable`` yielding feed dicts: see optbuild.steps.calibdata), and
+.npy files, or ``file.py:callable`` yielding feed dicts: see optbuild.samples), and
 onnxruntime.quantization's calibrator for ``method`` (minmax, entropy, percentile) reduces
 what it sees to one range per tensor. The data files (or the callable's file and the
 project-local modules it imports) enter the key, with the model's content and the params.
@@ -59,14 +59,14 @@ from pydantic import AfterValidator, Field, model_validator
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.callables import Call
 from optbuild.errors import StepError, first_line
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibdata import (
+from optbuild.samples import (
     DataArg,
     check_data_source,
     data_calls,
     data_key_files,
     non_default,
 )
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 
 TABLE_FORMAT = "optbuild.calibration"
 TABLE_VERSION = 1
@@ -204,9 +204,9 @@ class Calibrate(Step):
     def run(self, ctx: StepContext) -> None:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, create_calibrator
 
-        from optbuild.backends.onnxruntime import loader as ort_loader
+        from optbuild import samples as sampling
         from optbuild.digest import hash_file
-        from optbuild.steps import calibdata
+        from optbuild.steps.rewrite_check import reference_runner
 
         p = self.params
         model = ctx.inputs["input"].primary
@@ -214,10 +214,11 @@ class Calibrate(Step):
             raise StepError(f"calibrate needs an ONNX model; {ctx.inputs['input'].step} gives "
                             f"{model.name if model else 'no file'}")
         try:
-            specs = ort_loader.input_specs(ort_loader.session(model, level="disable"))
+            with reference_runner(model, ctx.host) as runner:
+                specs = runner.input_specs()
         except Exception as exc:
             raise StepError(f"onnxruntime cannot load {ctx.inputs['input'].step}: {exc}") from None
-        samples = calibdata.load_samples(p.data, ctx.base_dir, specs, args=p.data_args, limit=p.samples)
+        samples = sampling.load_samples(p.data, ctx.base_dir, specs, args=p.data_args, limit=p.samples)
         ctx.log(f"calibrating with {len(samples)} samples from {samples.source}, method {p.method}")
 
         class Reader(CalibrationDataReader):

@@ -217,29 +217,30 @@ class OrtEngine(Step):
             ctx.log(f"level {self.params.level}: ORT format, {out.stat().st_size} bytes")
 
     def _check(self, ctx: StepContext, source: Path, optimized: Any) -> None:
-        from optbuild.backends.onnxruntime import loader as ort_loader
         from optbuild.compare import compare_outputs
-        from optbuild.steps.inputdecl import check_declarations, describe_tried, feeds
-        from optbuild.steps.rewrite_check import blame, shapes
+        from optbuild.samples import describe_tried, feeds
+        from optbuild.steps.inputdecl import check_declarations
+        from optbuild.steps.rewrite_check import blame, reference_runner, shapes
 
         p = self.params
         label, decls = ctx.inputs["input"].step, p.inputs
-        reference = ort_loader.session(source, level="disable")
-        specs = ort_loader.input_specs(reference)
-        check_declarations(specs, decls, label)
-        names = [o.name for o in reference.get_outputs()]
         worst_abs = worst_rel = 0.0
-        for check in range(p.check):
-            feed = feeds(specs, decls, check)
-            try:
-                got = optimized.run(None, feed)
-            except Exception as exc:
-                raise blame(exc, source, feed, label, f"the level-{p.level} model",
-                            describe_tried(specs, decls, [check])) from None
-            result = compare_outputs(names, reference.run(None, feed), got)
-            failure = result.failure(p.tolerance, p.atol)
-            if failure:
-                raise StepError(f"the level-{p.level} model disagrees with its input (check {check}, "
-                                f"seeded inputs {shapes(feed)}): {failure}")
-            worst_abs, worst_rel = max(worst_abs, result.max_abs), max(worst_rel, result.max_rel)
+        with reference_runner(source, ctx.host) as reference:
+            specs = reference.input_specs()
+            check_declarations(specs, decls, label)
+            names = reference.output_names()
+            for check in range(p.check):
+                feed = feeds(specs, decls, check)
+                try:
+                    got = optimized.run(names, feed)
+                except Exception as exc:
+                    raise blame(exc, source, feed, label, f"the level-{p.level} model",
+                                describe_tried(specs, decls, [check]), ctx.host) from None
+                expected = reference.infer(feed)
+                result = compare_outputs(names, [expected[n] for n in names], got)
+                failure = result.failure(p.tolerance, p.atol)
+                if failure:
+                    raise StepError(f"the level-{p.level} model disagrees with its input (check {check}, "
+                                    f"seeded inputs {shapes(feed)}): {failure}")
+                worst_abs, worst_rel = max(worst_abs, result.max_abs), max(worst_rel, result.max_rel)
         ctx.metrics.update(max_abs_error=worst_abs, max_rel_error=worst_rel)

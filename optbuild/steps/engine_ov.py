@@ -14,7 +14,7 @@ bounds it; other dims stay as the ONNX model has them (dynamic dims stay dynamic
 * "int8": NNCF's post-training quantization (``nncf.quantize``, target device ANY, preset
   "performance": symmetric activations, or "mixed": asymmetric) inserts FakeQuantize ops
   with ranges observed on ``samples`` samples of ``calibration`` (the forms the calibrate
-  step takes: .npz, a folder of .npy, ``file.py:callable``; see optbuild.steps.calibdata),
+  step takes: .npz, a folder of .npy, ``file.py:callable``; see optbuild.samples),
   then fast bias correction. ``model_type = "transformer"`` (nncf.ModelType.TRANSFORMER)
   keeps the element-wise ops, normalizations and reductions of transformers float, quantizes
   the MatMuls, smooths their activation outliers into the weights first (SmoothQuant, with
@@ -75,14 +75,14 @@ from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
 from optbuild.backends.openvino.loader import RT_INFO_HINT, RT_INFO_PRECISION
 from optbuild.callables import Call
 from optbuild.errors import StepError
+from optbuild.samples import DataArg, data_key_files, is_callable_source, non_default
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibdata import DataArg, data_key_files, is_callable_source, non_default
 from optbuild.steps.calibrate import DataSource
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 from optbuild.steps.rewrite_check import Atol, atol_field
 
 if typing.TYPE_CHECKING:
-    from optbuild.backends.base import InputSpec
+    from optbuild.backends.base import TensorSpec
     from optbuild.fingerprint import Fingerprint
 
 MANIFEST = "engine.json"
@@ -405,11 +405,11 @@ class OpenVINOEngine(Step):
             raise StepError(f"{LABEL} cannot give {label} the declared input shapes ({listed}): "
                             f"{loader.message(exc)}") from None
 
-    def _quantize(self, ctx: StepContext, model: Any, specs: list[InputSpec],
+    def _quantize(self, ctx: StepContext, model: Any, specs: list[TensorSpec],
                   label: str) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
         """NNCF post-training INT8 over the calibration samples: (model, samples, manifest entries)."""
         from optbuild.backends.openvino import loader
-        from optbuild.steps.calibdata import load_samples
+        from optbuild.samples import load_samples
 
         p = self.params
         if (missing := nncf_missing()) is not None:
@@ -485,27 +485,26 @@ class OpenVINOEngine(Step):
 
     def _check(self, ctx: StepContext, source: Path, out: Path, label: str,
                samples: list[dict[str, Any]]) -> None:
-        from optbuild.backends.onnxruntime.loader import input_specs
         from optbuild.backends.openvino.runner import OpenVINORunner
         from optbuild.compare import compare_outputs
         from optbuild.errors import first_line
-        from optbuild.steps.inputdecl import describe_tried, feeds
-        from optbuild.steps.rewrite_check import blame, literal_session, shapes
+        from optbuild.samples import describe_tried, feeds
+        from optbuild.steps.rewrite_check import blame, reference_runner, shapes
 
         p = self.params
-        with OpenVINORunner(out, hint=p.hint, inference_precision="f32") as runner:
+        with OpenVINORunner(out, hint=p.hint, inference_precision="f32") as runner, contextlib.ExitStack() as stack:
             ctx.metrics["load_ms"] = round(runner.load_ms, 1)
             if not p.check:
                 ctx.metrics["checks"] = 0
                 ctx.log("numeric check disabled (check = 0); the IR compiles for the CPU")
                 return
             try:
-                reference = literal_session(source)
+                reference = stack.enter_context(reference_runner(source, ctx.host))
             except Exception as exc:
-                raise StepError(f"onnxruntime cannot load the input model of {label}, so the {LABEL} IR "
-                                f"cannot be checked (check = 0 skips it): {first_line(exc)}") from None
-            specs = input_specs(reference)
-            names = [o.name for o in reference.get_outputs()]
+                raise StepError(f"cannot load the input model of {label}, so the {LABEL} IR cannot be "
+                                f"checked (check = 0 skips it): {first_line(exc)}") from None
+            specs = reference.input_specs()
+            names = reference.output_names()
             missing = [n for n in names if n not in runner.output_names()]
             if missing:
                 raise StepError(f"the {LABEL} IR of {label} lacks outputs {missing} of its input model "
@@ -521,14 +520,15 @@ class OpenVINOEngine(Step):
                 tried = (f"fed calibration sample {i}" if p.precision == "int8"
                          else describe_tried(specs, p.inputs, [i]))
                 try:
-                    expected = reference.run(names, feed)
+                    ran = reference.infer(feed)
+                    expected = [ran[n] for n in names]
                 except Exception as exc:
                     raise StepError(f"the input model of {label} does not run on the inputs the check made "
                                     f"({shapes(feed)}): {first_line(exc)}. {tried}") from None
                 try:
                     got = runner.infer(feed)
                 except Exception as exc:
-                    raise blame(exc, source, feed, label, f"the {LABEL} IR", tried) from None
+                    raise blame(exc, source, feed, label, f"the {LABEL} IR", tried, ctx.host) from None
                 result = compare_outputs(names, expected, [got[n] for n in names])
                 failure = result.failure(tolerance, p.atol) if tolerance is not None else result.problem
                 if failure:

@@ -256,10 +256,10 @@ def _describe_inputs(inputs: list[tuple[str, tuple[int, ...]]]) -> str:
 def declared_profiles(inputs: list[tuple[str, tuple[int, ...]]], decls: InputDecls | None) -> list[Profile]:
     """One profile from the declared shapes of the network's dynamic inputs; [] when one of
     them is not declared (static inputs need none)."""
-    from optbuild.backends.base import InputSpec
+    from optbuild.backends.base import TensorSpec
     from optbuild.steps.inputdecl import profile_shapes
 
-    specs = [InputSpec(name, "", tuple(d if d >= 0 else None for d in shape)) for name, shape in inputs]
+    specs = [TensorSpec(name, "", tuple(d if d >= 0 else None for d in shape)) for name, shape in inputs]
     shapes = profile_shapes(specs, decls)
     if not shapes:
         return []

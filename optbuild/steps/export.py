@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -46,6 +46,9 @@ from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
 from optbuild.steps.base import CallableRef, InputPath, Step, StepContext, StepParams
 from optbuild.steps.inputdecl import StepInputs
+
+if TYPE_CHECKING:
+    from optbuild.backends.base import Runner
 
 TORCHSCRIPT_MAX_OPSET = 20  # torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET in 2.13
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset; lower ones need a fragile conversion
@@ -364,24 +367,33 @@ class Export(Step):
         return changed
 
     def _verify(self, ctx: StepContext, out: Path, module: Any, inputs: tuple, expected: Any) -> None:
-        """onnxruntime vs PyTorch on the example inputs, then with every dynamic axis grown."""
-        from optbuild.backends.onnxruntime.loader import session as ort_session
+        """The export on the backend that runs ONNX models (onnxruntime) vs PyTorch on the
+        example inputs, then with every dynamic axis grown."""
+        from optbuild.backends import registry
 
         p = self.params
-        try:
-            session = ort_session(out)
-        except Exception as exc:
-            raise StepError(f"onnxruntime cannot load the export of {p.model}: {first_line(exc)}") from None
-        names = [o.name for o in session.get_outputs()]
+        backend = registry.onnx_backend()
+        with ExitStack() as stack:
+            try:
+                runner = stack.enter_context(backend.open(out, {"backend": backend.name}, ctx.host))
+            except Exception as exc:
+                raise StepError(f"{backend.label} cannot load the export of {p.model}: {first_line(exc)}") from None
+            self._compare(ctx, runner, module, inputs, expected)
+
+    def _compare(self, ctx: StepContext, runner: Runner, module: Any, inputs: tuple, expected: Any) -> None:
+        p = self.params
+        names = runner.output_names()
         reference = [t.detach().cpu().numpy() for t in _tensors(expected)]
-        feeds = self._feeds(session, inputs)
         try:
-            outputs = session.run(None, feeds)
+            ran = runner.infer(self._feeds(runner, inputs))
+        except StepError:
+            raise
         except Exception as exc:
-            raise StepError(f"onnxruntime fails to run the export of {p.model}: {first_line(exc)}") from None
+            raise StepError(f"{runner.label} fails to run the export of {p.model}: {first_line(exc)}") from None
+        outputs = [ran[n] for n in names]
         result = compare_outputs(names, reference, outputs)
         ctx.metrics.update(max_abs_error=result.max_abs, max_rel_error=result.max_rel)
-        ctx.log(f"onnxruntime vs PyTorch: max abs error {result.max_abs:.3g}, relative {result.max_rel:.3g}")
+        ctx.log(f"{runner.label} vs PyTorch: max abs error {result.max_abs:.3g}, relative {result.max_rel:.3g}")
         if result.problem or not result.max_rel <= p.tolerance:
             raise StepError(f"the export of {p.model} disagrees with PyTorch on the example inputs: "
                             f"{result.describe(p.tolerance)}")
@@ -398,7 +410,10 @@ class Export(Step):
                 "shape?): compute it with tensor ops, or use exporter = 'dynamo'"
                 if p.exporter == "torchscript" else "")
         try:
-            outputs = session.run(None, self._feeds(session, grown))
+            ran = runner.infer(self._feeds(runner, grown))
+            outputs = [ran[n] for n in names]
+        except StepError:
+            raise
         except Exception as exc:
             raise StepError(f"the export of {p.model} does not run with dynamic axes at {sizes}: "
                             f"{first_line(exc)}{hint}") from None
@@ -408,8 +423,8 @@ class Export(Step):
             raise StepError(f"the export of {p.model} does not follow its dynamic axes: at {sizes}, "
                             f"{result.describe(p.tolerance)}{hint}")
 
-    def _feeds(self, session: Any, inputs: tuple) -> dict[str, Any]:
-        graph_inputs = [i.name for i in session.get_inputs()]
+    def _feeds(self, runner: Runner, inputs: tuple) -> dict[str, Any]:
+        graph_inputs = [spec.name for spec in runner.input_specs()]
         arrays = [t.detach().cpu().numpy() for t in inputs]
         if len(graph_inputs) == len(arrays):
             return dict(zip(graph_inputs, arrays))

@@ -1,4 +1,5 @@
-"""What a model's inputs may hold, declared once in a recipe, and the seeded feeds built from it.
+"""What a model's inputs may hold, declared once in a recipe (optbuild.samples draws the
+seeded feeds from it).
 
 Every self-check (simplify, opset, quantize, the onnxruntime engine, verify without data)
 runs models on seeded random inputs. A model's own declaration often cannot say what it
@@ -29,12 +30,8 @@ from optbuild.errors import StepError
 from optbuild.steps.base import KEYED_WHEN_SET
 
 if TYPE_CHECKING:
-    import numpy as np
+    from optbuild.backends.base import TensorSpec
 
-    from optbuild.backends.base import InputSpec
-
-UNDECLARED_SIZES = (1, 2, 3)  # an undeclared symbolic dim, check by check
-DEFAULT_INT_RANGE = (0, 7)  # integers without a declaration: token ids, indices (inclusive)
 DOCS = "docs/steps.md#model-inputs"
 
 Dtype = Literal["float32", "float16", "float64", "bfloat16", "int64", "int32", "int16", "int8",
@@ -102,7 +99,7 @@ def merged(recipe: InputDecls | None, step: InputDecls | None) -> InputDecls | N
 
 
 # --- against a model ---------------------------------------------------------------------
-def check_declarations(specs: list[InputSpec], decls: InputDecls | None, label: str) -> None:
+def check_declarations(specs: list[TensorSpec], decls: InputDecls | None, label: str) -> None:
     """StepError when a declaration names no input of the model, or contradicts its rank,
     a static dim or its dtype: a mistake in the recipe must not become a puzzling failure."""
     names = [s.name for s in specs]
@@ -123,96 +120,17 @@ def check_declarations(specs: list[InputSpec], decls: InputDecls | None, label: 
             raise StepError(f"inputs.{name}: shape {decl.shape} has rank {len(decl.shape)}, "
                             f"{label} declares {spec.describe()} (rank {len(spec.shape)})")
         for axis, (dim, fixed) in enumerate(zip(decl.shape, spec.shape)):
-            if isinstance(fixed, int) and _sizes(dim) != [fixed] * len(_sizes(dim)):
+            if isinstance(fixed, int) and sizes(dim) != [fixed] * len(sizes(dim)):
                 raise StepError(f"inputs.{name}: dim {axis} is fixed at {fixed} in {label}, "
                                 f"the declaration gives {dim}")
 
 
-def _sizes(dim: int | list[int]) -> list[int]:
+def sizes(dim: int | list[int]) -> list[int]:
+    """The sizes a declared dim allows at its ends (and opt): [n] for a fixed size."""
     return dim if isinstance(dim, list) else [dim]
 
 
-def _pick(dim: int | list[int], check: int) -> int:
-    """Check ``check``'s size of a declared dim: [min, opt, max] -> opt, min, max; [min, max] ->
-    min, max, midpoint."""
-    if isinstance(dim, int):
-        return dim
-    order = [dim[1], dim[0], dim[2]] if len(dim) == 3 else [dim[0], dim[1], (dim[0] + dim[1]) // 2]
-    return order[check % 3]
-
-
-def shape_for(spec: InputSpec, decl: InputDecl | None, check: int) -> list[int]:
-    if decl is not None and decl.shape is not None:
-        return [_pick(dim, check) for dim in decl.shape]
-    return [d if isinstance(d, int) else UNDECLARED_SIZES[check % len(UNDECLARED_SIZES)] for d in spec.shape]
-
-
-def feeds(specs: list[InputSpec], decls: InputDecls | None, check: int, seed: int | None = None) -> dict[str, np.ndarray]:
-    """Seeded inputs for check number ``check`` (seed: ``check`` unless given)."""
-    import numpy as np
-
-    rng = np.random.default_rng(check if seed is None else seed)
-    feed = {}
-    for spec in specs:
-        decl = (decls or {}).get(spec.name)
-        shape = shape_for(spec, decl, check)
-        feed[spec.name] = values(rng, spec, decl, shape, check)
-    return feed
-
-
-def values(rng: Any, spec: InputSpec, decl: InputDecl | None, shape: list[int], check: int,
-           int_range: tuple[int, int] = DEFAULT_INT_RANGE) -> np.ndarray:
-    """Seeded values for ``spec`` of ``shape``: as ``decl`` says, else N(0, 1) floats,
-    uniform booleans and integers in ``int_range`` (both ends included)."""
-    import numpy as np
-
-    dtype = spec.dtype
-    if dtype not in ("bool", "float32", "float16", "float64") and not dtype.startswith(("int", "uint")):
-        raise StepError(f"cannot make random values for input {spec} (give a data source)")
-    if decl is not None and decl.values is not None:
-        if int(np.prod(shape)) == 1:
-            return np.full(shape, decl.values[check % len(decl.values)]).astype(dtype)
-        return rng.choice(np.asarray(decl.values), size=shape).astype(dtype)
-    if dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    low, high = decl.range if decl is not None and decl.range is not None else (None, None)
-    if dtype.startswith(("int", "uint")):
-        lo, hi = (int(low), int(high)) if low is not None else int_range
-        return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
-    if low is not None:
-        return rng.uniform(low, high, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def describe_tried(specs: list[InputSpec], decls: InputDecls | None, checks: list[int]) -> str:
-    """What checks ``checks`` fed each input, and how to declare something else: for the
-    message of a failed check."""
-    parts = []
-    for spec in specs:
-        decl = (decls or {}).get(spec.name)
-        shapes = []
-        for check in checks:
-            shape = shape_for(spec, decl, check)
-            if shape not in shapes:
-                shapes.append(shape)
-        if decl is not None and decl.values is not None:
-            drawn = f"values {decl.values}"
-        elif spec.dtype == "bool":
-            drawn = "True/False"
-        elif decl is not None and decl.range is not None:
-            drawn = f"in [{decl.range[0]:g}, {decl.range[1]:g}]"
-        elif spec.dtype.startswith(("int", "uint")):
-            drawn = f"integers {DEFAULT_INT_RANGE[0]}..{DEFAULT_INT_RANGE[1]}"
-        else:
-            drawn = "N(0, 1)"
-        origin = "declared" if decl is not None else "the model's own"
-        parts.append(f"{spec.name} {spec.dtype} {' / '.join(map(str, shapes))} {drawn} ({origin})")
-    return ("fed " + "; ".join(parts) + f". Declare what the model takes in the recipe, e.g. "
-            f"[inputs.{specs[0].name if specs else 'x'}] shape = [...], range = [...] or values = [...] "
-            f"(see {DOCS})")
-
-
-def profile_shapes(specs: list[InputSpec], decls: InputDecls | None) -> dict[str, tuple[list[int], list[int], list[int]]] | None:
+def profile_shapes(specs: list[TensorSpec], decls: InputDecls | None) -> dict[str, tuple[list[int], list[int], list[int]]] | None:
     """(min, opt, max) per input from the declarations, for a TensorRT profile; None when a
     dynamic input has no declared shape (the step then needs explicit profiles)."""
     shapes = {}
@@ -222,8 +140,8 @@ def profile_shapes(specs: list[InputSpec], decls: InputDecls | None) -> dict[str
             if all(isinstance(d, int) for d in spec.shape):
                 continue
             return None
-        low = [_sizes(d)[0] for d in decl.shape]
-        high = [_sizes(d)[-1] for d in decl.shape]
+        low = [sizes(d)[0] for d in decl.shape]
+        high = [sizes(d)[-1] for d in decl.shape]
         opt = [d[1] if isinstance(d, list) and len(d) == 3 else (d[-1] if isinstance(d, list) else d)
                for d in decl.shape]
         shapes[spec.name] = (low, opt, high)

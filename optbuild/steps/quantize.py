@@ -38,6 +38,7 @@ it, and is the default there for int8 weights (the host's VNNI then enters the k
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,8 +48,8 @@ from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError
+from optbuild.samples import non_default
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibdata import non_default
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 
 if TYPE_CHECKING:
@@ -287,7 +288,7 @@ class Quantize(Step):
         quantized = sum(map(_quantized_op, ops)) > sum(map(_quantized_op, ops_before))
         if self.params.mode != "fp16" and not quantized and not self.params.allow_unchanged:
             raise StepError(self._unchanged(before, label))
-        self._check(source, out, label)
+        self._check(ctx, source, out, label)
 
     # --- INT8 ------------------------------------------------------------------------------
     def _int8(self, ctx: StepContext, source: Path, model: Any, out: Path) -> None:
@@ -510,38 +511,43 @@ class Quantize(Step):
         onnx.save(converted, str(out))
 
     # --- the result loads, and runs ------------------------------------------------------------
-    def _check(self, source: Path, out: Path, label: str) -> None:
-        """The result passes onnx.checker (full_check) and opens in onnxruntime (CPU), whatever
-        ``check`` says: a cached model must at least load. With ``check``, it also runs once
-        on check 0's feeds."""
+    def _check(self, ctx: StepContext, source: Path, out: Path, label: str) -> None:
+        """The result passes onnx.checker (full_check) and opens on the backend that runs ONNX
+        models (onnxruntime, CPU), whatever ``check`` says: a cached model must at least load.
+        With ``check``, it also runs once on check 0's feeds."""
         import onnx
 
-        from optbuild.backends.onnxruntime import loader as ort_loader
-        from optbuild.steps.inputdecl import check_declarations, describe_tried, feeds
+        from optbuild.backends import registry
+        from optbuild.samples import describe_tried, feeds
+        from optbuild.steps.inputdecl import check_declarations
         from optbuild.steps.rewrite_check import blame
 
         what = f"the {self.params.mode} model"
-        try:
-            sess = ort_loader.session(out)
-        except Exception as exc:
-            raise StepError(f"{what} does not load in onnxruntime (CPU): {type(exc).__name__}: {exc}") from None
-        try:
-            onnx.checker.check_model(str(out), full_check=True)
-        except Exception as exc:  # ValidationError, or an InferenceError of the strict shape inference
-            raise StepError(f"{what} fails onnx.checker (full_check): {type(exc).__name__}: {exc}") from None
-        if not self.params.check:
-            return
-        specs = ort_loader.input_specs(sess)
-        check_declarations(specs, self.params.inputs, label)
-        feed = feeds(specs, self.params.inputs, 0)
-        try:
-            sess.run(None, feed)
-        except Exception as exc:
-            error = str(blame(exc, source, feed, label, what, describe_tried(specs, self.params.inputs, [0])))
-            if "ConvInteger" in str(exc) or "NOT_IMPLEMENTED" in str(exc):
-                error += ("\nhint: onnxruntime's CPU kernels lack this quantized op for these types; try "
-                          "weight_type = \"uint8\", or leave the op out (op_types_to_quantize / nodes_to_exclude)")
-            raise StepError(error) from None
+        backend = registry.onnx_backend()
+        with contextlib.ExitStack() as stack:
+            try:
+                runner = stack.enter_context(backend.open(out, {"backend": backend.name}, ctx.host))
+            except Exception as exc:
+                raise StepError(f"{what} does not load in {backend.label} (CPU): {type(exc).__name__}: "
+                                f"{exc}") from None
+            try:
+                onnx.checker.check_model(str(out), full_check=True)
+            except Exception as exc:  # ValidationError, or an InferenceError of the strict shape inference
+                raise StepError(f"{what} fails onnx.checker (full_check): {type(exc).__name__}: {exc}") from None
+            if not self.params.check:
+                return
+            specs = runner.input_specs()
+            check_declarations(specs, self.params.inputs, label)
+            feed = feeds(specs, self.params.inputs, 0)
+            try:
+                runner.infer(feed)
+            except Exception as exc:
+                error = str(blame(exc, source, feed, label, what, describe_tried(specs, self.params.inputs, [0]),
+                                  ctx.host))
+                if "ConvInteger" in str(exc) or "NOT_IMPLEMENTED" in str(exc):
+                    error += ("\nhint: onnxruntime's CPU kernels lack this quantized op for these types; try "
+                              "weight_type = \"uint8\", or leave the op out (op_types_to_quantize / nodes_to_exclude)")
+                raise StepError(error) from None
 
 
 # --- the host's CPU and reduce_range ---------------------------------------------------------

@@ -3,19 +3,29 @@ must agree with its input, on the same feeds, in interface, output shapes and va
 
 A rewrite is trusted only after it agrees with its input model: onnxslim has been seen to
 change an output's shape, onnxsim to fail on some graphs, and onnx's version converter to
-drop an attribute. numpy and onnxruntime are imported inside the functions.
+drop an attribute. Both models run through the backend that runs plain ONNX models
+(optbuild.backends.registry), as written: ``reference_runner``. numpy and the runtime are
+imported inside the functions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field
 
+from optbuild.backends import registry
 from optbuild.errors import StepError, first_line
+from optbuild.samples import describe_tried, feeds
 from optbuild.steps.base import KEYED_WHEN_SET, StepContext
-from optbuild.steps.inputdecl import InputDecls, check_declarations, describe_tried, feeds
+from optbuild.steps.inputdecl import InputDecls, check_declarations
+
+if typing.TYPE_CHECKING:
+    from optbuild.backends.base import Runner
+    from optbuild.fingerprint import Fingerprint
 
 # The ``atol`` parameter of the checked steps: keyed only when set (it came after caches did).
 Atol = Annotated[float | None, KEYED_WHEN_SET]
@@ -46,39 +56,48 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
     model itself fails are skipped (and logged), not blamed on the rewrite; when it fails on
     all of them, nothing could be checked: an error that says what was fed and how to
     declare more."""
-    from optbuild.backends.onnxruntime.loader import input_specs
+    with contextlib.ExitStack() as stack:
+        runtime = registry.onnx_backend().label
+        try:
+            rewritten = stack.enter_context(reference_runner(out, ctx.host))
+        except Exception as exc:
+            raise StepError(f"{runtime} cannot load the model {tool} made of {label}: {first_line(exc)}") from None
+        if checks == 0:
+            ctx.metrics["checks"] = 0
+            ctx.log(f"numeric check disabled (check = 0); the result loads in {runtime}")
+            return
+        try:
+            original = stack.enter_context(reference_runner(source, ctx.host))
+        except Exception as exc:
+            raise StepError(f"{runtime} cannot load the input model of {label}, so the "
+                            f"{tool} result cannot be checked (check = 0 skips it): {exc}") from None
+        _compare(ctx, original, rewritten, label, tool, checks=checks, tolerance=tolerance, atol=atol,
+                 decls=decls)
+
+
+def _compare(ctx: StepContext, original: Runner, rewritten: Runner, label: str, tool: str, *, checks: int,
+             tolerance: float, atol: float | None, decls: InputDecls | None) -> None:
+    """check_rewrite's comparisons, on the loaded models."""
     from optbuild.compare import compare_outputs
 
-    try:
-        rewritten = literal_session(out)
-    except Exception as exc:
-        raise StepError(f"onnxruntime cannot load the model {tool} made of {label}: {first_line(exc)}") from None
-    if checks == 0:
-        ctx.metrics["checks"] = 0
-        ctx.log("numeric check disabled (check = 0); the result loads in onnxruntime")
-        return
-    try:
-        original = literal_session(source)
-    except Exception as exc:
-        raise StepError(f"onnxruntime cannot load the input model of {label}, so the "
-                        f"{tool} result cannot be checked (check = 0 skips it): {exc}") from None
-    specs = input_specs(original)
+    specs = original.input_specs()
     check_declarations(specs, decls, label)
-    names = [o.name for o in original.get_outputs()]
-    declared = {o.name: o.shape for o in rewritten.get_outputs()}
-    declared_before = {o.name: o.shape for o in original.get_outputs()}
+    names = original.output_names()
+    declared = {s.name: list(s.shape) for s in rewritten.output_specs()}
+    declared_before = {s.name: list(s.shape) for s in original.output_specs()}
     noted: set[str] = set()
     worst_abs = worst_rel = 0.0
     done, failures = 0, []
     for i in range(checks):
         feed = feeds(specs, decls, i)
         try:
-            reference = original.run(None, feed)
+            reference = list(original.infer(feed).values())
         except Exception as exc:  # e.g. a symbolic dim that only some sizes fit
             failures.append(f"{shapes(feed)}: {first_line(exc)}")
             continue
         try:
-            outputs = rewritten.run(None, feed)
+            produced = rewritten.infer(feed)
+            outputs = [produced[name] for name in names]
         except Exception as exc:
             raise StepError(f"{tool} broke {label}: the input model runs on {shapes(feed)} (check {i}), "
                             f"the result fails: {first_line(exc)}") from None
@@ -132,22 +151,23 @@ def interface(model: Any) -> dict[str, Any]:
                              for v in inputs}}
 
 
-def literal_session(path: Path) -> Any:
-    """A CPU onnxruntime session that runs the graph as written: with ORT's own graph
-    optimizations on, the reference would be one more rewrite trusting the same (possibly
-    wrong) shape annotations as the simplifier, and could agree with its mistakes."""
-    from optbuild.backends.onnxruntime.loader import session
-
-    return session(path, level="disable")
+def reference_runner(path: Path, host: Fingerprint) -> Runner:
+    """A runner (not yet entered) of the ONNX model ``path`` as written, from the backend that
+    runs plain ONNX models: with the runtime's own graph optimizations on, the reference would
+    be one more rewrite trusting the same (possibly wrong) shape annotations as the step it
+    checks, and could agree with its mistakes."""
+    backend = registry.onnx_backend()
+    return backend.open(path, {"backend": backend.name}, host, literal=True)
 
 
 def blame(exc: BaseException, source: Path, feed: dict[str, Any], label: str, what: str,
-          described: str) -> StepError:
+          described: str, host: Fingerprint) -> StepError:
     """The error for ``what`` (a step's product) failing on ``feed``: its own fault when its
     input model ``source`` runs on the same feed; else the input model's, with ``described``
     (what was fed, how to declare other inputs), since the feeds were a guess."""
     try:
-        literal_session(source).run(None, feed)
+        with reference_runner(source, host) as runner:
+            runner.infer(feed)
     except Exception as source_exc:
         return StepError(f"the input model of {label} does not run on the inputs the check made "
                          f"({shapes(feed)}): {first_line(source_exc)}. So {what} could not be checked; "

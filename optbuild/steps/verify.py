@@ -63,8 +63,8 @@ from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.callables import Call
 from optbuild.errors import StepError, StepUnavailable, first_line
+from optbuild.samples import DataArg, check_data_source, data_calls, data_key_files, non_default
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibdata import DataArg, check_data_source, data_calls, data_key_files, non_default
 from optbuild.steps.inputdecl import StepInputs, check_declarations
 
 if typing.TYPE_CHECKING:
@@ -261,7 +261,7 @@ class Verify(Step):
     def run(self, ctx: StepContext) -> None:
         import numpy as np
 
-        from optbuild.steps import calibdata
+        from optbuild import samples as sampling
 
         p = self.params
         ref_art, cand_art = ctx.inputs["reference"], ctx.inputs["candidate"]
@@ -270,12 +270,12 @@ class Verify(Step):
             runners = {"reference": self._open(ctx, "reference", sides["reference"], stack)}
             ref_specs = runners["reference"].input_specs()
             if p.data is not None:
-                samples = calibdata.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
+                samples = sampling.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
                 source = p.data + (f" ({', '.join(f'{k}={v}' for k, v in p.data_args.items())})"
                                    if p.data_args else "")
             else:
                 check_declarations(ref_specs, p.inputs, f"the reference {ref_art.step}")
-                samples = calibdata.random_samples(ref_specs, p.samples or 8, p.seed, dynamic_size=p.dynamic_size,
+                samples = sampling.random_samples(ref_specs, p.samples or 8, p.seed, dynamic_size=p.dynamic_size,
                                                    int_range=(p.int_range[0], p.int_range[1]), decls=p.inputs)
                 source = samples.source
             for role, (backend, manifest) in sides.items():  # before an engine loads on a GPU

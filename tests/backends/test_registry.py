@@ -13,7 +13,7 @@ from plugins.models import make_mlp
 from plugins.trt import matmul_relu
 
 from optbuild.backends import registry
-from optbuild.backends.base import Backend, InputSpec
+from optbuild.backends.base import Backend, TensorSpec
 from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
 
@@ -95,7 +95,7 @@ def test_the_onnxruntime_runner_describes_loads_and_infers(tmp_path):
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     with runner:
         assert runner.load_ms > 0 and runner.label.startswith("onnxruntime ") and runner.label.endswith("(CPU)")
-        assert runner.input_specs() == [InputSpec("x", "float32", ("batch", 4))]
+        assert runner.input_specs() == [TensorSpec("x", "float32", ("batch", 4))]
         assert runner.output_names() == ["y"]
         literal = backend.open(model, manifest, NO_GPU, literal=True)
         with literal:

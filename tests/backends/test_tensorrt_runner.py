@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from plugins.trt import CONV_PROFILE, make_ctx, needs_module, small_convnet
 
-from optbuild.backends.base import InputSpec
+from optbuild.backends.base import TensorSpec
 from optbuild.backends.tensorrt import RUNTIMES
 from optbuild.backends.tensorrt.host import RTX_TARGETS, run_obstacle
 from optbuild.backends.tensorrt.loader import load_engine, open_engine
@@ -224,7 +224,7 @@ def test_runner_feeds_copies_and_switches_profiles():
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     with runner:
         assert runner.input_names == ["x"] and runner.output_names() == ["y"]
-        assert runner.input_specs() == [InputSpec("x", "float32", (None, 4))]
+        assert runner.input_specs() == [TensorSpec("x", "float32", (None, 4))]
         assert runner.label == "FakeRT 1.0 on gpu.0 (fake)"
         assert runner.profiles == [{"x": Bounds((1, 4), (2, 4), (4, 4))}, {"x": Bounds((5, 4), (8, 4), (16, 4))}]
         out = runner.infer({"x": x})

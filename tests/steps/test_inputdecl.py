@@ -6,19 +6,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from optbuild.backends.base import InputSpec
+from optbuild.backends.base import TensorSpec
 from optbuild.errors import StepError
-from optbuild.steps.inputdecl import (
-    InputDecl,
-    check_declarations,
-    describe_tried,
-    feeds,
-    merged,
-    profile_shapes,
-)
+from optbuild.samples import describe_tried, feeds
+from optbuild.steps.inputdecl import InputDecl, check_declarations, merged, profile_shapes
 
-IMAGE = InputSpec("x", "float32", ("batch", 3, "?", "?"))
-RATE = InputSpec("sr", "int64", ())
+IMAGE = TensorSpec("x", "float32", ("batch", 3, "?", "?"))
+RATE = TensorSpec("sr", "int64", ())
 
 
 def decl(**fields) -> InputDecl:
@@ -44,7 +38,7 @@ def test_a_scalar_with_allowed_values_takes_each_in_turn():
 
 
 def test_values_and_ranges_bound_what_is_drawn():
-    tokens = InputSpec("ids", "int64", (1, 64))
+    tokens = TensorSpec("ids", "int64", (1, 64))
     drawn = feeds([tokens, IMAGE], {"ids": decl(values=[3, 5]), "x": decl(range=[0.0, 1.0])}, 0)
     assert set(np.unique(drawn["ids"])) <= {3, 5}
     assert drawn["x"].min() >= 0.0 and drawn["x"].max() <= 1.0
@@ -84,7 +78,7 @@ def test_malformed_declarations_are_refused_at_load(fields, message):
     ({"sr": decl(dtype="int32")}, "dtype int32 declared, m takes int64"),
 ])
 def test_declarations_that_contradict_the_model_say_how(decls, message):
-    image = InputSpec("x", "float32", ("batch", 3, None, None))
+    image = TensorSpec("x", "float32", ("batch", 3, None, None))
     with pytest.raises(StepError, match=message):
         check_declarations([image, RATE], decls, "m")
 

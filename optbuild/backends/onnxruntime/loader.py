@@ -1,12 +1,12 @@
 """onnxruntime sessions on the CPU, made one way for every caller, and their inputs as
-``InputSpec``. onnxruntime is imported inside the functions."""
+``TensorSpec``. onnxruntime is imported inside the functions."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-from optbuild.backends.base import InputSpec
+from optbuild.backends.base import TensorSpec
 
 Level = Literal["disable", "basic", "extended", "all"]
 
@@ -40,11 +40,20 @@ def session(path: Path, level: Level | None = None, threads: int = 0) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def input_specs(sess: Any) -> list[InputSpec]:
+def input_specs(sess: Any) -> list[TensorSpec]:
     """A session's inputs; dims it leaves open are names or None."""
+    return _specs(sess.get_inputs())
+
+
+def output_specs(sess: Any) -> list[TensorSpec]:
+    """A session's outputs, as ``input_specs``."""
+    return _specs(sess.get_outputs())
+
+
+def _specs(args: Any) -> list[TensorSpec]:
     specs = []
-    for arg in sess.get_inputs():
+    for arg in args:
         dims = tuple(d if isinstance(d, int) and d >= 0 else (d if isinstance(d, str) and d else None)
                      for d in arg.shape)
-        specs.append(InputSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type), dims))
+        specs.append(TensorSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type), dims))
     return specs

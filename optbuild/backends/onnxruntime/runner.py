@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.backends.base import InputSpec, Runner
-from optbuild.backends.onnxruntime.loader import Level, input_specs, session
+from optbuild.backends.base import Runner, TensorSpec
+from optbuild.backends.onnxruntime.loader import Level, input_specs, output_specs, session
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +31,11 @@ class OrtRunner(Runner):
     def _close(self) -> None:
         self.session = None
 
-    def input_specs(self) -> list[InputSpec]:
+    def input_specs(self) -> list[TensorSpec]:
         return input_specs(self.session)
+
+    def output_specs(self) -> list[TensorSpec]:
+        return output_specs(self.session)
 
     def output_names(self) -> list[str]:
         return list(self._outputs)

@@ -1,4 +1,4 @@
-"""Importing OpenVINO and NNCF, describing OpenVINO models as ``InputSpec``s and manifest
+"""Importing OpenVINO and NNCF, describing OpenVINO models as ``TensorSpec``s and manifest
 entries, and compiling them for the CPU: one way for the engine step and the runner.
 
 OpenVINO's model converter (``openvino.convert_model``, imported by ``import openvino``
@@ -18,7 +18,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from optbuild.backends.base import InputSpec
+from optbuild.backends.base import TensorSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -103,14 +103,19 @@ def shape_entry(partial_shape: Any) -> list[Any] | None:
     return out
 
 
-def input_specs(model: Any) -> list[InputSpec]:
+def input_specs(model: Any) -> list[TensorSpec]:
     """The inputs of an ``openvino.Model`` or ``CompiledModel``."""
-    return [InputSpec(port_name(p, i, "input"), dtype_name(p.get_element_type()), dims(p.get_partial_shape()))
-            for i, p in enumerate(model.inputs)]
+    return _specs(model.inputs, "input")
 
 
-def output_names(model: Any) -> list[str]:
-    return [port_name(p, i, "output") for i, p in enumerate(model.outputs)]
+def output_specs(model: Any) -> list[TensorSpec]:
+    """The outputs of an ``openvino.Model`` or ``CompiledModel``."""
+    return _specs(model.outputs, "output")
+
+
+def _specs(ports: Any, kind: str) -> list[TensorSpec]:
+    return [TensorSpec(port_name(p, i, kind), dtype_name(p.get_element_type()), dims(p.get_partial_shape()))
+            for i, p in enumerate(ports)]
 
 
 def describe_ports(ports: Any, kind: str) -> list[dict[str, Any]]:

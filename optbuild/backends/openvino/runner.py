@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.backends.base import InputSpec, Runner
+from optbuild.backends.base import Runner, TensorSpec
 from optbuild.backends.openvino import loader
 from optbuild.errors import StepError
 
@@ -36,8 +36,8 @@ class OpenVINORunner(Runner):
         self.hint, self.inference_precision, self.threads = hint, inference_precision, threads
         self.compiled: Any = None
         self._request: Any = None
-        self._inputs: list[InputSpec] = []
-        self._outputs: list[str] = []
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
 
     def _open(self) -> None:
         ov = loader.import_openvino()
@@ -54,7 +54,7 @@ class OpenVINORunner(Runner):
                             f"{loader.message(exc)}") from None
         self._request = self.compiled.create_infer_request()
         self._inputs = loader.input_specs(model)
-        self._outputs = loader.output_names(model)
+        self._outputs = loader.output_specs(model)
         self.hint = str(self.compiled.get_property("PERFORMANCE_HINT")).lower()
         self.label = f"OpenVINO {loader.short_version(ov)} (CPU, {self.hint})"
 
@@ -62,10 +62,10 @@ class OpenVINORunner(Runner):
         self._request = None
         self.compiled = None
 
-    def input_specs(self) -> list[InputSpec]:
+    def input_specs(self) -> list[TensorSpec]:
         return list(self._inputs)
 
-    def output_names(self) -> list[str]:
+    def output_specs(self) -> list[TensorSpec]:
         return list(self._outputs)
 
     def infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -78,4 +78,4 @@ class OpenVINORunner(Runner):
             results = self._request.infer({index[name]: value for name, value in feed.items()})
         except RuntimeError as exc:
             raise InferenceError(f"OpenVINO failed to run {self.model.name}: {loader.message(exc)}") from None
-        return {name: results[i] for i, name in enumerate(self._outputs)}
+        return {spec.name: results[i] for i, spec in enumerate(self._outputs)}

@@ -18,7 +18,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from optbuild.backends.base import InputSpec, Runner
+from optbuild.backends.base import Runner, TensorSpec
 from optbuild.backends.tensorrt.profiles import Bounds, ShapeMismatch, choose_profile
 from optbuild.errors import StepError
 
@@ -98,12 +98,13 @@ class TrtRunner(Runner):
         self._context = None
 
     # --- the Runner contract -------------------------------------------------------------
-    def input_specs(self) -> list[InputSpec]:
-        return [InputSpec(n, self.dtype(n).name, tuple(None if d < 0 else d for d in shape))
+    def input_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(n, self.dtype(n).name, tuple(None if d < 0 else d for d in shape))
                 for n, shape in self.inputs.items()]
 
-    def output_names(self) -> list[str]:
-        return list(self._outputs)
+    def output_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(n, self.dtype(n).name, tuple(None if d < 0 else d for d in self.loaded.engine.get_tensor_shape(n)))
+                for n in self._outputs]
 
     # --- types and buffers ---------------------------------------------------------------
     def dtype(self, name: str) -> np.dtype:

@@ -1,4 +1,7 @@
-"""Sample inputs for the calibrate and verify steps, and the onnxruntime helpers they share.
+"""Sample inputs, one module for every step and command that feeds a model: data sources
+(calibrate, verify, the OpenVINO INT8 engine), seeded random samples (verify, bench) and the
+seeded feeds of the steps' own checks, drawn from the recipe's input declarations
+(optbuild.steps.inputdecl).
 
 A data source (the ``data`` parameter) is one of three forms, told apart by its spelling:
 
@@ -31,18 +34,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild import usermodule
-from optbuild.backends.base import InputSpec
+from optbuild.backends.base import TensorSpec
 from optbuild.callables import Call
 from optbuild.errors import StepError
+from optbuild.steps.inputdecl import DOCS
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from optbuild.steps.inputdecl import InputDecls
+    from optbuild.steps.inputdecl import InputDecl, InputDecls
+
+UNDECLARED_SIZES = (1, 2, 3)  # an undeclared symbolic dim, check by check
+DEFAULT_INT_RANGE = (0, 7)  # integers without a declaration: token ids, indices (inclusive)
 
 # Scalars a recipe may pass to a data callable as keyword arguments.
 DataArg = str | int | float | bool
@@ -111,7 +119,7 @@ def data_key_files(value: str | None, base_dir: Path, project_root: Path) -> lis
 
 
 # --- model inputs ---------------------------------------------------------------------------
-def _expected(specs: list[InputSpec]) -> str:
+def _expected(specs: list[TensorSpec]) -> str:
     return "; ".join(str(s) for s in specs)
 
 
@@ -133,7 +141,7 @@ class Samples:
         return sum(int(a.shape[0]) if a.ndim else 1 for a in first)
 
 
-def _check_sample(spec: InputSpec, array: np.ndarray, where: str) -> np.ndarray:
+def _check_sample(spec: TensorSpec, array: np.ndarray, where: str) -> np.ndarray:
     """One sample for ``spec``: exact dtype, rank (or rank - 1: batch axis added), static dims."""
     if str(array.dtype) != spec.dtype:
         hint = f" (convert it with .astype('{spec.dtype}'))" if spec.dtype in _NUMERIC else ""
@@ -156,7 +164,7 @@ _NUMERIC = {"float32", "float16", "float64", "int64", "int32", "int16", "int8", 
             "uint16", "uint8", "bool"}
 
 
-def _split_stacked(spec: InputSpec, array: np.ndarray, where: str) -> list[np.ndarray]:
+def _split_stacked(spec: TensorSpec, array: np.ndarray, where: str) -> list[np.ndarray]:
     """The samples of a stacked array (an .npz entry or ``<name>.npy``)."""
     rank = len(spec.shape)
     if str(array.dtype) != spec.dtype:
@@ -175,7 +183,7 @@ def _split_stacked(spec: InputSpec, array: np.ndarray, where: str) -> list[np.nd
                     f"enumerates samples) or {rank} (rows of the batch axis)")
 
 
-def _columns_to_feeds(columns: dict[str, list[np.ndarray]], specs: list[InputSpec],
+def _columns_to_feeds(columns: dict[str, list[np.ndarray]], specs: list[TensorSpec],
                       source: str) -> list[dict[str, np.ndarray]]:
     counts = {name: len(samples) for name, samples in columns.items()}
     if len(set(counts.values())) > 1:
@@ -185,7 +193,7 @@ def _columns_to_feeds(columns: dict[str, list[np.ndarray]], specs: list[InputSpe
     return [{s.name: columns[s.name][i] for s in specs} for i in range(count)]
 
 
-def _match_names(have: list[str], specs: list[InputSpec], source: str, what: str) -> None:
+def _match_names(have: list[str], specs: list[TensorSpec], source: str, what: str) -> None:
     wanted = [s.name for s in specs]
     for spec in specs:
         if spec.name not in have:
@@ -198,7 +206,7 @@ def _match_names(have: list[str], specs: list[InputSpec], source: str, what: str
                         f"are {_expected(specs)}")
 
 
-def _load_npz(path: Path, specs: list[InputSpec], source: str) -> list[dict[str, np.ndarray]]:
+def _load_npz(path: Path, specs: list[TensorSpec], source: str) -> list[dict[str, np.ndarray]]:
     import numpy as np
 
     try:
@@ -221,7 +229,7 @@ def _load_npy(path: Path, where: str) -> np.ndarray:
         raise StepError(f"{where} is not a readable .npy file: {exc}") from None
 
 
-def _load_folder(path: Path, specs: list[InputSpec], source: str) -> list[dict[str, np.ndarray]]:
+def _load_folder(path: Path, specs: list[TensorSpec], source: str) -> list[dict[str, np.ndarray]]:
     have = sorted({p.stem for p in path.glob("*.npy")} | {p.name for p in path.iterdir() if p.is_dir()})
     _match_names(have, specs, source, "'<name>.npy' file or '<name>/' folder")
     columns = {}
@@ -260,7 +268,7 @@ def _load_callable(value: str, base_dir: Path) -> Iterator[Any]:
         yield target
 
 
-def _load_from_callable(value: str, base_dir: Path, args: dict[str, Any], specs: list[InputSpec],
+def _load_from_callable(value: str, base_dir: Path, args: dict[str, Any], specs: list[TensorSpec],
                         limit: int | None) -> list[dict[str, np.ndarray]]:
     import numpy as np
 
@@ -291,7 +299,7 @@ def _load_from_callable(value: str, base_dir: Path, args: dict[str, Any], specs:
         return feeds
 
 
-def load_samples(value: str, base_dir: Path, specs: list[InputSpec], *, args: dict[str, Any] | None = None,
+def load_samples(value: str, base_dir: Path, specs: list[TensorSpec], *, args: dict[str, Any] | None = None,
                  limit: int | None = None) -> Samples:
     """The validated samples of data source ``value`` (recipe-relative), at most ``limit``."""
     if args and not is_callable_source(value):
@@ -315,14 +323,30 @@ def load_samples(value: str, base_dir: Path, specs: list[InputSpec], *, args: di
     return Samples(feeds, value)
 
 
-def random_samples(specs: list[InputSpec], count: int, seed: int, *, dynamic_size: int = 1,
+def concrete_specs(specs: list[TensorSpec], batch: int, dim: int) -> list[TensorSpec]:
+    """Specs with every unknown dim given: ``batch`` on axis 0, ``dim`` elsewhere; a symbolic
+    name gets one value everywhere (``batch`` if it is on axis 0 of any input)."""
+    batch_names = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
+    out = []
+    for spec in specs:
+        shape = []
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, int):
+                shape.append(d)
+            elif axis == 0 or (isinstance(d, str) and d in batch_names):
+                shape.append(batch)
+            else:
+                shape.append(dim)
+        out.append(replace(spec, shape=tuple(shape)))
+    return out
+
+
+def random_samples(specs: list[TensorSpec], count: int, seed: int, *, dynamic_size: int = 1,
                    int_range: tuple[int, int] = (0, 8), decls: InputDecls | None = None) -> Samples:
     """Seeded samples of the declared shapes: standard normal floats, uniform integers in
     ``int_range`` (high exclusive), uniform booleans; unknown dims get ``dynamic_size``.
     An input in ``decls`` follows its declaration instead, sample ``k`` as check ``k``."""
     import numpy as np
-
-    from optbuild.steps import inputdecl
 
     rng = np.random.default_rng(seed)
     feeds = []
@@ -331,9 +355,90 @@ def random_samples(specs: list[InputSpec], count: int, seed: int, *, dynamic_siz
         for spec in specs:
             decl = (decls or {}).get(spec.name)
             if decl is not None:
-                shape = inputdecl.shape_for(spec, decl, k)
+                shape = shape_for(spec, decl, k)
             else:
                 shape = [d if isinstance(d, int) else dynamic_size for d in spec.shape]
-            feed[spec.name] = inputdecl.values(rng, spec, decl, shape, k, (int_range[0], int_range[1] - 1))
+            feed[spec.name] = values(rng, spec, decl, shape, k, (int_range[0], int_range[1] - 1))
         feeds.append(feed)
     return Samples(feeds, f"random (seed {seed})" + (", declared inputs" if decls else ""))
+
+
+# --- seeded inputs from declarations (the steps' checks) ---------------------------------------
+def _pick(dim: int | list[int], check: int) -> int:
+    """Check ``check``'s size of a declared dim: [min, opt, max] -> opt, min, max; [min, max] ->
+    min, max, midpoint."""
+    if isinstance(dim, int):
+        return dim
+    order = [dim[1], dim[0], dim[2]] if len(dim) == 3 else [dim[0], dim[1], (dim[0] + dim[1]) // 2]
+    return order[check % 3]
+
+
+def shape_for(spec: TensorSpec, decl: InputDecl | None, check: int) -> list[int]:
+    if decl is not None and decl.shape is not None:
+        return [_pick(dim, check) for dim in decl.shape]
+    return [d if isinstance(d, int) else UNDECLARED_SIZES[check % len(UNDECLARED_SIZES)] for d in spec.shape]
+
+
+def feeds(specs: list[TensorSpec], decls: InputDecls | None, check: int, seed: int | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs for check number ``check`` (seed: ``check`` unless given)."""
+    import numpy as np
+
+    rng = np.random.default_rng(check if seed is None else seed)
+    feed = {}
+    for spec in specs:
+        decl = (decls or {}).get(spec.name)
+        shape = shape_for(spec, decl, check)
+        feed[spec.name] = values(rng, spec, decl, shape, check)
+    return feed
+
+
+def values(rng: Any, spec: TensorSpec, decl: InputDecl | None, shape: list[int], check: int,
+           int_range: tuple[int, int] = DEFAULT_INT_RANGE) -> np.ndarray:
+    """Seeded values for ``spec`` of ``shape``: as ``decl`` says, else N(0, 1) floats,
+    uniform booleans and integers in ``int_range`` (both ends included)."""
+    import numpy as np
+
+    dtype = spec.dtype
+    if dtype not in ("bool", "float32", "float16", "float64") and not dtype.startswith(("int", "uint")):
+        raise StepError(f"cannot make random values for input {spec} (give a data source)")
+    if decl is not None and decl.values is not None:
+        if int(np.prod(shape)) == 1:
+            return np.full(shape, decl.values[check % len(decl.values)]).astype(dtype)
+        return rng.choice(np.asarray(decl.values), size=shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    low, high = decl.range if decl is not None and decl.range is not None else (None, None)
+    if dtype.startswith(("int", "uint")):
+        lo, hi = (int(low), int(high)) if low is not None else int_range
+        return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
+    if low is not None:
+        return rng.uniform(low, high, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def describe_tried(specs: list[TensorSpec], decls: InputDecls | None, checks: list[int]) -> str:
+    """What checks ``checks`` fed each input, and how to declare something else: for the
+    message of a failed check."""
+    parts = []
+    for spec in specs:
+        decl = (decls or {}).get(spec.name)
+        shapes = []
+        for check in checks:
+            shape = shape_for(spec, decl, check)
+            if shape not in shapes:
+                shapes.append(shape)
+        if decl is not None and decl.values is not None:
+            drawn = f"values {decl.values}"
+        elif spec.dtype == "bool":
+            drawn = "True/False"
+        elif decl is not None and decl.range is not None:
+            drawn = f"in [{decl.range[0]:g}, {decl.range[1]:g}]"
+        elif spec.dtype.startswith(("int", "uint")):
+            drawn = f"integers {DEFAULT_INT_RANGE[0]}..{DEFAULT_INT_RANGE[1]}"
+        else:
+            drawn = "N(0, 1)"
+        origin = "declared" if decl is not None else "the model's own"
+        parts.append(f"{spec.name} {spec.dtype} {' / '.join(map(str, shapes))} {drawn} ({origin})")
+    return ("fed " + "; ".join(parts) + f". Declare what the model takes in the recipe, e.g. "
+            f"[inputs.{specs[0].name if specs else 'x'}] shape = [...], range = [...] or values = [...] "
+            f"(see {DOCS})")
