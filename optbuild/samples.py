@@ -33,7 +33,7 @@ when a recipe is validated, where nothing heavy may load.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,11 +92,13 @@ def is_callable_source(value: str) -> bool:
     return ".py:" in value
 
 
-def data_calls(value: str | None, args: dict[str, Any]) -> list[Call]:
-    """A data callable as ``Step.calls`` declares it: called as ``callable(**data_args)``."""
+def data_calls(value: str | None, args: dict[str, Any], field: str = "data",
+               args_field: str = "data_args") -> list[Call]:
+    """A data callable as ``Step.calls`` declares it: the parameter ``field``, called as
+    ``callable(**args)``, ``args`` the parameter ``args_field``."""
     if value is None or not is_callable_source(value):
         return []
-    return [Call("data", value, keywords=tuple(args), keywords_field="data_args")]
+    return [Call(field, value, keywords=tuple(args), keywords_field=args_field)]
 
 
 def data_key_files(value: str | None, base_dir: Path, project_root: Path) -> list[Path]:
@@ -253,11 +255,7 @@ def _load_callable(value: str, base_dir: Path) -> Iterator[Any]:
     path = (base_dir / file).resolve()
     if not path.is_file():
         raise StepError(f"data callable file not found: {path}")
-    with ExitStack() as stack:
-        try:
-            module = stack.enter_context(usermodule.imported(path))
-        except usermodule.ImportFailed as exc:
-            raise StepError(f"importing {path} failed: {type(exc.cause).__name__}: {exc.cause}") from exc.cause
+    with usermodule.imported_or(path, lambda exc: StepError(str(exc))) as module:
         target: Any = module
         for part in name.split("."):
             target = getattr(target, part, None)

@@ -16,8 +16,8 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -60,6 +60,18 @@ def imported(path: Path, *, keep: bool = False) -> Iterator[ModuleType]:
             for key in set(sys.modules) - before:
                 if key == name or _from_directory(sys.modules.get(key), key, directory):
                     sys.modules.pop(key, None)
+
+
+@contextmanager
+def imported_or(path: Path, failed: Callable[[ImportFailed], Exception]) -> Iterator[ModuleType]:
+    """``imported(path)``, raising ``failed(exc)`` (chained to the file's own exception) when
+    running the file fails; what the ``with`` block itself raises passes unchanged."""
+    with ExitStack() as stack:
+        try:
+            module = stack.enter_context(imported(path))
+        except ImportFailed as exc:
+            raise failed(exc) from exc.cause
+        yield module
 
 
 def load(path: Path) -> ModuleType:

@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from optbuild import plugins
 from optbuild.backends.base import Backend, Manifest
 from optbuild.errors import StepError
 
@@ -28,21 +29,14 @@ BUILTIN: dict[str, str] = {
 }
 
 
-@cache
-def _plugins() -> dict[str, str]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def names() -> list[str]:
-    return sorted({*BUILTIN, *_plugins()})
+    return sorted({*BUILTIN, *plugins.declared(ENTRY_POINT_GROUP)})
 
 
 @cache
 def get(name: str) -> Backend:
     """The backend called ``name``; KeyError naming the known ones if there is none."""
-    where = BUILTIN.get(name) or _plugins().get(name)
+    where = BUILTIN.get(name) or plugins.declared(ENTRY_POINT_GROUP).get(name)
     if where is None:
         raise KeyError(f"no backend {name!r} (known: {', '.join(names())})")
     module, _, attr = where.partition(":")

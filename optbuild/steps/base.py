@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from optbuild.callables import Call
+from optbuild.errors import StepError
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
@@ -119,6 +120,16 @@ class StepContext:
     def log(self, message: str) -> None:
         """A line for the step's log (stored with its action entry)."""
         print(message, file=sys.stderr, flush=True)
+
+    def onnx_input(self, who: str) -> Path:
+        """The ONNX model file of the ``input`` artifact; StepError, saying ``who`` ("calibrate")
+        needs one, when that step gives another file or none."""
+        artifact = self.inputs["input"]
+        model = artifact.primary
+        if model is None or model.suffix != ".onnx" or not model.is_file():
+            raise StepError(f"{who} needs an ONNX model; {artifact.step} gives "
+                            f"{model.name if model else 'no file'}")
+        return model
 
     def private_copy(self, model: Path) -> Path:
         """``model`` seen from a fresh folder of its own, its sibling files (external data)

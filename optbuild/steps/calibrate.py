@@ -52,27 +52,19 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
-from optbuild.callables import Call
 from optbuild.errors import StepError, first_line
-from optbuild.samples import (
-    DataArg,
-    check_data_source,
-    data_calls,
-    data_key_files,
-    non_default,
-)
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.samples import DataArg, non_default
+from optbuild.steps import fields
+from optbuild.steps.base import StepContext, StepParams, StepRef
 
 TABLE_FORMAT = "optbuild.calibration"
 TABLE_VERSION = 1
 TABLE_FILE = "calibration.json"
-
-DataSource = Annotated[str, AfterValidator(check_data_source)]
 
 _METHOD_OPTIONS = {
     "percentile": ("percentile",),
@@ -83,28 +75,12 @@ _HISTOGRAM = ("entropy", "percentile")
 
 
 class CalibrateParams(StepParams):
-    input: StepRef = Field(
-        description="The step whose ONNX model is calibrated (quantize this same model: the table "
-                    "is matched to it by tensor name).",
-        examples=["simplify"])
-    data: DataSource = Field(
-        description="Calibration samples, relative to the recipe file: an .npz file (one array per "
-                    "input, under its name), a folder of `<input>.npy` files or `<input>/` "
-                    "sub-folders of per-sample .npy files, or 'file.py:callable' returning feed "
-                    "dicts (see 'Data sources and data callables'). The data files, or the "
-                    "callable's file and the project-local modules it imports, enter the key.",
-        examples=["models/calib.py:images", "calib/images.npz"])
-    data_args: dict[str, DataArg] = Field(
-        {},
-        description="Keyword arguments for a data callable: names -> strings, integers, floats or "
-                    "booleans, passed as `callable(**data_args)`. Only with a 'file.py:callable' "
-                    "data source; they enter the key.",
-        examples=[{"count": 64, "seed": 0}])
-    samples: int | None = Field(
-        None, ge=1,
-        description="Use at most this many samples (feed dicts) of data. Not set: all of them "
-                    "(a data callable must then end).",
-        examples=[128])
+    input: StepRef = fields.input_field("calibrated (quantize this same model: the table is matched to "
+                                        "it by tensor name).")
+    data: fields.DataSource = fields.data_field("Calibration samples")
+    data_args: dict[str, DataArg] = fields.data_args_field()
+    samples: int | None = fields.samples_field("Use at most this many samples (feed dicts) of data. Not "
+                                               "set: all of them (a data callable must then end).")
     method: Literal["minmax", "entropy", "percentile"] = Field(
         "minmax",
         description="How observed values become one [min, max] range per tensor: 'minmax' (the "
@@ -168,7 +144,7 @@ class CalibrateParams(StepParams):
         return self
 
 
-class Calibrate(Step):
+class Calibrate(fields.DataSourceStep):
     """Activation ranges of an ONNX model over calibration data, as a portable calibration.json."""
 
     Params = CalibrateParams
@@ -176,15 +152,6 @@ class Calibrate(Step):
 
     def tool_names(self) -> tuple[str, ...]:
         return ("onnx", ort_distribution(), "numpy")
-
-    def key_files(self) -> list[Path]:
-        files = super().key_files()
-        files.extend(p for p in data_key_files(self.params.data, self.base_dir, self.project_root)
-                     if p not in files)
-        return files
-
-    def calls(self) -> list[Call]:
-        return data_calls(self.params.data, self.params.data_args)
 
     def _ort_options(self) -> dict[str, Any]:
         p = self.params
@@ -209,10 +176,7 @@ class Calibrate(Step):
         from optbuild.steps.rewrite_check import reference_runner
 
         p = self.params
-        model = ctx.inputs["input"].primary
-        if model is None or model.suffix != ".onnx":
-            raise StepError(f"calibrate needs an ONNX model; {ctx.inputs['input'].step} gives "
-                            f"{model.name if model else 'no file'}")
+        model = ctx.onnx_input("calibrate")
         try:
             with reference_runner(model, ctx.host) as runner:
                 specs = runner.input_specs()

@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 
 from optbuild.errors import StepError, first_line
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field
 
@@ -53,9 +54,7 @@ class OrtEngineParams(StepParams):
     backend: Literal["onnxruntime"] = Field(
         description="Selects this engine: an onnxruntime model optimized offline.",
         examples=["onnxruntime"])
-    input: StepRef = Field(
-        description="The step whose ONNX model is optimized (e.g. a simplify or quantize step).",
-        examples=["simplify"])
+    input: StepRef = input_field("optimized (e.g. a simplify or quantize step).")
     level: Literal["basic", "extended", "all"] = Field(
         "extended",
         description="onnxruntime's graph optimization level: 'basic' (constant folding, redundant "
@@ -75,18 +74,9 @@ class OrtEngineParams(StepParams):
                     "Others must be present in this host's onnxruntime (CUDA and ROCm also need a "
                     "GPU); providers that compile the graph (TensorRT, OpenVINO...) are rejected.",
         examples=["CUDAExecutionProvider"])
-    check: int = Field(
-        3, ge=0,
-        description="How many seeded random-input comparisons with the input model to run "
-                    "(declared inputs, else symbolic dims set to 1, 2, 3 in turn); CPU provider "
-                    "only. 0 skips the comparison: the result must still load in onnxruntime (and "
-                    "at level 'basic', format 'onnx', pass onnx.checker's full check).",
-        examples=[0])
-    tolerance: float = Field(
-        1e-3, gt=0,
-        description="Largest accepted error of the optimized model against its input, relative to "
-                    "the largest magnitude of each of the input's outputs; errors within atol pass too.",
-        examples=[1e-4])
+    check: int = check_field("the result must still load in onnxruntime (and at level 'basic', format "
+                             "'onnx', pass onnx.checker's full check).", scope="; CPU provider only")
+    tolerance: float = tolerance_field("the optimized model", default=1e-3, example=1e-4)
     atol: Atol = atol_field()
     inputs: StepInputs = inputs_field()
 
@@ -141,10 +131,7 @@ class OrtEngine(Step):
         import onnxruntime as ort
 
         p = self.params
-        source = ctx.inputs["input"].primary
-        if source is None or source.suffix != ".onnx":
-            raise StepError(f"the onnxruntime engine needs an ONNX model; {ctx.inputs['input'].step} gives "
-                            f"{source.name if source else 'no file'}")
+        source = ctx.onnx_input("the onnxruntime engine")
         out = ctx.out_dir / self.primary_output
         options = ort.SessionOptions()
         options.log_severity_level = 3

@@ -73,11 +73,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from optbuild.backends.base import module_missing
 from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
 from optbuild.backends.openvino.loader import RT_INFO_HINT, RT_INFO_PRECISION
-from optbuild.callables import Call
 from optbuild.errors import StepError
-from optbuild.samples import DataArg, data_key_files, is_callable_source, non_default
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
-from optbuild.steps.calibrate import DataSource
+from optbuild.samples import DataArg, is_callable_source, non_default
+from optbuild.steps import fields
+from optbuild.steps.base import StepContext, StepParams, StepRef
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 from optbuild.steps.rewrite_check import Atol, atol_field
 
@@ -141,10 +140,8 @@ class OpenVINOEngineParams(StepParams):
         description="Selects this engine: an OpenVINO IR (model.xml + model.bin) for OpenVINO's "
                     "CPU plugin.",
         examples=["openvino"])
-    input: StepRef = Field(
-        description="The step whose ONNX model is converted (e.g. a simplify step; for int8 give "
-                    "the float model: NNCF quantizes it).",
-        examples=["simplify"])
+    input: StepRef = fields.input_field("converted (e.g. a simplify step; for int8 give the float model: "
+                                        "NNCF quantizes it).")
     precision: Literal["fp32", "fp16", "int8"] = Field(
         "fp32",
         description="'fp32': the converted model as it is; 'fp16': weights stored as float16 (half "
@@ -152,25 +149,12 @@ class OpenVINOEngineParams(StepParams):
                     "post-training quantization over `calibration` (FakeQuantize ops the CPU plugin "
                     "runs as INT8 kernels).",
         examples=["int8"])
-    calibration: DataSource | None = Field(
-        None,
-        description="int8 only, and required there: calibration samples, relative to the recipe "
-                    "file, in the forms the calibrate step's `data` takes: an .npz file (one array "
-                    "per input, under its name), a folder of `<input>.npy` files or `<input>/` "
-                    "sub-folders of per-sample .npy files, or 'file.py:callable' returning feed "
-                    "dicts. The data files, or the callable's file and the project-local modules "
-                    "it imports, enter the key.",
-        examples=["models/calib.py:images", "calib/images.npz"])
-    calibration_args: dict[str, DataArg] = Field(
-        {},
-        description="Keyword arguments for a calibration callable: names -> strings, integers, "
-                    "floats or booleans, passed as `callable(**calibration_args)`; they enter the key.",
-        examples=[{"count": 64, "seed": 0}])
-    samples: int = Field(
-        300, ge=1,
-        description="int8 only: use at most this many calibration samples (NNCF's subset_size; "
-                    "fewer when the data holds fewer). A data callable may be infinite.",
-        examples=[128])
+    calibration: fields.DataSource | None = fields.data_field(
+        "int8 only, and required there: calibration samples", default=None)
+    calibration_args: dict[str, DataArg] = fields.data_args_field("calibration_args", source="calibration")
+    samples: int = fields.samples_field(
+        "int8 only: use at most this many calibration samples (NNCF's subset_size; fewer when the data "
+        "holds fewer). A data callable may be infinite.", default=300)
     preset: Literal["performance", "mixed"] | None = Field(
         None,
         description="int8 only: NNCF's quantization preset. 'performance': symmetric weights and "
@@ -234,12 +218,9 @@ class OpenVINOEngineParams(StepParams):
                     "seeded random inputs for fp32 and fp16, the first calibration samples for "
                     "int8. 0 skips them: the IR must still compile for the CPU.",
         examples=[0])
-    tolerance: float | None = Field(
-        None, gt=0,
-        description="Largest accepted error of the IR against its input model, relative to the "
-                    "largest magnitude of each output; errors within atol pass too. Not set: 1e-3 "
-                    "for fp32, 1e-2 for fp16, not checked for int8 (min_cosine is).",
-        examples=[1e-4])
+    tolerance: float | None = fields.tolerance_field(
+        "the IR", default=None, example=1e-4,
+        unset=" Not set: 1e-3 for fp32, 1e-2 for fp16, not checked for int8 (min_cosine is).")
     min_cosine: float | None = Field(
         None, ge=-1, le=1,
         description="Smallest accepted cosine similarity between a float output of the IR and "
@@ -276,30 +257,18 @@ class OpenVINOEngineParams(StepParams):
         return self.preset or ("mixed" if self.model_type == "transformer" else "performance")
 
 
-class OpenVINOEngine(Step):
+class OpenVINOEngine(fields.DataSourceStep):
     """An OpenVINO IR (fp32, fp16 weights, or NNCF INT8) from an ONNX model, checked."""
 
     version = "1"
     Params = OpenVINOEngineParams
     primary_output = "model.xml"
     host_fields = ()  # see the module docstring
+    data_param, args_param = "calibration", "calibration_args"
 
     # --- what the key covers -------------------------------------------------------------
     def tool_names(self) -> tuple[str, ...]:
         return ("openvino", "nncf", "numpy") if self.params.precision == "int8" else ("openvino",)
-
-    def key_files(self) -> list[Path]:
-        files = super().key_files()
-        files.extend(p for p in data_key_files(self.params.calibration, self.base_dir, self.project_root)
-                     if p not in files)
-        return files
-
-    def calls(self) -> list[Call]:
-        source = self.params.calibration
-        if source is None or not is_callable_source(source):
-            return []
-        return [Call("calibration", source, keywords=tuple(self.params.calibration_args),
-                     keywords_field="calibration_args")]
 
     def runs_on(self) -> dict[str, Any]:
         """What engine.json will say of the IR that runs it (optbuild.backends.registry)."""
@@ -320,11 +289,7 @@ class OpenVINOEngine(Step):
         from optbuild.steps.inputdecl import check_declarations
 
         p = self.params
-        artifact = ctx.inputs["input"]
-        source, label = artifact.primary, artifact.step
-        if source is None or source.suffix != ".onnx" or not source.is_file():
-            raise StepError(f"the {LABEL} engine needs an ONNX model; {label} gives "
-                            f"{source.name if source else 'no file'}")
+        source, label = ctx.onnx_input(f"the {LABEL} engine"), ctx.inputs["input"].step
         if (missing := openvino_missing()) is not None:
             raise StepError(f"the {LABEL} engine needs {missing}")
         ov = loader.import_openvino()
@@ -489,7 +454,7 @@ class OpenVINOEngine(Step):
         from optbuild.compare import compare_outputs
         from optbuild.errors import first_line
         from optbuild.samples import describe_tried, feeds
-        from optbuild.steps.rewrite_check import blame, reference_runner, shapes
+        from optbuild.steps.rewrite_check import blame, entered_reference, shapes
 
         p = self.params
         with OpenVINORunner(out, hint=p.hint, inference_precision="f32") as runner, contextlib.ExitStack() as stack:
@@ -498,11 +463,8 @@ class OpenVINOEngine(Step):
                 ctx.metrics["checks"] = 0
                 ctx.log("numeric check disabled (check = 0); the IR compiles for the CPU")
                 return
-            try:
-                reference = stack.enter_context(reference_runner(source, ctx.host))
-            except Exception as exc:
-                raise StepError(f"cannot load the input model of {label}, so the {LABEL} IR cannot be "
-                                f"checked (check = 0 skips it): {first_line(exc)}") from None
+            reference = entered_reference(stack, source, ctx.host, f"the input model of {label}, so the "
+                                          f"{LABEL} IR cannot be checked (check = 0 skips it)")
             specs = reference.input_specs()
             names = reference.output_names()
             missing = [n for n in names if n not in runner.output_names()]

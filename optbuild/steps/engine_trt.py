@@ -62,6 +62,7 @@ from optbuild.backends.tensorrt.host import (
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
 from optbuild.errors import StepError, StepUnavailable
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.fields import input_field
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 
 if typing.TYPE_CHECKING:
@@ -107,11 +108,12 @@ _RTX_ONLY = ("targets",)
 class EngineParams(StepParams):
     """Parameters both backends share."""
 
-    input: StepRef = Field(
-        description="The step whose ONNX model is built into an engine. Precision comes from the "
-                    "graph: a quantize step with mode 'fp16' for FP16, a Q/DQ model (mode 'static', "
-                    "activation_type 'int8', symmetric) for INT8.",
-        examples=["simplify"])
+    # The other backend's parameters, rejected by name, and that backend.
+    _foreign: ClassVar[tuple[tuple[str, ...], str]] = ((), "")
+
+    input: StepRef = input_field("built into an engine. Precision comes from the graph: a quantize step "
+                                 "with mode 'fp16' for FP16, a Q/DQ model (mode 'static', activation_type "
+                                 "'int8', symmetric) for INT8.")
     profiles: list[Profile] = Field(
         default_factory=list,
         description="Optimization profiles for dynamic inputs: a list of tables, each mapping "
@@ -158,6 +160,14 @@ class EngineParams(StepParams):
                 raise ValueError(f"profile {index} names no input")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_foreign_keys(cls, data: Any) -> Any:
+        foreign, owner = cls._foreign
+        if isinstance(data, dict) and (keys := [k for k in foreign if k in data]):
+            raise ValueError(f"{', '.join(map(repr, keys))} only apply to backend {owner!r}")
+        return data
+
     @field_validator("workspace", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
@@ -170,13 +180,9 @@ class EngineParams(StepParams):
         return value
 
 
-def _reject_foreign(data: Any, foreign: tuple[str, ...], owner: str) -> Any:
-    if isinstance(data, dict) and (keys := [k for k in foreign if k in data]):
-        raise ValueError(f"{', '.join(map(repr, keys))} only apply to backend {owner!r}")
-    return data
-
-
 class TensorRTParams(EngineParams):
+    _foreign = (_RTX_ONLY, "tensorrt-rtx")
+
     backend: Literal["tensorrt"] = Field(
         description="Selects this engine: TensorRT, built on and for this host's NVIDIA GPU.",
         examples=["tensorrt"])
@@ -204,11 +210,6 @@ class TensorRTParams(EngineParams):
                     "the hardware_compatibility level; needs it other than 'none').",
         examples=["exact"])
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_rtx_keys(cls, data: Any) -> Any:
-        return _reject_foreign(data, _RTX_ONLY, "tensorrt-rtx")
-
     @field_validator("precision_flags")
     @classmethod
     def _canonical_flags(cls, value: list[str]) -> list[str]:
@@ -224,6 +225,8 @@ class TensorRTParams(EngineParams):
 
 
 class TensorRTRTXParams(EngineParams):
+    _foreign = (_TRT_ONLY, "tensorrt")
+
     backend: Literal["tensorrt-rtx"] = Field(
         description="Selects this engine: TensorRT for RTX, compiled ahead of time without a GPU.",
         examples=["tensorrt-rtx"])
@@ -235,11 +238,6 @@ class TensorRTRTXParams(EngineParams):
                     "build host. Empty: TensorRT-RTX's default set (" + ", ".join(RTX_DEFAULT_TARGETS)
                     + "), portable across its Ampere-and-later RTX GPUs.",
         examples=[["sm86", "sm89"]])
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_trt_keys(cls, data: Any) -> Any:
-        return _reject_foreign(data, _TRT_ONLY, "tensorrt")
 
     @field_validator("targets")
     @classmethod

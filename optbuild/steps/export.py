@@ -216,12 +216,11 @@ class Export(Step):
         path = ctx.path(file)
         if not path.is_file():
             raise StepError(f"{p.model}: {path} does not exist")
-        with ExitStack() as stack:
-            try:
-                namespace = stack.enter_context(usermodule.imported(path))
-            except usermodule.ImportFailed as exc:
-                raise StepError(f"{p.model}: importing {path} failed: {type(exc.cause).__name__}: "
-                                f"{first_line(exc.cause)}{_where(exc.cause, path.parent.resolve())}") from None
+        def failed(exc: usermodule.ImportFailed) -> StepError:
+            return StepError(f"{p.model}: importing {path} failed: {type(exc.cause).__name__}: "
+                             f"{first_line(exc.cause)}{_where(exc.cause, path.parent.resolve())}")
+
+        with usermodule.imported_or(path, failed) as namespace:
             module, inputs = self._build(namespace, attr, path)
             if p.weights is not None:
                 self._load_weights(ctx, module)

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from optbuild.errors import StepError
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
 
@@ -22,26 +23,15 @@ OLDEST = 7  # onnxruntime runs opsets 7 and newer
 
 
 class OpsetParams(StepParams):
-    input: StepRef = Field(
-        description="The step whose ONNX model is converted: 'step' in this recipe or 'recipe:step'.",
-        examples=["source"])
+    input: StepRef = input_field("converted: 'step' in this recipe or 'recipe:step'.", "source")
     version: int = Field(
         ge=OLDEST,
         description="The ONNX opset (default domain) to convert to, from 7 up to the newest that "
                     "the installed onnx knows. A model already at this opset is passed on unchanged.",
         examples=[13])
-    check: int = Field(
-        3, ge=0, le=100,
-        description="How many seeded random-input comparisons with the input model to run (0 to "
-                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check: "
-                    "the result must still pass onnx.checker's full check and load in onnxruntime.",
-        examples=[0])
-    tolerance: float = Field(
-        1e-4, gt=0, le=1,
-        description="Largest accepted error of the converted model against its input, relative "
-                    "to the largest magnitude of each of the input model's outputs (0 < tolerance "
-                    "<= 1); errors within atol pass too.",
-        examples=[1e-3])
+    check: int = check_field("the result must still pass onnx.checker's full check and load in "
+                             "onnxruntime.", most=100)
+    tolerance: float = tolerance_field("the converted model", default=1e-4, most=1)
     atol: Atol = atol_field()
     inputs: StepInputs = inputs_field()
 

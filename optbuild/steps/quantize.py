@@ -50,6 +50,7 @@ from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError
 from optbuild.samples import non_default
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.fields import input_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 
 if TYPE_CHECKING:
@@ -74,10 +75,8 @@ _OWN_PARAM = {"ActivationSymmetric": "symmetric_activations", "WeightSymmetric":
 
 
 class QuantizeParams(StepParams):
-    input: StepRef = Field(
-        description="The step whose ONNX model is quantized. For mode 'static', the model that "
-                    "the calibration step calibrated (ranges are matched by tensor name).",
-        examples=["simplify"])
+    input: StepRef = input_field("quantized. For mode 'static', the model that the calibration step "
+                                 "calibrated (ranges are matched by tensor name).")
     mode: Literal["dynamic", "static", "fp16"] = Field(
         description="'dynamic': int8/uint8 weights, activations quantized at run time, no "
                     "calibration. 'static': QDQ (or QOperator) INT8 with activation ranges from "
@@ -264,10 +263,7 @@ class Quantize(Step):
         import onnx
 
         label = ctx.inputs["input"].step
-        source = ctx.inputs["input"].primary
-        if source is None or source.suffix != ".onnx":
-            raise StepError(f"quantize needs an ONNX model; {label} gives "
-                            f"{source.name if source else 'no file'}")
+        source = ctx.onnx_input("quantize")
         out = ctx.out_dir / "model.onnx"
         before = onnx.load(str(source), load_external_data=False)
         ops_before = [n.op_type for n in all_nodes(before.graph)]

@@ -8,7 +8,7 @@ import importlib
 from functools import cache
 from pathlib import Path
 
-from optbuild import usermodule
+from optbuild import plugins, usermodule
 from optbuild.steps.base import Step
 
 ENTRY_POINT_GROUP = "optbuild.steps"
@@ -29,20 +29,14 @@ BUILTIN: dict[str, str] = {
 }
 
 
-@cache
-def _plugins() -> dict[str, str]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def known_kinds(local: dict[str, str] | None = None) -> list[str]:
-    return sorted({name.split("/")[0] for name in (*BUILTIN, *(local or {}), *_plugins())})
+    names = (*BUILTIN, *(local or {}), *plugins.declared(ENTRY_POINT_GROUP))
+    return sorted({name.split("/")[0] for name in names})
 
 
 def backends(kind: str, local: dict[str, str] | None = None) -> list[str]:
     prefix = f"{kind}/"
-    names = (*BUILTIN, *(local or {}), *_plugins())
+    names = (*BUILTIN, *(local or {}), *plugins.declared(ENTRY_POINT_GROUP))
     return sorted(name[len(prefix):] for name in names if name.startswith(prefix))
 
 
@@ -56,16 +50,17 @@ def resolve(kind: str, backend: str | None, local: dict[str, str] | None = None)
     for name in (f"{kind}/{backend}" if backend else None, kind):
         if name and (name in BUILTIN or name in local):
             return name
-    plugins = _plugins()
+    declared = plugins.declared(ENTRY_POINT_GROUP)
     for name in (f"{kind}/{backend}" if backend else None, kind):
-        if name and name in plugins:
+        if name and name in declared:
             return name
     return None
 
 
 def implementation_of(name: str, local: dict[str, str] | None = None) -> str:
     """Where kind ``name`` is implemented ("module:Class"); KeyError if nowhere."""
-    implementation = (local or {}).get(name) or BUILTIN.get(name) or _plugins().get(name)
+    implementation = ((local or {}).get(name) or BUILTIN.get(name)
+                      or plugins.declared(ENTRY_POINT_GROUP).get(name))
     if implementation is None:
         raise KeyError(name)
     return implementation

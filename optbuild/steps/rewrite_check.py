@@ -57,20 +57,13 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
     all of them, nothing could be checked: an error that says what was fed and how to
     declare more."""
     with contextlib.ExitStack() as stack:
-        runtime = registry.onnx_backend().label
-        try:
-            rewritten = stack.enter_context(reference_runner(out, ctx.host))
-        except Exception as exc:
-            raise StepError(f"{runtime} cannot load the model {tool} made of {label}: {first_line(exc)}") from None
+        rewritten = entered_reference(stack, out, ctx.host, f"the model {tool} made of {label}")
         if checks == 0:
             ctx.metrics["checks"] = 0
-            ctx.log(f"numeric check disabled (check = 0); the result loads in {runtime}")
+            ctx.log(f"numeric check disabled (check = 0); the result loads in {registry.onnx_backend().label}")
             return
-        try:
-            original = stack.enter_context(reference_runner(source, ctx.host))
-        except Exception as exc:
-            raise StepError(f"{runtime} cannot load the input model of {label}, so the "
-                            f"{tool} result cannot be checked (check = 0 skips it): {exc}") from None
+        original = entered_reference(stack, source, ctx.host, f"the input model of {label}, so the {tool} "
+                                     "result cannot be checked (check = 0 skips it)")
         _compare(ctx, original, rewritten, label, tool, checks=checks, tolerance=tolerance, atol=atol,
                  decls=decls)
 
@@ -158,6 +151,15 @@ def reference_runner(path: Path, host: Fingerprint) -> Runner:
     checks, and could agree with its mistakes."""
     backend = registry.onnx_backend()
     return backend.open(path, {"backend": backend.name}, host, literal=True)
+
+
+def entered_reference(stack: contextlib.ExitStack, path: Path, host: Fingerprint, what: str) -> Runner:
+    """``reference_runner(path)`` entered on ``stack``; StepError "<runtime> cannot load
+    ``what``: <why>" when the model does not load."""
+    try:
+        return stack.enter_context(reference_runner(path, host))
+    except Exception as exc:
+        raise StepError(f"{registry.onnx_backend().label} cannot load {what}: {first_line(exc)}") from None
 
 
 def blame(exc: BaseException, source: Path, feed: dict[str, Any], label: str, what: str,

@@ -28,6 +28,7 @@ from pydantic import Field, model_validator
 
 from optbuild.errors import StepError, first_line
 from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
+from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
 
@@ -37,28 +38,15 @@ DimNames = Annotated[dict[str, dict[Annotated[int, Field(ge=0)], Annotated[str, 
 
 
 class SimplifyParams(StepParams):
-    input: StepRef = Field(
-        description="The step whose ONNX model is simplified: 'step' in this recipe or "
-                    "'recipe:step'.",
-        examples=["export"])
+    input: StepRef = input_field("simplified: 'step' in this recipe or 'recipe:step'.", "export")
     backend: Literal["onnxsim", "onnxslim"] = Field(
         "onnxsim",
         description="The simplifier: 'onnxsim' (onnx-simplifier; imports torch, slow to start) or "
                     "'onnxslim'. Only the chosen one's version enters the key.",
         examples=["onnxslim"])
-    check: int = Field(
-        3, ge=0, le=100,
-        description="How many seeded random-input comparisons with the input model to run (0 to "
-                    "100); symbolic dims are set to 1, 2, 3, 1... in turn. 0 skips the numeric check: "
-                    "names, types and input shapes are still compared, and the result must still "
-                    "pass onnx.checker's full check and load in onnxruntime.",
-        examples=[0])
-    tolerance: float = Field(
-        1e-4, gt=0, le=1,
-        description="Largest accepted error of the simplified model against its input, relative "
-                    "to the largest magnitude of each of the input model's outputs (0 < tolerance "
-                    "<= 1); errors within atol pass too.",
-        examples=[1e-3])
+    check: int = check_field("names, types and input shapes are still compared, and the result must still "
+                             "pass onnx.checker's full check and load in onnxruntime.", most=100)
+    tolerance: float = tolerance_field("the simplified model", default=1e-4, most=1)
     atol: Atol = atol_field()
     input_shapes: InputShapes = Field(
         None,

@@ -54,24 +54,23 @@ import time
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from optbuild import compare
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
-from optbuild.callables import Call
 from optbuild.errors import StepError, StepUnavailable, first_line
-from optbuild.samples import DataArg, check_data_source, data_calls, data_key_files, non_default
+from optbuild.samples import DataArg, non_default
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.fields import DataSource, DataSourceStep, data_args_field, data_field, samples_field
 from optbuild.steps.inputdecl import StepInputs, check_declarations
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
 
 REPORT_VERSION = 3  # 2: models named by file and digest, not by step; 3: what ran each side
-DataSource = Annotated[str, AfterValidator(check_data_source)]
 
 
 class VerifyParams(StepParams):
@@ -85,24 +84,14 @@ class VerifyParams(StepParams):
                     "'openvino': on the CPU), run by its backend (the step is unavailable on hosts "
                     "that cannot run it).",
         examples=["quantize_int8"])
-    data: DataSource | None = Field(
-        None,
-        description="Sample inputs, in the forms calibrate takes: an .npz file, a folder of .npy "
-                    "files or 'file.py:callable' (see 'Data sources and data callables'). Their "
-                    "dtypes must be the reference's input types. Not set: seeded random inputs "
-                    "(samples, seed, dynamic_size, int_range).",
-        examples=["models/calib.py:images"])
-    data_args: dict[str, DataArg] = Field(
-        {},
-        description="Keyword arguments for a data callable: names -> strings, integers, floats or "
-                    "booleans, passed as `callable(**data_args)`; e.g. another seed than "
-                    "calibration's for held-out samples. Only with a 'file.py:callable' data source.",
-        examples=[{"count": 64, "seed": 1}])
-    samples: int | None = Field(
-        None, ge=1,
-        description="With data: use at most this many samples (not set: all). With random inputs: "
-                    "this many samples (not set: 8).",
-        examples=[32])
+    data: DataSource | None = data_field(
+        "Sample inputs", default=None, examples=["models/calib.py:images"],
+        note=" Their dtypes must be the reference's input types. Not set: seeded random inputs "
+             "(samples, seed, dynamic_size, int_range).")
+    data_args: dict[str, DataArg] = data_args_field(
+        note="; e.g. another seed than calibration's for held-out samples", seed=1)
+    samples: int | None = samples_field("With data: use at most this many samples (not set: all). With "
+                                        "random inputs: this many samples (not set: 8).", example=32)
     seed: int = Field(
         0, ge=0,
         description="Random inputs only: the seed of the generator (numpy default_rng), so the "
@@ -189,7 +178,7 @@ class VerifyParams(StepParams):
         return self
 
 
-class Verify(Step):
+class Verify(DataSourceStep):
     """Compares a candidate model's outputs with a reference's and fails past thresholds."""
 
     Params = VerifyParams
@@ -222,15 +211,6 @@ class Verify(Step):
         reasons = [why for backend, manifest in self._backends()
                    if (why := backend.unavailable(host, manifest)) is not None]
         return "; ".join(dict.fromkeys(reasons)) or None
-
-    def key_files(self):
-        files = super().key_files()
-        files.extend(p for p in data_key_files(self.params.data, self.base_dir, self.project_root)
-                     if p not in files)
-        return files
-
-    def calls(self) -> list[Call]:
-        return data_calls(self.params.data, self.params.data_args)
 
     @staticmethod
     def _side(ctx: StepContext, role: str) -> tuple[Backend, Manifest]:
