@@ -22,31 +22,13 @@ ov = pytest.importorskip("openvino")
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper
-from plugins.models import graph_model, save, value
+from plugins.models import graph_model, make_convnet, save, value
 from plugins.steps import run_step
 
 from optbuild.backends import registry
 from optbuild.steps.engine_ov import OpenVINOEngine, OpenVINOEngineParams
 
-SHAPE = (8, 16, 16)
-
-
-def make_convnet(path: Path) -> Path:
-    """x: float32 [batch, 8, 16, 16] -> Conv 3x3 + bias -> Relu -> Conv 3x3 -> y [batch, 16, 16, 16]."""
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w1")
-    b1 = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32) * 0.1, "b1")
-    w2 = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-         helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])],
-        "convnet",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *SHAPE])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 16, 16])],
-        [w1, b1, w2],
-    )
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+SHAPE = (8, 16, 16)  # make_convnet's input, batch aside
 
 
 @pytest.fixture

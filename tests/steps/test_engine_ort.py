@@ -14,29 +14,11 @@ from optbuild.fingerprint import Fingerprint
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper
-from plugins.models import save
+from onnx import TensorProto, helper
+from plugins.models import make_convnet, save
 from plugins.steps import run_step
 
 from optbuild.steps.engine_ort import OrtEngine, OrtEngineParams
-
-
-def make_convnet(path: Path) -> Path:
-    """x: float32 [batch, 8, 16, 16] -> Conv 3x3 -> BatchNorm-free Relu -> Conv 3x3 -> y."""
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w1")
-    b1 = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32) * 0.1, "b1")
-    w2 = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-         helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])],
-        "convnet",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 16, 16])],
-        [w1, b1, w2],
-    )
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
 @pytest.fixture
