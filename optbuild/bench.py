@@ -404,7 +404,7 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
 
 @contextmanager
 def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOptions,
-                  int_range: tuple[int, int]) -> Iterator[_Runner]:
+                  int_range: tuple[int, int], outcomes: dict[str, Any]) -> Iterator[_Runner]:
     """The export step's PyTorch module, loaded as the export step loads it, on the inputs the
     exported model gets. Open while measuring: the model's sibling modules stay importable."""
     import torch
@@ -412,10 +412,18 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
     from optbuild import samples as sampling
     from optbuild.backends import registry
     from optbuild.fingerprint import Fingerprint
-    from optbuild.steps.base import StepContext
+    from optbuild.steps.base import Artifact, StepContext
 
-    step = ws.project.steps[sid].step  # an optbuild.steps.export.Export
-    ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, {}, Fingerprint())
+    spec = ws.project.steps[sid]
+    step = spec.step  # an optbuild.steps.export.Export
+    upstream = {}  # what its worker saw: the outputs of the steps it names (weights_from)
+    for field_name, dep in spec.deps.items():
+        dep_spec, outcome = ws.project.steps[dep], outcomes.get(dep)
+        folder = ws.project.build_dir / dep_spec.recipe / dep_spec.name
+        primary = outcome.entry.primary if outcome is not None and outcome.entry is not None else None
+        files = {p.name: p for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
+        upstream[field_name] = Artifact(dep, folder, files, folder / primary if primary else None)
+    ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, upstream, Fingerprint())
     started = time.perf_counter()
     with step.load_module(ctx) as (module, examples):
         load_ms = (time.perf_counter() - started) * 1000
@@ -576,7 +584,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                                      "(pip install 'optbuild[torch]')")
                     else:
                         say(f"  load     {sid} (torch)")
-                        runners.append(stack.enter_context(_torch_runner(ws, sid, path, options, int_range)))
+                        runners.append(stack.enter_context(_torch_runner(ws, sid, path, options, int_range, outcomes)))
                 say(f"  load     {sid} ({runs_on(ws.project.steps[sid])[0].name})")
                 runner, row_notes = _model_runner(ws, sid, path, options, int_range, stack)
                 runners.append(runner)

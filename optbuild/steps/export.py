@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -44,7 +44,7 @@ from optbuild.callables import Call
 from optbuild.compare import compare_outputs
 from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
-from optbuild.steps.base import CallableRef, InputPath, Step, StepContext, StepParams
+from optbuild.steps.base import KEYED_WHEN_SET, CallableRef, InputPath, Step, StepContext, StepParams, StepRef
 from optbuild.steps.inputdecl import StepInputs
 
 if TYPE_CHECKING:
@@ -69,6 +69,13 @@ class ExportParams(StepParams):
                     "loaded into the module before export, relative to the recipe file. Not set: "
                     "the module keeps the weights the callable gave it.",
         examples=["weights/cnn.pt"])
+    weights_from: Annotated[StepRef | None, KEYED_WHEN_SET] = Field(
+        None,
+        description="The step whose main output is the state_dict to load, instead of a file: a "
+                    "checkpoint an earlier step wrote (an initialization, a fine-tuning). Loaded as "
+                    "weights is; its content enters the key as any upstream output does. Excludes "
+                    "weights.",
+        examples=["init_weights"])
     opset: int = Field(
         17, ge=7, le=23,
         description="ONNX opset to export. 7 to 20 with exporter 'torchscript', 18 to 23 with "
@@ -139,6 +146,8 @@ class ExportParams(StepParams):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExportParams:
+        if self.weights is not None and self.weights_from is not None:
+            raise ValueError("set weights (a file) or weights_from (a step), not both")
         if both := sorted(set(self.input_names) & set(self.output_names)):
             raise ValueError(f"names {both} are both inputs and outputs")
         names = set(self.input_names) | set(self.output_names)
@@ -222,7 +231,7 @@ class Export(Step):
 
         with usermodule.imported_or(path, failed) as namespace:
             module, inputs = self._build(namespace, attr, path)
-            if p.weights is not None:
+            if p.weights is not None or p.weights_from is not None:
                 self._load_weights(ctx, module)
             module.eval()
             yield module, inputs
@@ -265,7 +274,14 @@ class Export(Step):
 
         import torch
 
-        path = ctx.path(self.params.weights)
+        p = self.params
+        if p.weights_from is not None:
+            upstream = ctx.inputs["weights_from"]
+            if upstream.primary is None or not upstream.primary.is_file():
+                raise StepError(f"weights_from: {upstream.step} gives no file to load")
+            path = upstream.primary
+        else:
+            path = ctx.path(p.weights)
         if not path.is_file():
             raise StepError(f"weights {path}: no such file")
         try:

@@ -244,6 +244,61 @@ def test_weights_that_do_not_fit_or_load_are_named(tmp_path):
         export(tmp_path, {"model": "net.py:build", "weights": "junk.pth"}, out="o3")
 
 
+INIT_KIND = """
+from optbuild.steps.base import Step, StepParams
+
+
+class InitParams(StepParams):
+    value: float = 0.5
+
+
+class InitWeights(Step):
+    \"\"\"Writes a state_dict for the Linear(4, 2) of net.py: every weight ``value``.\"\"\"
+
+    Params = InitParams
+    primary_output = "weights.pt"
+
+    def run(self, ctx):
+        import torch
+
+        torch.save({"weight": torch.full((2, 4), self.params.value), "bias": torch.zeros(2)},
+                   ctx.out_dir / "weights.pt")
+"""
+
+
+def test_weights_can_come_from_another_steps_output(tmp_path):
+    """A checkpoint an earlier step wrote (issue #14): no subclass needed, and the export
+    rebuilds when the checkpoint's content changes."""
+    from plugins.projects import ProjectDir
+
+    project = ProjectDir(tmp_path / "proj")
+    project.write("optbuild.toml", '[kinds]\ninit = "kinds.py:InitWeights"\n')
+    project.write("kinds.py", INIT_KIND)
+    write_model(project.root / "recipes", LINEAR)
+    recipe = ('[steps.init]\nkind = "init"\nvalue = {value}\n\n'
+              '[steps.export]\nkind = "export"\nmodel = "net.py:build"\nweights_from = "init"\n'
+              'input_names = ["x"]\n')
+    project.write("recipes/m.toml", recipe.format(value=0.5))
+    assert project.build().ok
+    model = project.root / "build" / "m" / "export" / "model.onnx"
+    (y,) = ort_run(model, {"x": np.ones((3, 4), np.float32)})
+    np.testing.assert_allclose(y, [[2.0, 2.0]] * 3, rtol=1e-6)
+    project.write("recipes/m.toml", recipe.format(value=0.25))
+    result = project.build()
+    assert result.ok and result.outcomes["m:export"].status == "built"
+    (y,) = ort_run(model, {"x": np.ones((3, 4), np.float32)})
+    np.testing.assert_allclose(y, [[1.0, 1.0]] * 3, rtol=1e-6)
+
+
+def test_weights_and_weights_from_exclude_each_other():
+    with pytest.raises(ValidationError, match="set weights .a file. or weights_from .a step., not both"):
+        ExportParams.model_validate({"model": "net.py:build", "weights": "w.pt", "weights_from": "init"})
+    # not set, it stays out of the key: caches made before it existed stay valid
+    from optbuild.keys import key_params
+
+    assert "weights_from" not in key_params(ExportParams.model_validate({"model": "net.py:build"}))
+
+
 # --- the callable ------------------------------------------------------------------------
 @pytest.mark.parametrize(("source", "ref", "message"), [
     ("def build():\n    raise RuntimeError('no weights here')\n", "net.py:build",
