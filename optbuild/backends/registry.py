@@ -12,11 +12,14 @@ import importlib
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optbuild import plugins
-from optbuild.backends.base import Backend, Manifest
+from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.errors import StepError
+
+if TYPE_CHECKING:
+    from optbuild.fingerprint import Fingerprint
 
 ENTRY_POINT_GROUP = "optbuild.backends"
 MANIFEST = "engine.json"  # beside an engine: its backend and what it was built for
@@ -69,6 +72,12 @@ def onnx_backend() -> Backend:
     if backend is None:
         raise KeyError("no backend runs .onnx files")
     return backend
+
+
+def open_onnx(model: Path, host: Fingerprint, *, threads: int | None = None, literal: bool = False) -> Runner:
+    """A runner (not yet entered) of the plain ONNX model ``model``, on ``onnx_backend()``."""
+    backend = onnx_backend()
+    return backend.open(model, {"backend": backend.name}, host, threads=threads, literal=literal)
 
 
 def for_artifact(model: Path, what: str) -> tuple[Backend, Manifest]:

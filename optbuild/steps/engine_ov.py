@@ -454,7 +454,7 @@ class OpenVINOEngine(fields.DataSourceStep):
         from optbuild.compare import compare_outputs
         from optbuild.errors import first_line
         from optbuild.samples import describe_tried, feeds
-        from optbuild.steps.rewrite_check import blame, entered_reference, shapes
+        from optbuild.steps.rewrite_check import blame, entered_onnx, shapes
 
         p = self.params
         with OpenVINORunner(out, hint=p.hint, inference_precision="f32") as runner, contextlib.ExitStack() as stack:
@@ -463,8 +463,8 @@ class OpenVINOEngine(fields.DataSourceStep):
                 ctx.metrics["checks"] = 0
                 ctx.log("numeric check disabled (check = 0); the IR compiles for the CPU")
                 return
-            reference = entered_reference(stack, source, ctx.host, f"the input model of {label}, so the "
-                                          f"{LABEL} IR cannot be checked (check = 0 skips it)")
+            reference = entered_onnx(stack, source, ctx.host, f"the input model of {label}, so the "
+                                     f"{LABEL} IR cannot be checked (check = 0 skips it)")
             specs = reference.input_specs()
             names = reference.output_names()
             missing = [n for n in names if n not in runner.output_names()]

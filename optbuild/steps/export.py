@@ -384,15 +384,10 @@ class Export(Step):
     def _verify(self, ctx: StepContext, out: Path, module: Any, inputs: tuple, expected: Any) -> None:
         """The export on the backend that runs ONNX models (onnxruntime) vs PyTorch on the
         example inputs, then with every dynamic axis grown."""
-        from optbuild.backends import registry
+        from optbuild.steps.rewrite_check import entered_onnx
 
-        p = self.params
-        backend = registry.onnx_backend()
         with ExitStack() as stack:
-            try:
-                runner = stack.enter_context(backend.open(out, {"backend": backend.name}, ctx.host))
-            except Exception as exc:
-                raise StepError(f"{backend.label} cannot load the export of {p.model}: {first_line(exc)}") from None
+            runner = entered_onnx(stack, out, ctx.host, f"the export of {self.params.model}", literal=False)
             self._compare(ctx, runner, module, inputs, expected)
 
     def _compare(self, ctx: StepContext, runner: Runner, module: Any, inputs: tuple, expected: Any) -> None:

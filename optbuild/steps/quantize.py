@@ -522,7 +522,7 @@ class Quantize(Step):
         backend = registry.onnx_backend()
         with contextlib.ExitStack() as stack:
             try:
-                runner = stack.enter_context(backend.open(out, {"backend": backend.name}, ctx.host))
+                runner = stack.enter_context(registry.open_onnx(out, ctx.host))
             except Exception as exc:
                 raise StepError(f"{what} does not load in {backend.label} (CPU): {type(exc).__name__}: "
                                 f"{exc}") from None

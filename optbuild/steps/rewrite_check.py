@@ -57,12 +57,12 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
     all of them, nothing could be checked: an error that says what was fed and how to
     declare more."""
     with contextlib.ExitStack() as stack:
-        rewritten = entered_reference(stack, out, ctx.host, f"the model {tool} made of {label}")
+        rewritten = entered_onnx(stack, out, ctx.host, f"the model {tool} made of {label}")
         if checks == 0:
             ctx.metrics["checks"] = 0
             ctx.log(f"numeric check disabled (check = 0); the result loads in {registry.onnx_backend().label}")
             return
-        original = entered_reference(stack, source, ctx.host, f"the input model of {label}, so the {tool} "
+        original = entered_onnx(stack, source, ctx.host, f"the input model of {label}, so the {tool} "
                                      "result cannot be checked (check = 0 skips it)")
         _compare(ctx, original, rewritten, label, tool, checks=checks, tolerance=tolerance, atol=atol,
                  decls=decls)
@@ -149,15 +149,15 @@ def reference_runner(path: Path, host: Fingerprint) -> Runner:
     runs plain ONNX models: with the runtime's own graph optimizations on, the reference would
     be one more rewrite trusting the same (possibly wrong) shape annotations as the step it
     checks, and could agree with its mistakes."""
-    backend = registry.onnx_backend()
-    return backend.open(path, {"backend": backend.name}, host, literal=True)
+    return registry.open_onnx(path, host, literal=True)
 
 
-def entered_reference(stack: contextlib.ExitStack, path: Path, host: Fingerprint, what: str) -> Runner:
-    """``reference_runner(path)`` entered on ``stack``; StepError "<runtime> cannot load
-    ``what``: <why>" when the model does not load."""
+def entered_onnx(stack: contextlib.ExitStack, path: Path, host: Fingerprint, what: str, *,
+                 literal: bool = True) -> Runner:
+    """``registry.open_onnx(path)`` entered on ``stack`` (``literal``: as ``reference_runner``);
+    StepError "<runtime> cannot load ``what``: <why>" when the model does not load."""
     try:
-        return stack.enter_context(reference_runner(path, host))
+        return stack.enter_context(registry.open_onnx(path, host, literal=literal))
     except Exception as exc:
         raise StepError(f"{registry.onnx_backend().label} cannot load {what}: {first_line(exc)}") from None
 
