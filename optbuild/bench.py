@@ -411,7 +411,6 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
 
     from optbuild import samples as sampling
     from optbuild.backends import registry
-    from optbuild.fingerprint import Fingerprint
     from optbuild.steps.base import Artifact, StepContext
 
     spec = ws.project.steps[sid]
@@ -423,7 +422,7 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
         primary = outcome.entry.primary if outcome is not None and outcome.entry is not None else None
         files = {p.name: p for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
         upstream[field_name] = Artifact(dep, folder, files, folder / primary if primary else None)
-    ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, upstream, Fingerprint())
+    ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, upstream, _fingerprint())
     started = time.perf_counter()
     with step.load_module(ctx) as (module, examples):
         load_ms = (time.perf_counter() - started) * 1000

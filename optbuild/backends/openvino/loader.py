@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from optbuild.backends.base import TensorSpec
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 # Where the engine step records its performance hint in the IR (rt_info), beside engine.json.
 RT_INFO_HINT = ["optbuild", "hint"]
@@ -155,11 +152,6 @@ def compile_model(model: Any, *, hint: str | None = None, inference_precision: s
         model = core.read_model(str(model))
     hint = hint or rt_info(model, RT_INFO_HINT)
     return core.compile_model(model, "CPU", compile_config(hint, inference_precision, threads))
-
-
-def read_ir(path: Path, core: Any = None) -> Any:
-    ov = import_openvino()
-    return (core or ov.Core()).read_model(str(path))
 
 
 # --- OpenVINO's messages -------------------------------------------------------------------
