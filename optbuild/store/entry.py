@@ -44,14 +44,9 @@ def check_digest(value: object, what: str = "digest") -> str:
     """Return ``value`` if it is a digest (a blob's, or an action key), else raise
     EntryError (a ValueError) naming ``what`` it should have been."""
     if not is_digest(value):
-        raise EntryError(f"not a {what} ({DIGEST_HEX} lowercase hex digits): {value!r}")
+        shown = value[:80] if isinstance(value, str) else value  # a hostile entry's may be long
+        raise EntryError(f"not a {what} ({DIGEST_HEX} lowercase hex digits): {shown!r}")
     return value  # type: ignore[return-value]  # is_digest: a str
-
-
-def _digest_field(value: str) -> str:
-    if not is_digest(value):
-        raise ValueError(f"{value[:80]!r} is not a digest ({DIGEST_HEX} lowercase hex)")
-    return value
 
 
 def check_relative_path(name: str) -> str:
@@ -91,7 +86,7 @@ class OutputFile(BaseModel):
     @field_validator("digest")
     @classmethod
     def _digest(cls, value: str) -> str:
-        return _digest_field(value)
+        return check_digest(value)
 
     @field_validator("size")
     @classmethod
@@ -135,7 +130,7 @@ class ActionEntry(BaseModel):
     @field_validator("key", "log")
     @classmethod
     def _digests(cls, value: str | None) -> str | None:
-        return value if value is None else _digest_field(value)
+        return value if value is None else check_digest(value)
 
     @field_validator("outputs")
     @classmethod
