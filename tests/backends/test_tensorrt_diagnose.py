@@ -8,13 +8,12 @@ users report them. Where TensorRT-RTX is installed the same models go through re
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from plugins.trt import make_ctx, small_convnet
+from plugins.trt import make_ctx, requires_rtx, small_convnet
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper
@@ -32,8 +31,6 @@ from optbuild.errors import StepError
 from optbuild.fingerprint import Fingerprint
 from optbuild.steps.engine_trt import TensorRTRTXEngine, check_dim_names
 
-HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
-requires_rtx = pytest.mark.skipif(not HAS_RTX, reason="tensorrt-rtx is not installed (pip install 'optbuild[rtx]')")
 GPU_LESS = gpu_missing(Fingerprint()) is not None
 
 CUDA_35 = ("[checkMacros.cpp::catchCudaError::250] Error Code 1: Cuda Runtime (In catchCudaError at "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import pytest
 
 from optbuild.fingerprint import Fingerprint
 from optbuild.steps.base import Artifact, StepContext
+
+HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+requires_rtx = pytest.mark.skipif(not HAS_RTX, reason="tensorrt-rtx is not installed (pip install 'optbuild[rtx]')")
 
 
 def _save(model: Any, path: Path) -> Path:

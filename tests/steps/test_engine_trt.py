@@ -17,11 +17,13 @@ import warnings
 import pytest
 from plugins.trt import (
     CONV_PROFILE,
+    HAS_RTX,
     MATMUL_PROFILE,
     make_ctx,
     matmul_relu,
     needs_module,
     qdq_matmul,
+    requires_rtx,
     small_convnet,
     unknown_op,
 )
@@ -37,9 +39,6 @@ from optbuild.steps.engine_trt import (
     check_profiles,
     timing_cache_file,
 )
-
-HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
-requires_rtx = pytest.mark.skipif(not HAS_RTX, reason="tensorrt-rtx is not installed (pip install 'optbuild[rtx]')")
 
 
 def rtx(tmp_path, **params) -> TensorRTRTXEngine:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from plugins.projects import REPO, ProjectDir
-from plugins.trt import MATMUL_PROFILE, make_ctx, matmul_relu
+from plugins.trt import HAS_RTX, MATMUL_PROFILE, make_ctx, matmul_relu
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError
@@ -26,9 +26,7 @@ from optbuild.recipe import load_project
 from optbuild.steps.base import Artifact, Step, StepContext
 from optbuild.steps.verify import Verify, VerifyParams
 
-HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 HAS_CUDA_PYTHON = importlib.util.find_spec("cuda") is not None
-requires_rtx = pytest.mark.skipif(not HAS_RTX, reason="tensorrt-rtx is not installed (pip install 'optbuild[rtx]')")
 
 NO_GPU = Fingerprint({"gpu.count": 0, "gpu.error": "no NVIDIA GPU (NVIDIA driver not loaded)",
                       "cpu.arch": "x86_64", "cpu.flags": "avx2,fma"})
