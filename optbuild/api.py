@@ -105,6 +105,7 @@ def build(
         skip_unavailable=config.skip_unavailable if skip_unavailable is None else skip_unavailable,
         fetch_only=fetch_only,
         retry_failed=retry_failed,
+        preload=config.preload,
     )
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])

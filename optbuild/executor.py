@@ -1,7 +1,8 @@
 """Runs the selected steps: key, cache lookup, build in a worker process, store, restore.
 
 Steps run in dependency order, independent ones in parallel (threads that each wait on a
-worker process). A step's key needs its upstream outputs, so keys are computed as the
+worker process: a child of a fork server that holds the step's tools, see
+``optbuild.workerpool``). A step's key needs its upstream outputs, so keys are computed as the
 graph unfolds. Concurrent builders of one key (threads or other processes) build it once:
 the key's lock is held from the second lookup until the entry is stored.
 """
@@ -12,8 +13,6 @@ import contextlib
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -47,6 +46,7 @@ from optbuild.store.failures import FailureStore
 from optbuild.store.local import BlobGone, LocalStore
 from optbuild.store.remote import RemoteSession
 from optbuild.toolchain import Toolchain
+from optbuild.workerpool import WorkerPool, WorkerProcess
 from optbuild.workerspec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
 
 LOG_TAIL_LINES = 25
@@ -60,6 +60,7 @@ class Options:
     skip_unavailable: bool = False
     fetch_only: bool = False  # build --no-build: take what the caches hold, build nothing
     retry_failed: bool = False  # run steps whose failure with the same key is remembered
+    preload: bool = True  # steps fork from a server that has imported their tools (Linux)
 
 
 @dataclass
@@ -125,7 +126,8 @@ class Executor:
         self.last_build = lockfile.read(project.lock_file)
         self.outcomes: dict[str, Outcome] = {}
         self._cancel = threading.Event()
-        self._procs: dict[str, subprocess.Popen] = {}
+        self.workers = WorkerPool(project.root, preload=self.options.preload)
+        self._procs: dict[str, WorkerProcess] = {}
         self._procs_lock = threading.Lock()
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
         self.remote = remote
@@ -189,6 +191,7 @@ class Executor:
                         if isinstance(decision, Outcome):
                             settle(sid, decision)
                         else:
+                            self._prewarm(sid)
                             building[pool.submit(self._process, sid, decision)] = sid
                     if building:
                         done, _ = wait(building, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -201,6 +204,7 @@ class Executor:
                 raise
             finally:
                 self.hasher.flush()
+                self.workers.close()
         self._clean_logs()
         self._write_lock()
         counts: dict[str, int] = {}
@@ -268,8 +272,16 @@ class Executor:
     def _kill_workers(self) -> None:
         with self._procs_lock:
             for proc in self._procs.values():
-                if proc.poll() is None:
-                    proc.kill()
+                proc.kill()
+
+    def _prewarm(self, sid: str) -> None:
+        """Start the fork servers of a step about to build and of the steps after it (which
+        will likely build too): they import their tools while this one builds. From the
+        main thread, which lives as long as the build (a server dies with the thread that
+        started it: PR_SET_PDEATHSIG)."""
+        for step in (sid, *self.graph.dependents[sid]):
+            if step in self.project.steps:
+                self.workers.prewarm(self.project.steps[step].step.preload)
 
     # --- one step ----------------------------------------------------------------------
     def _process(self, sid: str, action: Callable[[StepSpec], Outcome | Callable]) -> Outcome | Callable:
@@ -424,7 +436,7 @@ class Executor:
             )
             (tmp / "spec.json").write_text(worker_spec.to_json())
             started = time.perf_counter()
-            result = self._run_worker(spec.id, tmp, log_path)
+            result = self._run_worker(spec, tmp, log_path)
             duration = time.perf_counter() - started
             log = log_path.read_bytes()
             if not result.ok:
@@ -443,27 +455,23 @@ class Executor:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _run_worker(self, sid: str, tmp: Path, log_path: Path) -> WorkerResult:
-        """Run the step's worker, its stdout and stderr into ``log_path``; unbuffered (-u), so
-        that what a step printed reaches the log in order even when it then crashes."""
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "optbuild.worker", str(tmp / "spec.json")],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.project.root,
-            )
+    def _run_worker(self, spec: StepSpec, tmp: Path, log_path: Path) -> WorkerResult:
+        """Run the step's worker, its stdout and stderr into ``log_path``."""
+        proc = self.workers.start(tmp / "spec.json", log_path, spec.step.preload, self._cancel)
+        if proc is None:
+            raise Cancelled
+        with self._procs_lock:
+            self._procs[spec.id] = proc
+        try:
+            while (returncode := proc.poll(0.05)) is None:
+                if self._cancel.is_set():
+                    proc.kill()
+                    proc.poll(None)
+                    raise Cancelled
+        finally:
             with self._procs_lock:
-                self._procs[sid] = proc
-            try:
-                while proc.poll() is None:
-                    if self._cancel.wait(0.05):
-                        proc.kill()
-                        proc.wait()
-                        raise Cancelled
-            finally:
-                with self._procs_lock:
-                    self._procs.pop(sid, None)
-        return read_result(tmp / "result.json", proc.returncode, tmp)
+                self._procs.pop(spec.id, None)
+        return read_result(tmp / "result.json", returncode, tmp)
 
     def _failure_message(self, result: WorkerResult, log: bytes, kept: str) -> str:
         """The step's own message; with the log's tail when the failure was unexpected, and

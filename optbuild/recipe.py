@@ -58,6 +58,9 @@ class BuildSection(_Section):
     # Default of build / plan --skip-unavailable: steps this host cannot run (a GPU step on a
     # CPU host) are reported unavailable, with what they need, and the rest builds green.
     skip_unavailable: bool = False
+    # Steps run in children forked from a server that has imported their tools once (Linux);
+    # false: a fresh Python process per step, which imports them every time.
+    preload: bool = True
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

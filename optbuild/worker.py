@@ -1,4 +1,5 @@
-"""Runs one step in its own process: ``python -m optbuild.worker SPEC.json``.
+"""Runs one step in its own process: ``python -m optbuild.worker SPEC.json``, or in a child
+forked by ``optbuild.zygote``, which calls ``serve`` as this module's ``main`` does.
 
 A crash in a native library (onnxsim, TensorRT) kills this process, not the build. The
 spec and the result travel as JSON files (``optbuild.workerspec``: WorkerSpec in,
@@ -28,8 +29,9 @@ from optbuild.workerspec import WorkerResult, WorkerSpec
 RESULT_RESERVE = 64 << 10  # bytes; results are small JSON (an error message, metrics)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: get SIGKILL when the builder dies, so no orphan keeps building."""
+def die_with_parent(parent: int) -> None:
+    """Linux: get SIGKILL when ``parent`` (the builder, or the zygote) dies, so no orphan keeps
+    building."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -106,7 +108,7 @@ def _disk_full_exit(exc: OSError) -> NoReturn:
     os._exit(exc.errno)
 
 
-def _capture_diagnostics() -> None:
+def capture_diagnostics() -> None:
     """Make what explains a failure reach the log: the Python stack on a native crash
     (faulthandler), and library logging from INFO up (unconfigured, logging drops INFO
     and prints warnings without saying which library wrote them)."""
@@ -117,14 +119,11 @@ def _capture_diagnostics() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
-def main() -> None:
-    # SIGTERM ends a worker at once, even one whose builder ignores SIGTERM (an ignored
-    # signal is inherited; a handler is not)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _capture_diagnostics()
-    spec_path = Path(sys.argv[1])
-    spec = WorkerSpec.from_json(spec_path.read_bytes())
-    _die_with_parent(spec.parent_pid)
+def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
+    """Run the step that ``spec_path`` describes and write its result; die with ``parent``
+    (default: the builder the spec names)."""
+    spec = WorkerSpec.from_json(Path(spec_path).read_bytes())
+    die_with_parent(spec.parent_pid if parent is None else parent)
     result_path = Path(spec.result)
     tmp = result_path.with_suffix(".tmp")
     result_file = open(tmp, "wb")  # noqa: SIM115 (held open while the step runs)
@@ -141,6 +140,14 @@ def main() -> None:
     except OSError as exc:
         _disk_full_exit(exc)
     os.replace(tmp, result_path)
+
+
+def main() -> None:
+    # SIGTERM ends a worker at once, even one whose builder ignores SIGTERM (an ignored
+    # signal is inherited; a handler is not)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    capture_diagnostics()
+    serve(sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -148,6 +148,11 @@ class StepContext:
         return folder / model.name
 
 
+# Step.preload sets (see there): steps that share one share a fork server.
+ONNX_TOOLS = ("numpy", "onnx")
+TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.fx, onnxsim
+
+
 class Step:
     """Base class of step kinds. Subclasses set the class attributes and implement run()."""
 
@@ -156,6 +161,9 @@ class Step:
     Params: ClassVar[type[StepParams]]
     # Python distributions whose versions change the output (their versions enter the key).
     tools: ClassVar[tuple[str, ...]] = ()
+    # Modules the fork server imports once for every step of this kind (optbuild.zygote):
+    # heavy ones whose import leaves no thread running (not onnxruntime: see the zygote).
+    preload: ClassVar[tuple[str, ...]] = ()
     # Host fingerprint fields the output depends on (see optbuild.fingerprint).
     host_fields: ClassVar[tuple[str, ...]] = ()
     # Name of the main output file inside out_dir, handed to downstream steps as `primary`.

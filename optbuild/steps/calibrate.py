@@ -60,7 +60,7 @@ from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError, first_line
 from optbuild.samples import DataArg, non_default
 from optbuild.steps import fields
-from optbuild.steps.base import StepContext, StepParams, StepRef
+from optbuild.steps.base import ONNX_TOOLS, StepContext, StepParams, StepRef
 
 TABLE_FORMAT = "optbuild.calibration"
 TABLE_VERSION = 1
@@ -148,6 +148,7 @@ class Calibrate(fields.DataSourceStep):
     """Activation ranges of an ONNX model over calibration data, as a portable calibration.json."""
 
     Params = CalibrateParams
+    preload = ONNX_TOOLS
     primary_output = TABLE_FILE
 
     def tool_names(self) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from optbuild.errors import StepError, first_line
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field
@@ -103,6 +103,7 @@ class OrtEngine(Step):
     """An onnxruntime model optimized offline (graph level, ONNX or ORT format), checked."""
 
     Params = OrtEngineParams
+    preload = ONNX_TOOLS
 
     def __init__(self, params: OrtEngineParams, base_dir: Path, project_root: Path):
         super().__init__(params, base_dir, project_root)

@@ -76,7 +76,7 @@ from optbuild.backends.openvino.loader import RT_INFO_HINT, RT_INFO_PRECISION
 from optbuild.errors import StepError
 from optbuild.samples import DataArg, is_callable_source, non_default
 from optbuild.steps import fields
-from optbuild.steps.base import StepContext, StepParams, StepRef
+from optbuild.steps.base import ONNX_TOOLS, StepContext, StepParams, StepRef
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 from optbuild.steps.rewrite_check import Atol, atol_field
 
@@ -262,6 +262,7 @@ class OpenVINOEngine(fields.DataSourceStep):
 
     version = "1"
     Params = OpenVINOEngineParams
+    preload = ONNX_TOOLS
     primary_output = "model.xml"
     host_fields = ()  # see the module docstring
     data_param, args_param = "calibration", "calibration_args"

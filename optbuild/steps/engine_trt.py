@@ -61,7 +61,7 @@ from optbuild.backends.tensorrt.host import (
 )
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
 from optbuild.errors import StepError, StepUnavailable
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import input_field
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 
@@ -584,6 +584,7 @@ class TensorRTEngine(_TensorRTBase):
     """TensorRT (10.x, 11.x): builds on and for this host's GPU; needs an NVIDIA GPU."""
 
     Params = TensorRTParams
+    preload = ONNX_TOOLS
     runtime = RUNTIMES["tensorrt"]
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:

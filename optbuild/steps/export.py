@@ -44,7 +44,16 @@ from optbuild.callables import Call
 from optbuild.compare import compare_outputs
 from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
-from optbuild.steps.base import KEYED_WHEN_SET, CallableRef, InputPath, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import (
+    KEYED_WHEN_SET,
+    TORCH_TOOLS,
+    CallableRef,
+    InputPath,
+    Step,
+    StepContext,
+    StepParams,
+    StepRef,
+)
 from optbuild.steps.inputdecl import StepInputs
 
 if TYPE_CHECKING:
@@ -169,6 +178,7 @@ class Export(Step):
 
     version = "2"  # 2: stack traces stripped from dynamo exports; second-size dynamic check
     Params = ExportParams
+    preload = TORCH_TOOLS
     tools = ("torch", "onnx")
 
     def tool_names(self) -> tuple[str, ...]:

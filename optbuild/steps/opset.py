@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from optbuild.errors import StepError
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
@@ -40,6 +40,7 @@ class Opset(Step):
     """Opset conversion by onnx.version_converter, checked against its input on random inputs."""
 
     Params = OpsetParams
+    preload = ONNX_TOOLS
     tools = ("onnx", "onnxruntime")
 
     def run(self, ctx: StepContext) -> None:

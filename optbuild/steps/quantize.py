@@ -49,7 +49,7 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError
 from optbuild.samples import non_default
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import input_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 
@@ -245,6 +245,7 @@ class Quantize(Step):
     #    reduce_range's default follows the host, fp16 from re-inferred value_info.
     version = "2"
     Params = QuantizeParams
+    preload = ONNX_TOOLS
 
     def tool_names(self) -> tuple[str, ...]:
         if self.params.mode == "fp16":

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from optbuild.errors import StepError, first_line
-from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import KEYED_WHEN_SET, TORCH_TOOLS, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
@@ -80,6 +80,7 @@ class Simplify(Step):
     """Graph simplification by onnxsim or onnxslim, checked against its input on random inputs."""
 
     Params = SimplifyParams
+    preload = TORCH_TOOLS
     tools = ("onnx", "onnxruntime")  # + the chosen backend: see tool_names
 
     def tool_names(self) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from optbuild.errors import StepError
-from optbuild.steps.base import InputPath, Step, StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, InputPath, Step, StepContext, StepParams
 
 
 class OnnxSourceParams(StepParams):
@@ -65,6 +65,7 @@ class OnnxSource(Step):
     """An existing ONNX file as a pipeline's source, checked with onnx.checker."""
 
     Params = OnnxSourceParams
+    preload = ONNX_TOOLS
     tools = ("onnx",)
 
     def run(self, ctx: StepContext) -> None:

@@ -63,7 +63,7 @@ from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.errors import StepError, StepUnavailable, first_line
 from optbuild.samples import DataArg, non_default
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import DataSource, DataSourceStep, data_args_field, data_field, samples_field
 from optbuild.steps.inputdecl import StepInputs, check_declarations
 
@@ -182,6 +182,7 @@ class Verify(DataSourceStep):
     """Compares a candidate model's outputs with a reference's and fails past thresholds."""
 
     Params = VerifyParams
+    preload = ONNX_TOOLS
     version = "3"  # 2: reports name no steps; top-1 only on class scores; 3: any backend
     primary_output = "report.json"
 

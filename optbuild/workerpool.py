@@ -1,0 +1,240 @@
+"""Starts the process that runs a step: a child of a fork server that has already imported
+the step's tools (``optbuild.zygote``) where it can, a fresh ``python -m optbuild.worker``
+where it cannot (not Linux, ``[build] preload = false``, or a fork server that failed).
+
+Either way the step runs in a process of its own and the executor sees the same thing: a
+``WorkerProcess`` to poll for its exit code, or to kill. One fork server per set of
+preloaded modules, started on first need and shared by the steps whose ``preload`` it
+covers (a quantize step, which preloads onnx, forks from the server that holds torch and
+onnx when that one is already running); all end with the build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger("optbuild")
+
+READY_TIMEOUT_S = 600.0  # importing torch on a loaded host can take a minute; never forever
+MAX_MESSAGE = 4096
+
+
+class WorkerProcess(Protocol):
+    def poll(self, timeout: float | None) -> int | None:
+        """The exit code (negative: the signal that killed it), waiting at most ``timeout``
+        seconds (None: until it exits); None if it still runs."""
+
+    def kill(self) -> None: ...
+
+
+class FreshProcess:
+    """``python -u -m optbuild.worker SPEC``: unbuffered, so that what a step printed reaches
+    the log in order even when it then crashes."""
+
+    def __init__(self, spec: Path, log_path: Path, cwd: Path):
+        with open(log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "optbuild.worker", str(spec)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+
+    def poll(self, timeout: float | None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+class ForkedChild:
+    """A child of a fork server; its exit code arrives on ``sock``. A server that died
+    first (killed with it: PR_SET_PDEATHSIG) reads as SIGKILL."""
+
+    def __init__(self, sock: socket.socket, pid: int, pidfd: int | None):
+        self.sock, self.pid, self.pidfd = sock, pid, pidfd
+        self.code: int | None = None
+
+    def poll(self, timeout: float | None) -> int | None:
+        if self.code is None and select.select([self.sock], [], [], timeout)[0]:
+            try:
+                message = self.sock.recv(MAX_MESSAGE)
+            except OSError:
+                message = b""
+            self.code = json.loads(message)["exit"] if message else -signal.SIGKILL
+            self._close()
+        return self.code
+
+    def kill(self) -> None:
+        """SIGKILL through the pidfd (no pid-reuse race) where there is one."""
+        if self.code is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+
+    def _close(self) -> None:
+        self.sock.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class ForkServer:
+    """One ``optbuild.zygote`` process, which preloads ``modules``."""
+
+    def __init__(self, modules: frozenset[str], cwd: Path):
+        self.modules = modules
+        self.cwd = cwd
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stderr: shown if it fails)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "optbuild.zygote", str(theirs.fileno()), str(os.getpid()),
+                 *sorted(modules)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=self.errors, cwd=cwd)
+        self.usable: bool | None = None  # None: not ready yet
+        self._ready_lock = threading.Lock()
+
+    def ready(self, cancel: threading.Event) -> bool | None:
+        """Whether the server is ready to fork (waiting for it the first time); None if
+        ``cancel`` was set while waiting."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._ready_lock.acquire(timeout=0.05):
+            if cancel.is_set():
+                return None
+        try:
+            while self.usable is None:
+                if cancel.is_set():
+                    return None
+                if select.select([self.control], [], [], 0.05)[0]:
+                    self._hello(self.control.recv(MAX_MESSAGE))
+                elif time.monotonic() > deadline:
+                    self._give_up(f"it was not ready after {READY_TIMEOUT_S:.0f} s")
+                    self.kill()
+            return self.usable
+        finally:
+            self._ready_lock.release()
+
+    def _hello(self, message: bytes) -> None:
+        if not message:
+            self._give_up(f"it exited while importing them{self._stderr_tail()}")
+            return
+        hello = json.loads(message)
+        if hello["ready"]:
+            self.usable = True
+        else:
+            self._give_up(hello["unsafe"])
+
+    def fork(self, spec: Path, log_path: Path) -> ForkedChild | None:
+        """A child running ``spec``; None if the server cannot fork (it died, or found
+        itself unsafe): the caller starts a fresh process."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {"spec": str(spec), "log": str(log_path), "cwd": str(self.cwd), "env": dict(os.environ)}
+        try:
+            with theirs:
+                socket.send_fds(self.control, [json.dumps(request).encode()], [theirs.fileno()])
+            message, fds, _, _ = socket.recv_fds(mine, MAX_MESSAGE, 1)
+        except OSError:
+            message, fds = b"", []
+        answer = json.loads(message) if message else {"error": f"it exited{self._stderr_tail()}"}
+        if "error" in answer:
+            mine.close()
+            self._give_up(answer["error"])
+            return None
+        return ForkedChild(mine, answer["pid"], fds[0] if fds else None)
+
+    def _give_up(self, why: str) -> None:
+        if self.usable is not False:
+            self.usable = False
+            log.warning("preloading %s for steps failed: %s; those steps start fresh processes "
+                        "(slower; set [build] preload = false to always do so)",
+                        ", ".join(sorted(self.modules)) or "optbuild", why)
+
+    def _stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            self.errors.seek(0)
+            lines = self.errors.read().decode(errors="replace").strip().splitlines()
+            if lines:
+                return ":\n    " + "\n    ".join(lines[-10:])
+        return ""
+
+    def close(self) -> None:
+        """Let the server finish (it exits when its control socket closes); kill it if it
+        does not."""
+        self.control.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.errors.close()
+
+    def kill(self) -> None:
+        """Its children die with it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class WorkerPool:
+    """Where the executor gets the processes that run its steps."""
+
+    def __init__(self, cwd: Path, *, preload: bool = True):
+        self.cwd = cwd
+        self.preload = preload and sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+        self._servers: list[ForkServer] = []
+        self._lock = threading.Lock()
+
+    def prewarm(self, modules: tuple[str, ...]) -> None:
+        """Start the fork server that steps preloading ``modules`` will use, if none runs:
+        it imports while other steps build."""
+        if self.preload:
+            self._server_for(frozenset(modules))
+
+    def start(self, spec: Path, log_path: Path, modules: tuple[str, ...],
+              cancel: threading.Event) -> WorkerProcess | None:
+        """A process running the step ``spec`` describes; None if ``cancel`` was set first."""
+        if self.preload:
+            server = self._server_for(frozenset(modules))
+            ready = server.ready(cancel)
+            if ready is None:
+                return None
+            if ready and (child := server.fork(spec, log_path)) is not None:
+                return child
+        return FreshProcess(spec, log_path, self.cwd)
+
+    def _server_for(self, modules: frozenset[str]) -> ForkServer:
+        """The smallest running server that preloads all of ``modules``; a new one if none."""
+        with self._lock:
+            fitting = [s for s in self._servers if s.usable is not False and s.modules >= modules]
+            if fitting:
+                return min(fitting, key=lambda s: len(s.modules))
+            broken = [s for s in self._servers if s.usable is False and s.modules == modules]
+            if broken:  # failed before: fresh processes for these steps from now on
+                return broken[0]
+            server = ForkServer(modules, self.cwd)
+            self._servers.append(server)
+            return server
+
+    def close(self) -> None:
+        with self._lock:
+            for server in self._servers:
+                server.close()
+            self._servers.clear()

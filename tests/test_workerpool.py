@@ -1,0 +1,139 @@
+"""Steps run in children forked from a server that has imported their tools once
+(optbuild.zygote, optbuild.workerpool): as isolated as a fresh process per step."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plugins.projects import CONFIG, FIXTURES, ProjectDir
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
+
+KINDS = CONFIG.replace("[kinds]\n", '[kinds]\nprobe = "probekinds.py:Probe"\nthreaded = "probekinds.py:ThreadedProbe"\n')
+
+
+def probe_project(root: Path, steps: str, *, config: str = KINDS) -> ProjectDir:
+    proj = ProjectDir.with_test_kinds(root)
+    shutil.copy(FIXTURES / "probekinds.py", root / "probekinds.py")
+    proj.write("optbuild.toml", config)
+    proj.write("recipes/p.toml", steps)
+    return proj
+
+
+def probe(name: str, **params: object) -> str:
+    lines = [f"[steps.{name}]", 'kind = "probe"', f'tag = "{name}"']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in params.items()]
+    return "\n".join(lines) + "\n\n"
+
+
+def seen(proj: ProjectDir, step: str) -> dict:
+    return json.loads(proj.read(f"build/p/{step}/seen.json"))
+
+
+def test_steps_run_in_children_of_one_server_that_preloaded_their_tools(tmp_path):
+    proj = probe_project(tmp_path / "proj", probe("a") + probe("b", after="a"))
+    assert proj.build().ok
+    a, b = seen(proj, "a"), seen(proj, "b")
+    assert a["ppid"] == b["ppid"] != os.getpid()  # forked by the same server, not by the builder
+    assert a["pid"] != b["pid"]
+    assert a["numpy_preloaded"] and b["numpy_preloaded"]
+    assert a["numpy_random"] != b["numpy_random"]  # each child draws fresh, as a new process would
+    assert a["cwd"] == str(proj.root)
+
+
+def test_with_preload_false_every_step_is_a_fresh_process_of_the_builder(tmp_path):
+    config = KINDS.replace("[build]\n", "[build]\npreload = false\n")
+    proj = probe_project(tmp_path / "proj", probe("a") + probe("b", after="a"), config=config)
+    assert proj.build().ok
+    assert seen(proj, "a")["ppid"] == seen(proj, "b")["ppid"] == os.getpid()
+    assert not seen(proj, "a")["numpy_preloaded"]
+
+
+def test_state_one_step_leaks_never_reaches_the_next(tmp_path):
+    proj = probe_project(tmp_path / "proj", probe("leaky", leak=True) + probe("next", after="leaky"))
+    assert proj.build().ok
+    after = seen(proj, "next")
+    assert after["ppid"] == seen(proj, "leaky")["ppid"]  # the same server forked both
+    assert after["leaked_env"] is None and after["leaked_global"] is None
+    assert not after["leaked_module"] and not after["leaked_path"]
+    assert after["cwd"] == str(proj.root)
+
+
+def test_a_native_crash_fails_only_its_step_and_the_server_forks_the_next(tmp_path):
+    steps = probe("first") + probe("boom", after="first", crash=True) + probe("last", after="first", sleep=0.5)
+    proj = probe_project(tmp_path / "proj", steps)
+    result = proj.build(keep_going=True, jobs=1)
+    assert not result.ok
+    assert "worker process died (signal 11)" in result.outcomes["p:boom"].error
+    assert result.outcomes["p:last"].status == "built"
+    assert seen(proj, "last")["ppid"] == seen(proj, "first")["ppid"]
+
+
+def test_a_preload_that_leaves_a_thread_running_is_refused_and_steps_start_fresh(tmp_path, caplog):
+    proj = probe_project(tmp_path / "proj", '[steps.t]\nkind = "threaded"\n')
+    with caplog.at_level(logging.WARNING, logger="optbuild"):
+        assert proj.build().ok
+    assert seen(proj, "t")["ppid"] == os.getpid()
+    assert "preloading onnxruntime for steps failed" in caplog.text
+    assert "keep running after a fork" in caplog.text
+
+
+def test_two_recipes_whose_model_modules_share_a_name_each_export_their_own(tmp_path):
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
+    proj.write("optbuild.toml", CONFIG)
+    for name, width in (("a", 3), ("b", 5)):
+        proj.write(f"recipes/{name}/model.py",
+                   "import torch\n\ndef build():\n"
+                   f"    return torch.nn.Linear({width}, 2), (torch.zeros(1, {width}),)\n")
+        proj.write(f"recipes/{name}.toml", f'[steps.export]\nkind = "export"\nmodel = "{name}/model.py:build"\n')
+    assert proj.build(jobs=1).ok
+    import onnx
+
+    for name, width in (("a", 3), ("b", 5)):
+        graph = onnx.load(proj.root / "build" / name / "export" / "model.onnx").graph
+        assert graph.input[0].type.tensor_type.shape.dim[1].dim_value == width
+
+
+def _processes_of(builder: int) -> list[int]:
+    """Fork servers started by ``builder`` and the children they forked (same command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"optbuild.zygote" in argv and str(builder).encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_builder_leaves_no_server_and_no_step_running(tmp_path):
+    proj = probe_project(tmp_path / "proj", probe("nap", sleep=60))
+    marker = tmp_path / "started"
+    builder = proj.popen("build", env={"OPTBUILD_TEST_STARTED": str(marker)})
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            assert builder.poll() is None, builder.communicate()
+            time.sleep(0.05)
+        step = json.loads(marker.read_text())
+        assert step["pid"] in _processes_of(builder.pid)
+        os.kill(builder.pid, signal.SIGKILL)
+        builder.wait()
+        deadline = time.monotonic() + 10
+        while _processes_of(builder.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_of(builder.pid) == []
+    finally:
+        builder.kill()
+        builder.communicate()
