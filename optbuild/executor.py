@@ -457,7 +457,7 @@ class Executor:
 
     def _run_worker(self, spec: StepSpec, tmp: Path, log_path: Path) -> WorkerResult:
         """Run the step's worker, its stdout and stderr into ``log_path``."""
-        proc = self.workers.start(tmp / "spec.json", log_path, spec.step.preload, self._cancel)
+        proc = self.workers.start(tmp / "spec.json", log_path, spec.implementation, spec.step.preload, self._cancel)
         if proc is None:
             raise Cancelled
         with self._procs_lock:

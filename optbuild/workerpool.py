@@ -143,11 +143,12 @@ class ForkServer:
         else:
             self._give_up(hello["unsafe"])
 
-    def fork(self, spec: Path, log_path: Path) -> ForkedChild | None:
+    def fork(self, spec: Path, log_path: Path, implementation: str) -> ForkedChild | None:
         """A child running ``spec``; None if the server cannot fork (it died, or found
         itself unsafe): the caller starts a fresh process."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = {"spec": str(spec), "log": str(log_path), "cwd": str(self.cwd), "env": dict(os.environ)}
+        request = {"spec": str(spec), "log": str(log_path), "cwd": str(self.cwd), "env": dict(os.environ),
+                   "implementation": implementation}
         try:
             with theirs:
                 socket.send_fds(self.control, [json.dumps(request).encode()], [theirs.fileno()])
@@ -208,15 +209,16 @@ class WorkerPool:
         if self.preload:
             self._server_for(frozenset(modules))
 
-    def start(self, spec: Path, log_path: Path, modules: tuple[str, ...],
+    def start(self, spec: Path, log_path: Path, implementation: str, modules: tuple[str, ...],
               cancel: threading.Event) -> WorkerProcess | None:
-        """A process running the step ``spec`` describes; None if ``cancel`` was set first."""
+        """A process running the step ``spec`` describes (of the kind ``implementation``,
+        preloading ``modules``); None if ``cancel`` was set first."""
         if self.preload:
             server = self._server_for(frozenset(modules))
             ready = server.ready(cancel)
             if ready is None:
                 return None
-            if ready and (child := server.fork(spec, log_path)) is not None:
+            if ready and (child := server.fork(spec, log_path, implementation)) is not None:
                 return child
         return FreshProcess(spec, log_path, self.cwd)
 

@@ -22,6 +22,11 @@ fork (measured with onnxruntime 1.2x); a child imports it for itself, as the ste
 a fresh process. If a preloaded module leaves a thread running after the probe, the zygote
 says so and exits, and the builder starts fresh processes for those steps instead.
 
+Besides its tool set, the zygote imports the module that implements a step's kind (a
+built-in step module, a project's kinds file) when the first step of that kind comes, so
+that children find the class loaded; never a model module or a data callable, which a step
+imports while it runs, in its child.
+
 Protocol, over Unix SOCK_SEQPACKET sockets (one message each): the builder sends on the
 control socket a JSON request with one file descriptor attached, a socket of its own for
 this child; the zygote answers on it ``{"pid": N}`` (with a pidfd, where the kernel has
@@ -34,6 +39,7 @@ killed builder leaves nothing running. Ctrl-C reaches the children, not the zygo
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import io
@@ -47,8 +53,8 @@ import traceback
 from typing import Any, NoReturn
 
 # Always preloaded: what every worker imports before it runs a step (cheap, thread-free).
-CORE = ("pydantic", "optbuild.worker", "optbuild.steps.registry", "optbuild.steps.base",
-        "optbuild.fingerprint", "optbuild.errors")
+CORE = ("ctypes", "faulthandler", "logging", "pydantic", "optbuild.worker", "optbuild.steps.registry",
+        "optbuild.steps.base", "optbuild.fingerprint", "optbuild.errors")
 MAX_MESSAGE = 1 << 20  # bytes: a request holds a path, a folder and the environment
 
 
@@ -63,7 +69,7 @@ def preload(modules: list[str]) -> list[str]:
     for name in (*CORE, *modules):
         try:
             importlib.import_module(name)
-        except Exception:
+        except Exception:  # an import may fail any way; the step's child will say how
             failed.append(name)
     return failed
 
@@ -94,6 +100,7 @@ class Zygote:
         self.control = control
         self.builder = builder
         self.children: dict[int, socket.socket] = {}  # pid -> the builder's socket for it
+        self.warmed: set[str] = set()  # step implementations imported
         self.wakeup_r, self.wakeup_w = os.pipe()
 
     def serve(self) -> None:
@@ -133,6 +140,12 @@ class Zygote:
             reply.close()
             return True
         request = json.loads(message)
+        self._warm(request["implementation"])
+        if thread_count() != 1:
+            _send(reply, {"error": f"importing {request['implementation']} left {thread_count()} threads "
+                                   "running; forking is unsafe"})
+            reply.close()
+            return True
         pid = os.fork()
         if pid == 0:
             self._child(request, reply)
@@ -142,6 +155,15 @@ class Zygote:
         if pidfd is not None:
             os.close(pidfd)
         return True
+
+    def _warm(self, implementation: str) -> None:
+        """Import the step kind's class, once (``step_class`` caches it for the children)."""
+        if implementation not in self.warmed:
+            self.warmed.add(implementation)
+            from optbuild.steps.registry import step_class
+
+            with contextlib.suppress(Exception):  # the child fails on it, with the step's message
+                step_class(implementation)
 
     def _reap(self) -> None:
         while self.children:
@@ -180,17 +202,13 @@ class Zygote:
             worker.capture_diagnostics()
             worker.serve(request["spec"], parent=os.getppid())
             code = 0
-        except BaseException:
-            try:
+        except BaseException:  # the child must end here, whatever was raised
+            with contextlib.suppress(BaseException):
                 traceback.print_exc()
-            except BaseException:  # noqa: S110
-                pass
         finally:
             for stream in (sys.stdout, sys.stderr):
-                try:
+                with contextlib.suppress(BaseException):
                     stream.flush()
-                except BaseException:  # noqa: S110
-                    pass
             os._exit(code)
 
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from plugins.projects import CONFIG, FIXTURES, ProjectDir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
@@ -46,6 +45,7 @@ def test_steps_run_in_children_of_one_server_that_preloaded_their_tools(tmp_path
     assert a["ppid"] == b["ppid"] != os.getpid()  # forked by the same server, not by the builder
     assert a["pid"] != b["pid"]
     assert a["numpy_preloaded"] and b["numpy_preloaded"]
+    assert a["kind_loaded_in"] == b["kind_loaded_in"] == a["ppid"]  # the kind imported once, by the server
     assert a["numpy_random"] != b["numpy_random"]  # each child draws fresh, as a new process would
     assert a["cwd"] == str(proj.root)
 
