@@ -95,6 +95,9 @@ class FileHasher:
         self._pending: list[tuple] = []
         self._lock = threading.RLock()
         self._rebuilt = False
+        # Every path asked about (absolute), for the no-op stamp (optbuild.noop), which
+        # records their stat signatures: what a build's keys and restores were read from.
+        self.consulted: set[str] = set()
 
     def _connect(self) -> sqlite3.Connection | None:
         if self._db is None and self._db_path is not None:
@@ -168,9 +171,10 @@ class FileHasher:
     def digest(self, path: Path) -> str:
         """Digest of the file at ``path`` (FileNotFoundError if missing)."""
         path = Path(path)
+        key = str(path.absolute())
+        self.consulted.add(key)
         st = os.stat(path)
         sig = _signature(st)
-        key = str(path.absolute())
         with self._lock:
             row = self._query(f"SELECT dev, ino, size, mtime, ctime, digest FROM {_TABLE} WHERE path=?",
                               (key,))
@@ -194,6 +198,7 @@ class FileHasher:
         RACY_SECONDS, so without this every check in the next seconds would read it again.
         Written at once, so other processes' checks are a stat too."""
         key = str(Path(path).absolute())
+        self.consulted.add(key)
         row = (key, *_signature(os.stat(path)), digest)
         with self._lock:
             self._pending = [p for p in self._pending if p[0] != key]

@@ -1,23 +1,21 @@
 """``optbuild`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
-Only argparse and the light core are imported here; subcommand modules are imported when
-chosen, and heavy libraries only inside the steps that need them.
+Only the standard library's os and sys are imported here, so that a no-op ``build`` can
+settle from its stamp (optbuild.noop) first; argparse and the subcommand modules are
+imported when the normal path runs, and heavy libraries only inside the steps that need them.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import importlib
-import logging
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from pathlib import Path
+
+TYPE_CHECKING = False  # typing is not imported for it: start-up time
 
 from optbuild import __version__
+
+if TYPE_CHECKING:
+    import argparse
 
 SUBCOMMANDS = {
     "build": "build and cache the selected steps",
@@ -33,6 +31,10 @@ SUBCOMMANDS = {
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+    import importlib
+    from pathlib import Path
+
     parser = argparse.ArgumentParser(
         prog="optbuild", description="Declarative, cached builds of ONNX and TensorRT artifacts.")
     parser.add_argument("--version", action="version", version=f"optbuild {__version__}")
@@ -47,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _show_warnings() -> None:
     """optbuild's own logged warnings (a damaged lock file...) as "warning: ..." lines."""
+    import logging
+
     logger = logging.getLogger("optbuild")
     if not logger.handlers:  # main() may run more than once in a process
         handler = logging.StreamHandler(sys.stderr)
@@ -63,22 +67,30 @@ class Terminated(KeyboardInterrupt):
 def _terminate(signum: int, frame: object) -> None:
     """Further SIGTERMs are ignored: they must not cut short the cleanup the first began
     (SIGKILL still ends it)."""
+    import signal
+
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+class _sigterm_as_interrupt:  # lower case: used as the function it replaced
     """SIGTERM raises Terminated while the command runs; the handler found is put back
     after (main() may run more than once in a process). Only the main thread can do so."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self.previous: object = None
+        self.installed = threading.current_thread() is threading.main_thread()
+        if self.installed:
+            self.previous = signal.signal(signal.SIGTERM, _terminate)
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self.installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self.previous is None else self.previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,9 +108,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from optbuild import noop
+
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    noop.mark_start(arguments)
+    if (code := noop.try_fast_path(arguments)) is not None:
+        return code
+
+    import importlib
+
     from optbuild.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
 
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(arguments)
     module = importlib.import_module(f"optbuild.cli.{args.command}")
     _show_warnings()
     with _sigterm_as_interrupt():

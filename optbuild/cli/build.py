@@ -52,11 +52,12 @@ def report_remote(args: argparse.Namespace, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild import api
+    from optbuild import api, noop
     from optbuild.report import make_reporter
     from optbuild.status import Status
 
     ws = api.open_workspace(args.directory, remote=remote_override(args))
+    noop.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,
@@ -71,4 +72,7 @@ def run(args: argparse.Namespace) -> int:
         for sid in missing:
             reasons = "; ".join(result.outcomes[sid].reasons)
             print(f"  {sid}" + (f"  ({reasons})" if reasons else ""), file=sys.stderr)
-    return 0 if result.ok else 1
+    if not result.ok:
+        return 1
+    noop.record(ws, result)  # the next `optbuild build` may settle from it (see optbuild.noop)
+    return 0

@@ -1,0 +1,219 @@
+"""The no-op fast path of `optbuild build` (optbuild.noop): when nothing changed since the
+last ok build, the build settles from its stamp without loading the project; any change
+takes the normal path and gets the normal path's answer.
+
+Each build runs in its own interpreter, as a user's would (the fast path is about what a
+fresh process imports), with OPTBUILD_DEBUG_FASTPATH=1 so that stderr says whether the
+fast path was taken and why not. The racy margin is 0 unless a test says otherwise, so
+that a build started right after another may vouch for its files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from plugins.projects import CONFIG, PIPELINE, ProjectDir
+
+HEAVY = ("pydantic", "rich", "pynvml", "networkx", "torch", "onnx", "onnxruntime", "blake3", "tomllib")
+CODE = """\
+import json, sys
+import optbuild.noop
+optbuild.noop.RACY_NS = {racy_ns}
+from optbuild.cli import main
+rc = main({args!r})
+print(json.dumps(sorted(sys.modules)))
+sys.exit(rc)
+"""
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def fast(self) -> bool:
+        return "fast path: taken" in self.stderr
+
+    @property
+    def declined(self) -> str:
+        """Why the fast path was declined ("" if it was not)."""
+        return next((line.partition("declined: ")[2] for line in self.stderr.splitlines()
+                     if "fast path: declined: " in line), "")
+
+    @property
+    def modules(self) -> list[str]:
+        return json.loads(self.stdout.splitlines()[-1])
+
+
+def optbuild(project: ProjectDir, *args: str, racy_ns: int = 0, env: dict | None = None,
+             cwd: Path | None = None) -> Run:
+    proc = subprocess.run(
+        [sys.executable, "-c", CODE.format(racy_ns=racy_ns, args=list(args))], cwd=cwd or project.root,
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "OPTBUILD_DEBUG_FASTPATH": "1", **(env or {})})
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `chain` project (src -> mid -> out, src -> side), built once."""
+    proj = ProjectDir.with_test_kinds(tmp_path_factory.mktemp("noop") / "proj")
+    proj.write("optbuild.toml", CONFIG)
+    proj.write("recipes/chain.toml", PIPELINE)
+    first = optbuild(proj, "build")
+    assert first.returncode == 0, first.stderr
+    return proj.root
+
+
+@pytest.fixture
+def built(template: Path, tmp_path: Path) -> ProjectDir:
+    """A copy of the built template whose last build (a normal no-op) left a usable stamp."""
+    proj = ProjectDir(tmp_path / "proj")
+    shutil.copytree(template, proj.root, symlinks=True)
+    shutil.rmtree(proj.root / "build" / ".optbuild")
+    normal = optbuild(proj, "build")
+    assert normal.returncode == 0 and not normal.fast, normal.stderr
+    assert "4 cached" in normal.stderr and "unusable" not in normal.stderr, normal.stderr
+    return proj
+
+
+def stamp(proj: ProjectDir) -> Path:
+    return proj.root / "build" / ".optbuild" / "noop.json"
+
+
+def step_lines(run: Run) -> list[str]:
+    return sorted(line for line in run.stderr.splitlines() if line.startswith("  "))
+
+
+def test_a_noop_build_settles_from_the_stamp_without_loading_the_project(built):
+    normal = optbuild(built, "build", racy_ns=0)  # records again: its answer is the reference
+    fast = optbuild(built, "build")
+    assert fast.returncode == 0 and fast.fast, fast.stderr
+    assert "ok: 4 cached in" in fast.stderr and "nothing changed since the last build: fast path" in fast.stderr
+    assert step_lines(fast) == step_lines(normal) == [f"  cached   chain:{s}" for s in ("mid", "out", "side", "src")]
+    loaded = {m.partition(".")[0] for m in fast.modules}
+    assert not loaded & set(HEAVY)
+    assert not {"optbuild.recipe", "optbuild.api", "optbuild.steps", "argparse"} & set(fast.modules)
+    stats = [json.loads(line) for line in (built.root / "cache" / "stats.jsonl").read_text().splitlines()]
+    assert stats[-1]["fast_path"] and stats[-1]["counts"] == {"cached": 4} and stats[-1]["local"]["hits"] == 4
+
+
+def test_the_fast_path_is_taken_again_and_with_minus_c_from_elsewhere(built, tmp_path):
+    assert optbuild(built, "build").fast
+    assert optbuild(built, "build").fast
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    first = optbuild(built, "-C", str(built.root), "build", cwd=elsewhere)
+    # recorded from the root, where `python -c` put another folder ('') on sys.path
+    assert not first.fast and "sys.path" in first.declined
+    assert optbuild(built, "-C", str(built.root), "build", cwd=elsewhere).fast
+
+
+def _edit_recipe(proj: ProjectDir) -> None:
+    proj.write("recipes/chain.toml", PIPELINE.replace('suffix = "-out"', 'suffix = "-OUT"'))
+
+
+def _add_recipe(proj: ProjectDir) -> None:
+    proj.write("recipes/extra.toml", "[steps.src]\nkind = \"text\"\npath = \"../data/input.txt\"\nupper = true\n")
+
+
+def _edit_config(proj: ProjectDir) -> None:
+    proj.write("optbuild.toml", CONFIG + "# a comment\n")
+
+
+def _edit_input_keeping_size_and_mtime(proj: ProjectDir) -> None:
+    path = proj.root / "data" / "input.txt"
+    before = path.stat()
+    path.write_text("HELLO")  # "hello": same size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # only the ctime tells
+
+
+def _delete_output(proj: ProjectDir) -> None:
+    (proj.root / "build" / "chain" / "out" / "data.txt").unlink()
+
+
+def _delete_cache_entry(proj: ProjectDir) -> None:
+    key = json.loads(proj.read("optbuild.lock"))["steps"]["chain:out"]["key"]
+    (proj.root / "cache" / "ac" / key[:2] / f"{key[2:]}.json").unlink()
+
+
+@pytest.mark.parametrize(("change", "why", "answer"), [
+    (_edit_recipe, "recipes/chain.toml changed", "built    chain:out"),
+    (_add_recipe, "recipes changed", "built    extra:src"),
+    (_edit_config, "optbuild.toml changed", "ok: 4 cached"),
+    (_edit_input_keeping_size_and_mtime, "data/input.txt changed", "built    chain:src"),
+    (_delete_output, "build/chain/out", "ok: 4 cached"),
+    (_delete_cache_entry, "cache/ac/", "built    chain:out"),
+], ids=["recipe-edited", "recipe-added", "config-edited", "input-edited", "output-deleted", "entry-deleted"])
+def test_any_change_takes_the_normal_path_with_its_answer(built, change, why, answer):
+    change(built)
+    run = optbuild(built, "build")
+    assert run.returncode == 0 and not run.fast, run.stderr
+    assert why in run.declined and answer in run.stderr, run.stderr
+    assert (built.root / "build" / "chain" / "out" / "data.txt").is_file()
+    # the normal path recorded the new state (after a rebuild, which rewrote optbuild.lock in
+    # the project folder while it ran, the next normal no-op does)
+    assert optbuild(built, "build").fast or optbuild(built, "build").fast
+
+
+@pytest.mark.parametrize(("args", "env", "why"), [
+    (["build", "chain:mid"], {}, "other arguments"),
+    (["build", "--json"], {}, "other arguments"),
+    (["build"], {"OPTBUILD_SOMETHING": "1"}, "environment variable OPTBUILD_SOMETHING changed"),
+    (["build"], {"CUDA_VISIBLE_DEVICES": "7"}, "environment variable CUDA_VISIBLE_DEVICES changed"),
+])
+def test_other_arguments_or_environment_take_the_normal_path(built, args, env, why):
+    run = optbuild(built, *args, env=env)
+    assert run.returncode == 0 and not run.fast and why in run.declined, run.stderr
+    if "--json" in args:
+        assert any(e.get("event") == "done" for e in map(json.loads, run.stdout.splitlines()[:-1]))
+        assert not stamp(built).exists()  # a --json build records nothing
+
+
+def test_a_file_younger_than_the_racy_margin_is_not_vouched_for(built):
+    built.write("data/input.txt", "fresh")  # edited just before the build starts
+    recording = optbuild(built, "build", racy_ns=2_000_000_000)
+    assert recording.returncode == 0 and "built    chain:src" in recording.stderr
+    unusable = recording.stderr.partition("unusable: ")[2]
+    assert "data/input.txt" in unusable and "changed within 2 s of the build's start" in unusable
+    after = optbuild(built, "build")
+    assert not after.fast and "could not vouch for its files" in after.declined and "data/input.txt" in after.declined
+
+
+def test_a_timestamp_at_or_after_the_build_start_is_racy_even_without_margin(built):
+    recipe = built.root / "recipes" / "chain.toml"
+    future = recipe.stat().st_mtime_ns + 3600 * 10**9
+    os.utime(recipe, ns=(future, future))
+    assert not optbuild(built, "build").fast  # changed since the stamp: records a new one
+    after = optbuild(built, "build")
+    assert not after.fast and "could not vouch for its files: recipes/chain.toml" in after.declined
+
+
+def test_a_failed_build_leaves_no_stamp_and_is_never_reported_ok(built):
+    assert stamp(built).exists()
+    built.write("recipes/chain.toml", PIPELINE.replace('suffix = "-out"', 'suffix = "-out"\nfail = true'))
+    failed = optbuild(built, "build")
+    assert failed.returncode == 1 and not stamp(built).exists()
+    again = optbuild(built, "build")
+    assert again.returncode == 1 and not again.fast and "no record" in again.declined
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "not-an-object", "wrong-types"])
+def test_a_damaged_stamp_takes_the_normal_path(built, damage):
+    good = stamp(built).read_bytes()
+    data = {"garbage": b"\x00\xffnot json", "truncated": good[: len(good) // 2], "not-an-object": b"[1, 2]",
+            "wrong-types": json.dumps({**json.loads(good), "sigs": 5, "digests": None}).encode()}[damage]
+    stamp(built).write_bytes(data)
+    run = optbuild(built, "build")
+    assert run.returncode == 0 and not run.fast and "ok: 4 cached" in run.stderr, run.stderr
+    assert run.declined
+    assert optbuild(built, "build").fast  # and a good stamp is written again
