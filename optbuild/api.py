@@ -31,6 +31,7 @@ from optbuild.status import Status
 from optbuild.store.local import LocalStore
 from optbuild.store.remote import RemoteStore, open_remote
 from optbuild.toolchain import Toolchain
+from optbuild.workerpool import WorkerPool
 
 
 @dataclass
@@ -88,6 +89,7 @@ def build(
     host: Fingerprint | None = None,
     fetch_only: bool = False,
     retry_failed: bool = False,
+    workers: WorkerPool | None = None,
 ) -> BuildResult:
     """Build (or with ``dry_run``, plan) ``targets`` and their ancestors.
 
@@ -96,6 +98,8 @@ def build(
     A step whose failure with the same key is remembered fails again at once, unless
     ``retry_failed``.
     ``jobs``, ``keep_going`` and ``skip_unavailable`` left at None take optbuild.toml's [build].
+    ``workers``: a pool already started for this project (``WorkerPool.speculative``); the
+    build closes it.
     """
     config = ws.project.config.build
     options = Options(
@@ -111,7 +115,7 @@ def build(
     selected = ws.graph.select(targets or [])
     remote = ws.remote.session(reporter, dry_run=dry_run) if ws.remote is not None else None
     executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, reporter,
-                        toolchain=toolchain, host=host, options=options, remote=remote)
+                        toolchain=toolchain, host=host, options=options, remote=remote, workers=workers)
     try:
         outcomes = executor.run(selected)
     except OSError as exc:  # materializing into the build folder, say

@@ -112,6 +112,7 @@ class Executor:
         host: Fingerprint | None = None,
         options: Options | None = None,
         remote: RemoteSession | None = None,
+        workers: WorkerPool | None = None,
     ):
         self.project = project
         self.graph = graph
@@ -126,7 +127,11 @@ class Executor:
         self.last_build = lockfile.read(project.lock_file)
         self.outcomes: dict[str, Outcome] = {}
         self._cancel = threading.Event()
-        self.workers = WorkerPool(project.root, preload=self.options.preload)
+        if workers is None or not workers.fits(project.root, preload=self.options.preload):
+            if workers is not None:
+                workers.close()
+            workers = WorkerPool(project.root, preload=self.options.preload)
+        self.workers = workers
         self._procs: dict[str, WorkerProcess] = {}
         self._procs_lock = threading.Lock()
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers

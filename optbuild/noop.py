@@ -115,7 +115,7 @@ def _split(argv: list[str]) -> tuple[str | None, list[str]] | None:
     return directory, argv[i + 1:]
 
 
-def _find_root(directory: str | None) -> str | None:
+def project_root(directory: str | None) -> str | None:
     """The folder of the nearest optbuild.toml, as ``recipe.find_config`` finds it."""
     start = os.path.realpath(os.path.join(os.getcwd(), directory) if directory else os.getcwd())
     while True:
@@ -398,7 +398,7 @@ def _check(argv: list[str]) -> dict | str | None:
     if split is None:
         return None
     directory, build_args = split
-    root = _find_root(directory)
+    root = project_root(directory)
     if root is None:
         return f"no {CONFIG_NAME} found"
     config = os.path.join(root, CONFIG_NAME)

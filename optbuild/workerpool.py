@@ -7,6 +7,10 @@ Either way the step runs in a process of its own and the executor sees the same 
 preloaded modules, started on first need and shared by the steps whose ``preload`` it
 covers (a quantize step, which preloads onnx, forks from the server that holds torch and
 onnx when that one is already running); all end with the build.
+
+``optbuild build`` starts the server of ``ONNX_TOOLS``, which most step kinds preload, before
+it even imports its own modules (``WorkerPool.speculative``): it is ready when the first
+step is, instead of after it. One that no step used is killed at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from pathlib import Path
 from typing import Protocol
 
 log = logging.getLogger("optbuild")
+
+# The preload sets of the built-in step kinds (Step.preload): steps sharing one share a server.
+ONNX_TOOLS = ("numpy", "onnx")
+TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.fx, onnxsim
 
 READY_TIMEOUT_S = 600.0  # importing torch on a loaded host can take a minute; never forever
 MAX_MESSAGE = 4096
@@ -179,8 +187,10 @@ class ForkServer:
 
     def close(self) -> None:
         """Let the server finish (it exits when its control socket closes); kill it if it
-        does not."""
+        does not, or if it never got ready (it may still be importing)."""
         self.control.close()
+        if self.usable is None:
+            self.kill()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -202,6 +212,20 @@ class WorkerPool:
         self.preload = preload and sys.platform.startswith("linux") and hasattr(socket, "send_fds")
         self._servers: list[ForkServer] = []
         self._lock = threading.Lock()
+
+    @classmethod
+    def speculative(cls, root: str | None) -> WorkerPool | None:
+        """A pool for the project at ``root`` whose ONNX_TOOLS server starts now (None
+        without a root): for a build, before the builder's own imports and planning."""
+        if root is None:
+            return None
+        pool = cls(Path(root))
+        pool.prewarm(ONNX_TOOLS)
+        return pool
+
+    def fits(self, cwd: Path, *, preload: bool) -> bool:
+        """Whether this pool serves a build of the project at ``cwd`` with ``preload``."""
+        return self.cwd.resolve() == cwd.resolve() and self.preload == preload
 
     def prewarm(self, modules: tuple[str, ...]) -> None:
         """Start the fork server that steps preloading ``modules`` will use, if none runs:
@@ -236,6 +260,7 @@ class WorkerPool:
             return server
 
     def close(self) -> None:
+        """End every server (idempotent)."""
         with self._lock:
             for server in self._servers:
                 server.close()

@@ -192,8 +192,7 @@ class Zygote:
                                     (signal.SIGINT, signal.default_int_handler)):
                 signal.signal(signum, handler)
             _redirect_output(request["log"])
-            os.environ.clear()
-            os.environ.update(request["env"])
+            _set_environment(request["env"])
             os.chdir(request["cwd"])
             _fresh_random_state()
             from optbuild import worker
@@ -222,6 +221,16 @@ def _redirect_output(log: str) -> None:
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                   errors="backslashreplace")
+
+
+def _set_environment(env: dict[str, str]) -> None:
+    """The builder's environment as it is now (it may have changed since the zygote
+    started); only what differs is set, each change being a putenv."""
+    for name in set(os.environ) - set(env):
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _fresh_random_state() -> None:

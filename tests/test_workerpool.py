@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 from plugins.projects import CONFIG, FIXTURES, ProjectDir
 
+from optbuild import api
+from optbuild.report import Reporter
+from optbuild.workerpool import WorkerPool
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
 
-KINDS = CONFIG.replace("[kinds]\n", '[kinds]\nprobe = "probekinds.py:Probe"\nthreaded = "probekinds.py:ThreadedProbe"\n')
+KINDS = CONFIG.replace("[kinds]\n", '[kinds]\nprobe = "probekinds.py:Probe"\nthreaded = "probekinds.py:ThreadedProbe"\n'
+                                   'onnx_probe = "probekinds.py:OnnxProbe"\n')
 
 
 def probe_project(root: Path, steps: str, *, config: str = KINDS) -> ProjectDir:
@@ -85,6 +90,33 @@ def test_a_preload_that_leaves_a_thread_running_is_refused_and_steps_start_fresh
     assert seen(proj, "t")["ppid"] == os.getpid()
     assert "preloading onnxruntime for steps failed" in caplog.text
     assert "keep running after a fork" in caplog.text
+
+
+def test_a_build_forks_from_the_server_started_before_it_and_ends_it(tmp_path):
+    proj = probe_project(tmp_path / "proj", '[steps.o]\nkind = "onnx_probe"\n')
+    workers = WorkerPool.speculative(str(proj.root))  # as `optbuild build` does, first thing
+    server = workers._servers[0].proc
+    ws = api.open_workspace(proj.root)
+    try:
+        assert api.build(ws, reporter=Reporter(), workers=workers).ok
+    finally:
+        ws.close()
+    assert seen(proj, "o")["ppid"] == server.pid
+    assert server.poll() is not None  # ended with the build
+
+
+def test_a_pool_started_for_another_project_is_ended_and_not_used(tmp_path):
+    proj = probe_project(tmp_path / "proj", '[steps.o]\nkind = "onnx_probe"\n')
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "optbuild.toml").write_text("")
+    workers = WorkerPool.speculative(str(tmp_path / "other"))
+    server = workers._servers[0].proc
+    ws = api.open_workspace(proj.root)
+    try:
+        assert api.build(ws, reporter=Reporter(), workers=workers).ok
+    finally:
+        ws.close()
+    assert server.poll() is not None and seen(proj, "o")["ppid"] != server.pid
 
 
 def test_two_recipes_whose_model_modules_share_a_name_each_export_their_own(tmp_path):

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optbuild.workerpool import WorkerPool
 
 
 def add_remote_flags(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +56,20 @@ def report_remote(args: argparse.Namespace, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from optbuild import noop
+    from optbuild.workerpool import WorkerPool
+
+    # first: the fork server imports the steps' tools while optbuild loads the project and plans
+    workers = None if args.no_build else WorkerPool.speculative(
+        noop.project_root(None if args.directory is None else str(args.directory)))
+    try:
+        return _build(args, workers)
+    finally:
+        if workers is not None:
+            workers.close()
+
+
+def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
     from optbuild import api, noop
     from optbuild.report import make_reporter
     from optbuild.status import Status
@@ -62,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,
                            skip_unavailable=args.skip_unavailable, fetch_only=args.no_build,
-                           retry_failed=args.retry_failed)
+                           retry_failed=args.retry_failed, workers=workers)
     finally:
         ws.close()
     report_remote(args, result)

@@ -148,11 +148,6 @@ class StepContext:
         return folder / model.name
 
 
-# Step.preload sets (see there): steps that share one share a fork server.
-ONNX_TOOLS = ("numpy", "onnx")
-TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.fx, onnxsim
-
-
 class Step:
     """Base class of step kinds. Subclasses set the class attributes and implement run()."""
 
@@ -162,7 +157,8 @@ class Step:
     # Python distributions whose versions change the output (their versions enter the key).
     tools: ClassVar[tuple[str, ...]] = ()
     # Modules the fork server imports once for every step of this kind (optbuild.zygote):
-    # heavy ones whose import leaves no thread running (not onnxruntime: see the zygote).
+    # heavy ones whose import leaves no thread running (not onnxruntime: see the zygote);
+    # optbuild.workerpool has the built-in kinds' sets.
     preload: ClassVar[tuple[str, ...]] = ()
     # Host fingerprint fields the output depends on (see optbuild.fingerprint).
     host_fields: ClassVar[tuple[str, ...]] = ()

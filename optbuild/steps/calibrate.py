@@ -60,7 +60,8 @@ from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError, first_line
 from optbuild.samples import DataArg, non_default
 from optbuild.steps import fields
-from optbuild.steps.base import ONNX_TOOLS, StepContext, StepParams, StepRef
+from optbuild.steps.base import StepContext, StepParams, StepRef
+from optbuild.workerpool import ONNX_TOOLS
 
 TABLE_FORMAT = "optbuild.calibration"
 TABLE_VERSION = 1

@@ -31,10 +31,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from optbuild.errors import StepError, first_line
-from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field
+from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint

@@ -76,9 +76,10 @@ from optbuild.backends.openvino.loader import RT_INFO_HINT, RT_INFO_PRECISION
 from optbuild.errors import StepError
 from optbuild.samples import DataArg, is_callable_source, non_default
 from optbuild.steps import fields
-from optbuild.steps.base import ONNX_TOOLS, StepContext, StepParams, StepRef
+from optbuild.steps.base import StepContext, StepParams, StepRef
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 from optbuild.steps.rewrite_check import Atol, atol_field
+from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
     from optbuild.backends.base import TensorSpec

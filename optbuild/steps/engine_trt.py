@@ -61,9 +61,10 @@ from optbuild.backends.tensorrt.host import (
 )
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
 from optbuild.errors import StepError, StepUnavailable
-from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import input_field
 from optbuild.steps.inputdecl import InputDecls, StepInputs
+from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint

@@ -46,7 +46,6 @@ from optbuild.errors import StepError, first_line
 from optbuild.pyimports import local_imports
 from optbuild.steps.base import (
     KEYED_WHEN_SET,
-    TORCH_TOOLS,
     CallableRef,
     InputPath,
     Step,
@@ -55,6 +54,7 @@ from optbuild.steps.base import (
     StepRef,
 )
 from optbuild.steps.inputdecl import StepInputs
+from optbuild.workerpool import TORCH_TOOLS
 
 if TYPE_CHECKING:
     from optbuild.backends.base import Runner

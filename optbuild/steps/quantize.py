@@ -49,9 +49,10 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.errors import StepError
 from optbuild.samples import non_default
-from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import input_field
 from optbuild.steps.inputdecl import StepInputs, inputs_field
+from optbuild.workerpool import ONNX_TOOLS
 
 if TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint

@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import Field
 
 from optbuild.errors import StepError
-from optbuild.steps.base import ONNX_TOOLS, InputPath, Step, StepContext, StepParams
+from optbuild.steps.base import InputPath, Step, StepContext, StepParams
+from optbuild.workerpool import ONNX_TOOLS
 
 
 class OnnxSourceParams(StepParams):

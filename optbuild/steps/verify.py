@@ -63,9 +63,10 @@ from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.errors import StepError, StepUnavailable, first_line
 from optbuild.samples import DataArg, non_default
-from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import DataSource, DataSourceStep, data_args_field, data_field, samples_field
 from optbuild.steps.inputdecl import StepInputs, check_declarations
+from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
     from optbuild.fingerprint import Fingerprint
