@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 from plugins.projects import CONFIG, FIXTURES, ProjectDir
 
-from optbuild import api
-from optbuild.report import Reporter
 from optbuild.workerpool import WorkerPool
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
@@ -96,11 +94,7 @@ def test_a_build_forks_from_the_server_started_before_it_and_ends_it(tmp_path):
     proj = probe_project(tmp_path / "proj", '[steps.o]\nkind = "onnx_probe"\n')
     workers = WorkerPool.speculative(str(proj.root))  # as `optbuild build` does, first thing
     server = workers._servers[0].proc
-    ws = api.open_workspace(proj.root)
-    try:
-        assert api.build(ws, reporter=Reporter(), workers=workers).ok
-    finally:
-        ws.close()
+    assert proj.build(workers=workers).ok
     assert seen(proj, "o")["ppid"] == server.pid
     assert server.poll() is not None  # ended with the build
 
@@ -111,11 +105,7 @@ def test_a_pool_started_for_another_project_is_ended_and_not_used(tmp_path):
     (tmp_path / "other" / "optbuild.toml").write_text("")
     workers = WorkerPool.speculative(str(tmp_path / "other"))
     server = workers._servers[0].proc
-    ws = api.open_workspace(proj.root)
-    try:
-        assert api.build(ws, reporter=Reporter(), workers=workers).ok
-    finally:
-        ws.close()
+    assert proj.build(workers=workers).ok
     assert server.poll() is not None and seen(proj, "o")["ppid"] != server.pid
 
 
