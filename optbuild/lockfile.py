@@ -1,4 +1,4 @@
-"""optbuild.lock: per step, the key, outputs, tools and host facts of its last build.
+"""optbuild.lock: per step, the key, outputs, tools, host facts and metrics of its last build.
 
 It is the provenance record a deploy can be audited against, and the "last build" that
 `plan` compares with to say why a step must rebuild. Written atomically and merged under
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,10 @@ from optbuild.atomic import write_atomic
 from optbuild.store.flock import locked
 
 FORMAT = 1
+MAX_METRICS = 64  # per step record
+MAX_METRIC_TEXT = 200  # characters of a metric's name or string value
+MAX_METRIC_LIST = 16  # items of a list-valued metric
+_SKIP = object()
 log = logging.getLogger(__name__)
 _warned: set[Path] = set()
 
@@ -38,11 +43,18 @@ class LockState:
 def load(path: Path) -> LockState:
     """The lock file's records, telling an absent file (no records) from a damaged one."""
     try:
-        data = json.loads(path.read_bytes())
+        text = path.read_bytes()
     except FileNotFoundError:
         return LockState()
     except OSError as exc:
         return LockState(damage=f"cannot read it: {exc.strerror}")
+    return parse(text)
+
+
+def parse(text: bytes) -> LockState:
+    """A lock file's records from its bytes (read from disk, or from a git revision)."""
+    try:
+        data = json.loads(text)
     except ValueError as exc:  # UnicodeDecodeError included
         return LockState(damage=f"not valid JSON: {exc}")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -51,6 +63,36 @@ def load(path: Path) -> LockState:
     if not isinstance(steps, dict) or not all(isinstance(r, dict) for r in steps.values()):
         return LockState(damage="its steps are not records")
     return LockState(steps)
+
+
+def record_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The part of a step's metrics a lock record keeps, so that ``optbuild diff`` can show
+    figures that changed (verify's, bench latencies) while the lock file stays small: JSON
+    scalars (a short string, a number, a bool, null) and short lists of them, at most
+    MAX_METRICS. A non-finite float is kept as its text ("nan"), which JSON can hold."""
+    kept: dict[str, Any] = {}
+    for name in sorted(metrics):
+        if len(kept) >= MAX_METRICS:
+            break
+        value = _metric_value(metrics[name])
+        if isinstance(name, str) and len(name) <= MAX_METRIC_TEXT and value is not _SKIP:
+            kept[name] = value
+    return kept
+
+
+def _metric_value(value: Any) -> Any:
+    if isinstance(value, list):
+        if len(value) > MAX_METRIC_LIST:
+            return _SKIP
+        items = [_metric_value(v) for v in value]
+        return _SKIP if any(v is _SKIP or isinstance(v, list) for v in items) else items
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str) and len(value) <= MAX_METRIC_TEXT:
+        return value
+    return _SKIP
 
 
 def read(path: Path) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "plan": "dry run: what would build, and why",
     "graph": "print the step graph (DOT or Mermaid)",
     "explain": "a step's key ingredients and provenance",
+    "diff": "what differs per step from the lock file at a git revision, or another lock file",
     "clean": "remove build outputs (and the cache with --cache)",
     "cache": "the local and remote caches: ls, verify, gc, push, pull, stats, audit",
     "fingerprint": "print this host's fingerprint (GPU, CUDA, TensorRT, CPU, OS)",
