@@ -48,9 +48,11 @@ class Workspace:
         self.hasher.close()
 
 
-def open_workspace(start: Path | None = None, *, remote: str | bool | None = None) -> Workspace:
-    """``remote``: a URL overrides ``[remote] url`` and $OPTBUILD_REMOTE; False turns it off."""
-    project = load_project(start)
+def open_workspace(start: Path | None = None, *, remote: str | bool | None = None,
+                   overrides: list[str] | None = None) -> Workspace:
+    """``remote``: a URL overrides ``[remote] url`` and $OPTBUILD_REMOTE; False turns it off.
+    ``overrides``: parameters set for this run (``-S``, see optbuild.overrides)."""
+    project = load_project(start, overrides)
     graph = StepGraph(project.steps)
     hasher = FileHasher(project.cache_dir / "statcache.sqlite")
     section = project.config.remote

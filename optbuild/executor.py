@@ -581,7 +581,10 @@ class Executor:
                     "tools": entry.ingredients.get("tools", {}),
                     "host": entry.ingredients.get("host", {}),
                     "ingredients": entry.ingredients,
+                    "metrics": lockfile.record_metrics(entry.metrics),  # bounded: for `optbuild diff`
                 }
+                if overrides := self.project.steps[sid].overrides:
+                    records[sid]["overrides"] = overrides  # set by -S for this build
         if not records:
             return
         current = lockfile.read(self.project.lock_file)

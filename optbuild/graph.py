@@ -11,6 +11,7 @@ import difflib
 import graphlib
 from typing import TYPE_CHECKING
 
+from optbuild import matrix
 from optbuild.errors import Problem, ProjectError
 from optbuild.recipe import StepSpec
 
@@ -66,6 +67,8 @@ class StepGraph:
                 wanted.add(target)
             elif target in recipes:
                 wanted.update(s for s, spec in self.steps.items() if spec.recipe == target)
+            elif instances := [s for s in self.steps if "[" in s and matrix.base_name(s) == target]:
+                wanted.update(instances)  # a matrix step: all its instances
             else:
                 hint = difflib.get_close_matches(target, [*recipes, *self.steps], n=1)
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else ""

@@ -279,6 +279,7 @@ def _record(ws, result) -> str | None:
 
     inputs: set[str] = {os.path.abspath(project.config_file), sys.executable}
     inputs.update(os.path.abspath(p) for p in project.recipes.values())
+    inputs.update(os.path.abspath(spec.doc.path) for spec in project.steps.values())  # templates
     for pattern in project.config.project.recipes:
         inputs.update(_glob_folders(root, pattern))
     for target in project.config.kinds.values():

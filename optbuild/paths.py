@@ -14,13 +14,14 @@ from pathlib import Path
 from optbuild.errors import OptbuildError
 
 MAX_NAME = 100
-_SAFE_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}")
+# a plain name, or a matrix step's instance: name[value,value] (optbuild.matrix)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(?:\[[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*\])?")
 
 
 def name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a recipe or step name (None if it can): it must be one plain
     path component on every file system."""
-    if _SAFE_NAME.fullmatch(name):
+    if len(name) <= MAX_NAME and _SAFE_NAME.fullmatch(name):
         return None
     if len(name) > MAX_NAME:
         return f"is longer than {MAX_NAME} characters"

@@ -16,8 +16,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from optbuild import callables
+from optbuild import callables, matrix, template
 from optbuild.errors import Problem, ProjectError
+from optbuild.overrides import (
+    Override,
+    apply_overrides,
+    blame_overrides,
+    parse_override,
+    unknown_override_recipes,
+)
 from optbuild.paths import folder_problem, name_problem
 from optbuild.steps import registry
 from optbuild.steps.base import Step
@@ -109,6 +116,8 @@ class ProjectConfig(_Section):
 
 class RecipeSection(_Section):
     description: str = ""
+    template: str = ""  # a template file (optbuild.template), relative to the recipe
+    args: dict[str, Any] = {}  # the template's arguments
 
 
 class RecipeInputs(_Section):
@@ -134,6 +143,7 @@ class StepSpec:
     # Step.key_files() as found when the project was loaded (a Project is a snapshot):
     # finding an export's imports means reading its sources, which planning need not repeat.
     key_files: tuple[Path, ...] | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # -S for this run: param -> value
 
     @property
     def loc(self) -> tuple[str, ...]:
@@ -260,7 +270,9 @@ def _check_folders(config: ProjectConfig, doc: TomlDocument, recipe_files: dict[
 
 
 def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: list[Problem],
-               root: Path, local: dict[str, str], inputs: dict[str, Any]) -> StepSpec | None:
+               root: Path, local: dict[str, str], inputs: dict[str, Any], *, base_dir: Path) -> StepSpec | None:
+    """One step; ``doc``: where it was written (a template's steps are), ``base_dir``: what
+    its relative paths are relative to (its recipe's folder)."""
     loc = ("steps", name)
     if not isinstance(raw, dict):
         problems.append(doc.problem(loc, "a step must be a table ([steps.NAME])"))
@@ -305,43 +317,51 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
     except ValidationError as exc:
         problems.extend(validation_problems(doc, loc, exc, cls.Params, top_keys=("kind", "enabled")))
         return None
-    step = cls(params, doc.path.parent, root)
+    step = cls(params, base_dir, root)
     return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, implementation, step, doc, enabled=enabled)
 
 
 def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
-                 local: dict[str, str], invalid: set[str]) -> list[StepSpec]:
+                 local: dict[str, str], invalid: set[str], overrides: list[Override]) -> list[StepSpec]:
     """The valid steps of one recipe; ids of steps that failed validation go to ``invalid``."""
     try:
         doc = load_toml(path)
     except ProjectError as exc:
         problems.extend(exc.problems)
         return []
-    for key in doc.data:
+    data, docs = template.instantiate(doc, problems)
+    for key in data:
         if key not in ("recipe", "inputs", "steps"):
             message = unknown_key(key, ["recipe", "inputs", "steps"],
                                   "a recipe has [recipe], [inputs.NAME] and [steps.NAME]")
             problems.append(doc.problem((key,), message))
     try:
-        RecipeSection.model_validate(doc.data.get("recipe", {}))
+        RecipeSection.model_validate(data.get("recipe", {}))
     except ValidationError as exc:
         problems.extend(validation_problems(doc, ("recipe",), exc, RecipeSection))
     inputs: dict[str, Any] = {}
     try:
-        RecipeInputs.model_validate({"inputs": doc.data.get("inputs", {})})
-        inputs = doc.data.get("inputs", {})
+        RecipeInputs.model_validate({"inputs": data.get("inputs", {})})
+        inputs = data.get("inputs", {})
     except ValidationError as exc:
         problems.extend(validation_problems(doc, (), exc, RecipeInputs))
-    steps = doc.data.get("steps", {})
+    steps = data.get("steps", {})
     if not isinstance(steps, dict) or not steps:
         problems.append(doc.problem(("steps",), "a recipe needs at least one [steps.NAME] table"))
         return []
+    steps, failed = matrix.expand(steps, docs, problems)
+    invalid.update(f"{recipe}:{name}" for name in failed)
+    applied = apply_overrides(overrides, recipe, steps, problems)
     specs = []
     for name, raw in steps.items():
-        if (spec := _load_step(doc, recipe, name, raw, problems, root, local, inputs)) is not None:
+        found: list[Problem] = []
+        if (spec := _load_step(docs.get(name, doc), recipe, name, raw, found, root, local, inputs,
+                               base_dir=path.parent)) is not None:
+            spec.overrides = {o.param: o.value for o in applied.get(name, [])}
             specs.append(spec)
         else:
             invalid.add(f"{recipe}:{name}")
+        problems.extend(blame_overrides(found, name, applied.get(name, [])))
     return specs
 
 
@@ -349,8 +369,8 @@ def _resolve_refs(steps: dict[str, StepSpec], problems: list[Problem], invalid: 
     for spec in steps.values():
         for field_name, ref in spec.step.step_refs().items():
             target = ref if ":" in ref else f"{spec.recipe}:{ref}"
-            if target in invalid:
-                continue  # already reported; a second message would only be noise
+            if target in invalid or matrix.base_name(target) in invalid:
+                continue  # already reported (the step, or its matrix); a second message would be noise
             if target == spec.id:
                 problems.append(spec.problem("a step cannot take its own output", field_name))
             elif target not in steps:
@@ -410,8 +430,10 @@ def _local_kinds(config: ProjectConfig, config_file: Path, problems: list[Proble
     return local
 
 
-def load_project(start: Path | None = None) -> Project:
-    """Load and validate the project whose optbuild.toml is at or above ``start``."""
+def load_project(start: Path | None = None, overrides: list[str] | None = None) -> Project:
+    """Load and validate the project whose optbuild.toml is at or above ``start``, with
+    ``overrides`` (``-S RECIPE:STEP.PARAM=VALUE``, see optbuild.overrides) applied."""
+    parsed = [parse_override(text) for text in overrides or []]
     config_file = find_config(start or Path.cwd())
     root = config_file.parent
     config, config_doc = _load_config(config_file)
@@ -436,8 +458,9 @@ def load_project(start: Path | None = None) -> Project:
     local = _local_kinds(config, config_file, problems)
     steps: dict[str, StepSpec] = {}
     invalid: set[str] = set()
+    problems.extend(unknown_override_recipes(parsed, set(recipe_files)))
     for name, path in recipe_files.items():
-        for spec in _load_recipe(path, name, root, problems, local, invalid):
+        for spec in _load_recipe(path, name, root, problems, local, invalid, parsed):
             steps[spec.id] = spec
     _resolve_refs(steps, problems, invalid)
     _check_files(steps, problems)

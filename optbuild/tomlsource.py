@@ -33,6 +33,7 @@ class TomlDocument:
     path: Path
     data: dict[str, Any]
     lines: dict[tuple, int] = field(default_factory=dict)
+    context: str = ""  # for a template: the recipe it was expanded for, named in its problems
 
     def line_of(self, loc: tuple) -> int | None:
         """Line of the key at ``loc`` (a path of keys and list indices), or of its parent."""
@@ -45,7 +46,7 @@ class TomlDocument:
 
     def problem(self, loc: tuple, message: str) -> Problem:
         return Problem(
-            message,
+            f"{message} (expanded for {self.context})" if self.context else message,
             file=self.path,
             line=self.line_of(loc),
             field=".".join(str(p) for p in loc) or None,

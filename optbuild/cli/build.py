@@ -31,6 +31,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-failed", action="store_true",
                         help="run steps that failed before with the same key (their failures are "
                              "remembered and reported without running them again)")
+    parser.add_argument("-S", "--set", action="append", default=[], metavar="RECIPE:STEP.PARAM=VALUE",
+                        help="set a parameter for this run, validated like the recipe and recorded "
+                             "in optbuild.lock (repeatable; a matrix step's name sets all its instances)")
     add_remote_flags(parser)
 
 
@@ -74,7 +77,7 @@ def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
     from optbuild.report import make_reporter
     from optbuild.status import Status
 
-    ws = api.open_workspace(args.directory, remote=remote_override(args))
+    ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     noop.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,

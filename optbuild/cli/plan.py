@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.report import make_reporter
 
-    ws = api.open_workspace(args.directory, remote=remote_override(args))
+    ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=1,
                            dry_run=True, skip_unavailable=args.skip_unavailable,

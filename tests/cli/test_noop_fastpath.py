@@ -13,54 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from plugins.fastpath import Run, optbuild
 from plugins.projects import CONFIG, PIPELINE, ProjectDir
 
 HEAVY = ("pydantic", "rich", "pynvml", "networkx", "torch", "onnx", "onnxruntime", "blake3", "tomllib")
-CODE = """\
-import json, sys
-import optbuild.noop
-optbuild.noop.RACY_NS = {racy_ns}
-from optbuild.cli import main
-rc = main({args!r})
-print(json.dumps(sorted(sys.modules)))
-sys.exit(rc)
-"""
-
-
-@dataclass
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def fast(self) -> bool:
-        return "fast path: taken" in self.stderr
-
-    @property
-    def declined(self) -> str:
-        """Why the fast path was declined ("" if it was not)."""
-        return next((line.partition("declined: ")[2] for line in self.stderr.splitlines()
-                     if "fast path: declined: " in line), "")
-
-    @property
-    def modules(self) -> list[str]:
-        return json.loads(self.stdout.splitlines()[-1])
-
-
-def optbuild(project: ProjectDir, *args: str, racy_ns: int = 0, env: dict | None = None,
-             cwd: Path | None = None) -> Run:
-    proc = subprocess.run(
-        [sys.executable, "-c", CODE.format(racy_ns=racy_ns, args=list(args))], cwd=cwd or project.root,
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "OPTBUILD_DEBUG_FASTPATH": "1", **(env or {})})
-    return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,119 @@
+"""Recipe templates (#12 item 2): one pipeline, many models; a recipe is its arguments."""
+
+from __future__ import annotations
+
+import pytest
+from plugins.fastpath import optbuild
+from plugins.projects import CONFIG, ProjectDir
+
+from optbuild.errors import ProjectError
+from optbuild.recipe import load_project
+
+TEMPLATE = """\
+# the pipeline every model goes through
+[template.args]
+tail = "-end"          # a default
+
+[steps.src]
+kind = "text"
+path = "${args.data}"  # relative to the recipe that uses the template
+upper = "${args.upper}"
+
+[steps.mid]
+kind = "join"
+input = "src"
+suffix = "-${args.name}"
+
+[steps.out]
+kind = "join"
+input = "mid"
+suffix = "${args.tail}"
+"""
+
+
+def recipe(name: str, upper: str = "false", extra: str = "") -> str:
+    return (f'[recipe]\ntemplate = "../templates/pipeline.toml"\n'
+            f'args = {{ data = "../data/{name}.txt", upper = {upper}, name = "{name}" }}\n' + extra)
+
+
+def template_project(root, template: str = TEMPLATE, **recipes: str) -> ProjectDir:
+    proj = ProjectDir.with_test_kinds(root)
+    proj.write("optbuild.toml", CONFIG)
+    proj.write("templates/pipeline.toml", template)
+    for name, text in (recipes or {"a": recipe("a"), "b": recipe("b", upper="true")}).items():
+        proj.write(f"data/{name}.txt", name)
+        proj.write(f"recipes/{name}.toml", text)
+    return proj
+
+
+def problems(proj: ProjectDir) -> list[str]:
+    with pytest.raises(ProjectError) as info:
+        load_project(proj.root)
+    return [str(p) for p in info.value.problems]
+
+
+def test_each_recipe_gets_the_templates_steps_with_its_arguments(tmp_path):
+    proj = template_project(tmp_path / "p")
+    assert sorted(load_project(proj.root).steps) == ["a:mid", "a:out", "a:src", "b:mid", "b:out", "b:src"]
+    assert proj.build().ok
+    assert proj.read("build/a/out/data.txt") == "a-a-end"
+    assert proj.read("build/b/out/data.txt") == "B-b-end"  # upper = true: the argument's type kept
+
+
+def test_a_layout_edit_of_the_template_rebuilds_nothing_a_parameter_edit_rebuilds_its_steps(tmp_path):
+    proj = template_project(tmp_path / "p")
+    assert proj.build().ok
+    proj.write("templates/pipeline.toml", "# reworded\n\n" + TEMPLATE.replace('kind = "join"', 'kind   =   "join"'))
+    assert proj.cli("plan", "--json").steps("would-build") == []
+    proj.write("templates/pipeline.toml", TEMPLATE.replace('suffix = "${args.tail}"', 'suffix = "${args.tail}!"'))
+    assert proj.cli("plan", "--json").steps("would-build") == ["a:out", "b:out"]
+
+
+def test_a_recipe_adds_steps_and_changes_keys_of_the_templates(tmp_path):
+    extra = '\n[steps.mid]\nsuffix = "-custom"\n\n[steps.more]\nkind = "join"\ninput = "out"\nsuffix = "+"\n'
+    proj = template_project(tmp_path / "p", a=recipe("a", extra=extra))
+    assert proj.build().ok
+    assert proj.read("build/a/more/data.txt") == "a-custom-end+"
+
+
+def test_matrix_steps_work_inside_a_template(tmp_path):
+    template = TEMPLATE + '\n[steps.m]\nkind = "join"\ninput = "out"\nsuffix = "${matrix.s}"\nmatrix = { s = ["x", "y"] }\n'
+    proj = template_project(tmp_path / "p", template)
+    assert {"a:m[x]", "a:m[y]", "b:m[x]", "b:m[y]"} <= set(load_project(proj.root).steps)
+
+
+def test_a_placeholder_without_argument_points_at_the_template_line_and_names_the_recipe(tmp_path):
+    proj = template_project(tmp_path / "p", TEMPLATE.replace("${args.name}", "${args.nmae}"), a=recipe("a"))
+    found = problems(proj)
+    template = proj.root / "templates/pipeline.toml"
+    assert f"{template}:13: steps.mid.suffix: ${{args.nmae}}: no such argument" in found[0]
+    assert found[0].endswith("(expanded for recipe a.toml)")
+
+
+def test_an_argument_the_template_does_not_use_is_refused_at_the_recipes_line(tmp_path):
+    proj = template_project(tmp_path / "p", a=recipe("a").replace('name = "a"', 'name = "a", colour = 3'))
+    assert any(p.startswith(f"{proj.root / 'recipes/a.toml'}:3: recipe.args.colour: argument 'colour' is not used")
+               for p in problems(proj))
+
+
+def test_a_bad_value_from_the_template_points_at_the_template_line(tmp_path):
+    proj = template_project(tmp_path / "p", a=recipe("a", upper='"maybe"'))
+    found = problems(proj)
+    assert found[0].startswith(f"{proj.root / 'templates/pipeline.toml'}:8: steps.src.upper: ")
+    assert "(expanded for recipe a.toml)" in found[0]
+
+
+def test_a_missing_template_file_is_named_at_the_recipes_line(tmp_path):
+    proj = template_project(tmp_path / "p", a=recipe("a").replace("pipeline.toml", "pipeline2.toml"))
+    assert problems(proj)[0].startswith(f"{proj.root / 'recipes/a.toml'}:2: recipe.template: template "
+                                        "'../templates/pipeline2.toml': ")
+
+
+def test_a_template_edit_takes_the_no_op_fast_path_off(tmp_path):
+    proj = template_project(tmp_path / "p")
+    assert optbuild(proj, "build").returncode == 0
+    assert optbuild(proj, "build").returncode == 0  # the first stamp cannot vouch for files just written
+    assert optbuild(proj, "build").fast
+    proj.write("templates/pipeline.toml", TEMPLATE.replace('"-end"', '"-fin"'))
+    again = optbuild(proj, "build")
+    assert not again.fast and proj.read("build/a/out/data.txt") == "a-a-fin"
