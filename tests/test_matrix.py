@@ -8,7 +8,6 @@ import json
 import pytest
 from plugins.projects import CONFIG, ProjectDir
 
-from optbuild.errors import ProjectError
 from optbuild.recipe import load_project
 
 MATRIX = """\
@@ -44,12 +43,6 @@ def matrix_project(root, recipe: str = MATRIX) -> ProjectDir:
     proj.write("optbuild.toml", CONFIG)
     proj.write("recipes/m.toml", recipe)
     return proj
-
-
-def problems(proj: ProjectDir) -> list[str]:
-    with pytest.raises(ProjectError) as info:
-        load_project(proj.root)
-    return [str(p) for p in info.value.problems]
 
 
 def test_a_matrix_step_is_one_step_per_combination_in_the_order_written(tmp_path):
@@ -97,7 +90,7 @@ def test_graph_and_explain_show_instances(tmp_path):
 def test_an_unknown_axis_is_named_with_the_line_of_the_matrix_step_and_nothing_else(tmp_path):
     proj = matrix_project(tmp_path / "p", MATRIX.replace("-${matrix.tag}", "-${matrix.colour}"))
     expected = f"{proj.root / 'recipes/m.toml'}:7: steps.j: ${{matrix.colour}}: no such axis (axes: upper, tag)"
-    assert problems(proj) == [expected]
+    assert proj.problems() == [expected]
 
 
 @pytest.mark.parametrize("matrix, expected", [
@@ -110,17 +103,17 @@ def test_an_unknown_axis_is_named_with_the_line_of_the_matrix_step_and_nothing_e
 def test_a_malformed_matrix_is_refused_at_its_line(tmp_path, matrix, expected):
     recipe = MATRIX.replace('matrix = { upper = [false, true], tag = ["x", "y"] }', matrix)
     recipe = recipe.replace("up[${matrix.upper}]", "up[true]").replace("j[true,y]", "up[true]")
-    found = problems(matrix_project(tmp_path / "p", recipe))
+    found = matrix_project(tmp_path / "p", recipe).problems()
     assert len(found) == 1 and found[0].startswith(f"{tmp_path / 'p' / 'recipes/m.toml'}:{expected}"), found
 
 
 def test_an_invalid_parameter_in_one_instance_names_that_instance_and_the_line(tmp_path):
     recipe = MATRIX + '\n[steps.nap]\nkind = "join"\ninput = "last"\nsleep = "${matrix.s}"\nmatrix = { s = [0, "long"] }\n'
-    found = problems(matrix_project(tmp_path / "p", recipe))
+    found = matrix_project(tmp_path / "p", recipe).problems()
     assert len(found) == 1 and found[0].startswith(f"{tmp_path / 'p' / 'recipes/m.toml'}:21: steps.nap[long].sleep: "), found
 
 
 def test_an_instance_that_clashes_with_a_step_of_its_own_is_refused(tmp_path):
     recipe = MATRIX + '\n[steps."up[true]"]\nkind = "text"\npath = "../data/input.txt"\n'
     assert any("instance 'up[true]' is also a step of its own" in p
-               for p in problems(matrix_project(tmp_path / "p", recipe)))
+               for p in matrix_project(tmp_path / "p", recipe).problems())

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from plugins.fastpath import optbuild
 from plugins.projects import CONFIG, ProjectDir
 
-from optbuild.errors import ProjectError
 from optbuild.recipe import load_project
 
 TEMPLATE = """\
@@ -46,12 +44,6 @@ def template_project(root, template: str = TEMPLATE, **recipes: str) -> ProjectD
     return proj
 
 
-def problems(proj: ProjectDir) -> list[str]:
-    with pytest.raises(ProjectError) as info:
-        load_project(proj.root)
-    return [str(p) for p in info.value.problems]
-
-
 def test_each_recipe_gets_the_templates_steps_with_its_arguments(tmp_path):
     proj = template_project(tmp_path / "p")
     assert sorted(load_project(proj.root).steps) == ["a:mid", "a:out", "a:src", "b:mid", "b:out", "b:src"]
@@ -84,7 +76,7 @@ def test_matrix_steps_work_inside_a_template(tmp_path):
 
 def test_a_placeholder_without_argument_points_at_the_template_line_and_names_the_recipe(tmp_path):
     proj = template_project(tmp_path / "p", TEMPLATE.replace("${args.name}", "${args.nmae}"), a=recipe("a"))
-    found = problems(proj)
+    found = proj.problems()
     template = proj.root / "templates/pipeline.toml"
     assert f"{template}:13: steps.mid.suffix: ${{args.nmae}}: no such argument" in found[0]
     assert found[0].endswith("(expanded for recipe a.toml)")
@@ -93,19 +85,19 @@ def test_a_placeholder_without_argument_points_at_the_template_line_and_names_th
 def test_an_argument_the_template_does_not_use_is_refused_at_the_recipes_line(tmp_path):
     proj = template_project(tmp_path / "p", a=recipe("a").replace('name = "a"', 'name = "a", colour = 3'))
     assert any(p.startswith(f"{proj.root / 'recipes/a.toml'}:3: recipe.args.colour: argument 'colour' is not used")
-               for p in problems(proj))
+               for p in proj.problems())
 
 
 def test_a_bad_value_from_the_template_points_at_the_template_line(tmp_path):
     proj = template_project(tmp_path / "p", a=recipe("a", upper='"maybe"'))
-    found = problems(proj)
+    found = proj.problems()
     assert found[0].startswith(f"{proj.root / 'templates/pipeline.toml'}:8: steps.src.upper: ")
     assert "(expanded for recipe a.toml)" in found[0]
 
 
 def test_a_missing_template_file_is_named_at_the_recipes_line(tmp_path):
     proj = template_project(tmp_path / "p", a=recipe("a").replace("pipeline.toml", "pipeline2.toml"))
-    assert problems(proj)[0].startswith(f"{proj.root / 'recipes/a.toml'}:2: recipe.template: template "
+    assert proj.problems()[0].startswith(f"{proj.root / 'recipes/a.toml'}:2: recipe.template: template "
                                         "'../templates/pipeline2.toml': ")
 
 

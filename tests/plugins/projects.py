@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from optbuild import api
+from optbuild.errors import ProjectError
+from optbuild.recipe import load_project
 from optbuild.report import Reporter
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -99,6 +101,12 @@ class ProjectDir:
             return api.build(ws, targets, reporter=Reporter(), **options)
         finally:
             ws.close()
+
+    def problems(self) -> list[str]:
+        """What loading the project reports, one line per problem (it must not load)."""
+        with pytest.raises(ProjectError) as info:
+            load_project(self.root)
+        return [str(p) for p in info.value.problems]
 
     def cli(self, *args: str, timeout: float = 300) -> CliRun:
         proc = subprocess.run(
