@@ -161,8 +161,14 @@ def runs_on(spec: StepSpec) -> tuple[Backend, Manifest] | None:
     return registry.for_step(spec.step)
 
 
+# Kinds whose model is a copy of another step's (benched there): benchmark, select.
+CARRIERS = ("benchmark", "select")
+
+
 def not_benched(spec: StepSpec, host: Fingerprint) -> str | None:
     """Why bench cannot run the step's output on this host; None when it can."""
+    if spec.kind in CARRIERS:
+        return "carries the model of the step it measured or chose"
     on = runs_on(spec)
     if on is None:
         return "no model output"
@@ -458,11 +464,47 @@ def _blocks(total: int, rounds: int) -> list[int]:
     return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
 
 
+@contextmanager
+def _gc_off() -> Iterator[None]:
+    """The garbage collector off while timing, as in ``timeit``."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def time_calls(call: Callable[[], Any], runs: int, warmup: int = 0) -> list[int]:
+    """``warmup`` untimed calls of ``call``, then the time of each of ``runs`` calls, in
+    nanoseconds (time.perf_counter_ns), the garbage collector off while timing. What the
+    benchmark step measures; ``measure`` interleaves several models the same way."""
+    for _ in range(warmup):
+        call()
+    clock = time.perf_counter_ns
+    times = []
+    with _gc_off():
+        for _ in range(runs):
+            started = clock()
+            call()
+            times.append(clock() - started)
+    return times
+
+
+def latency_figures(times_ns: list[int]) -> dict[str, float]:
+    """Latency figures in ms of the timed runs ``times_ns``: p50, p90, p99, mean, min, max, std."""
+    import numpy as np
+
+    ms = np.asarray(times_ns, dtype=np.float64) / 1e6
+    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+    return {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
+            "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())}
+
+
 def measure(runners: list[_Runner], options: BenchOptions, say: Callable[[str], None] = lambda message: None) -> None:
     """Warm up every runner, then time ``runs`` calls of each, interleaved in blocks; ``say``
     what it does (a bench of a large model takes minutes)."""
-    import numpy as np
-
     for runner in runners:
         if options.warmup:
             say(f"  warm-up  {runner.row.name}")
@@ -472,9 +514,7 @@ def measure(runners: list[_Runner], options: BenchOptions, say: Callable[[str], 
     say(f"  timing   {len(runners)} model{'s' if len(runners) > 1 else ''}: {options.runs} runs each"
         + (f", interleaved in {len(blocks)} rounds" if len(blocks) > 1 and len(runners) > 1 else ""))
     clock = time.perf_counter_ns
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _gc_off():
         for size in blocks:
             for runner in runners:
                 if len(blocks) > 1:
@@ -485,17 +525,11 @@ def measure(runners: list[_Runner], options: BenchOptions, say: Callable[[str], 
                     started = clock()
                     call()
                     times.append(clock() - started)
-    finally:
-        if enabled:
-            gc.enable()
     for runner in runners:
         row = runner.row
-        ms = np.asarray(row.times_ns, dtype=np.float64) / 1e6
-        p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
-        row.latency_ms = {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
-                          "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())}
+        row.latency_ms = latency_figures(row.times_ns)
         row.throughput = row.batch / (row.latency_ms["mean"] / 1000)
-        say(f"  measured {row.name}  p50 {_ms(p50)} ms")
+        say(f"  measured {row.name}  p50 {_ms(row.latency_ms['p50'])} ms")
 
 
 def _baseline(rows: list[Row]) -> Row | None:

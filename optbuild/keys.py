@@ -71,7 +71,8 @@ def step_ingredients(
     step = spec.step
     params = key_params(step.params)
     for field_name in spec.deps:
-        params[field_name] = None  # the name of the upstream step is not content
+        if "." not in field_name:  # a list of steps (select's candidates) stays: its report names them
+            params[field_name] = None  # the name of the upstream step is not content
     return {
         "format": KEY_FORMAT,
         "hash": ALGORITHM,

@@ -367,8 +367,12 @@ def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
 
 def _resolve_refs(steps: dict[str, StepSpec], problems: list[Problem], invalid: set[str]) -> None:
     for spec in steps.values():
+        resolved: list[tuple[str, str]] = []  # (field, step id), a list field's items in order
         for field_name, ref in spec.step.step_refs().items():
             target = ref if ":" in ref else f"{spec.recipe}:{ref}"
+            if target.endswith("[*]"):
+                resolved.extend((field_name, t) for t in _all_instances(spec, field_name, target, steps, problems))
+                continue
             if target in invalid or matrix.base_name(target) in invalid:
                 continue  # already reported (the step, or its matrix); a second message would be noise
             if target == spec.id:
@@ -378,7 +382,24 @@ def _resolve_refs(steps: dict[str, StepSpec], problems: list[Problem], invalid: 
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
                 problems.append(spec.problem(f"no step {target!r}{suggestion}", field_name))
             else:
-                spec.deps[field_name] = target
+                resolved.append((field_name, target))
+        counts: dict[str, int] = {}
+        for field_name, target in resolved:
+            name, dot, _ = field_name.partition(".")
+            if dot:  # a list field: its items numbered again, a NAME[*] having grown it
+                counts[name] = counts.get(name, -1) + 1
+                field_name = f"{name}.{counts[name]}"
+            spec.deps[field_name] = target
+
+
+def _all_instances(spec: StepSpec, field_name: str, target: str, steps: dict[str, StepSpec],
+                   problems: list[Problem]) -> list[str]:
+    """The instances of the matrix step ``target`` (``recipe:NAME[*]``) names."""
+    base = target.removesuffix("[*]")
+    instances = [sid for sid in steps if "[" in sid and matrix.base_name(sid) == base]
+    if not instances:
+        problems.append(spec.problem(f"{target!r}: {base!r} is not a matrix step", field_name.partition(".")[0]))
+    return instances
 
 
 def _check_files(steps: dict[str, StepSpec], problems: list[Problem]) -> None:

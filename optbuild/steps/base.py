@@ -176,12 +176,17 @@ class Step:
         return self.tools
 
     def step_refs(self) -> dict[str, str]:
-        """Field name -> referenced step, for every StepRef field that is set."""
-        return {
-            name: value
-            for name in fields_with(type(self.params), STEP_REF)
-            if (value := getattr(self.params, name)) is not None
-        }
+        """Field name -> referenced step, for every StepRef field that is set; a list of
+        them (``candidates = ["a", "b"]``) gives ``candidates.0``, ``candidates.1``... (a
+        matrix step's ``NAME[*]`` in it stands for all its instances, see recipe)."""
+        refs = {}
+        for name in fields_with(type(self.params), STEP_REF):
+            value = getattr(self.params, name)
+            if isinstance(value, (list, tuple)):
+                refs.update({f"{name}.{i}": item for i, item in enumerate(value)})
+            elif value is not None:
+                refs[name] = value
+        return refs
 
     def bind(self, upstream: Mapping[str, Step]) -> None:
         """Called once the project is loaded, with the steps that this step's StepRef fields

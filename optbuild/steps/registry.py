@@ -22,10 +22,12 @@ BUILTIN: dict[str, str] = {
     "calibrate": "optbuild.steps.calibrate:Calibrate",
     "quantize": "optbuild.steps.quantize:Quantize",
     "verify": "optbuild.steps.verify:Verify",
+    "benchmark": "optbuild.steps.benchmark:Benchmark",
     "engine/onnxruntime": "optbuild.steps.engine_ort:OrtEngine",
     "engine/tensorrt": "optbuild.steps.engine_trt:TensorRTEngine",
     "engine/tensorrt-rtx": "optbuild.steps.engine_trt:TensorRTRTXEngine",
     "engine/openvino": "optbuild.steps.engine_ov:OpenVINOEngine",
+    "select": "optbuild.steps.select:Select",
 }
 
 

@@ -54,7 +54,7 @@ import time
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -63,7 +63,7 @@ from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.errors import StepError, StepUnavailable, first_line
 from optbuild.samples import DataArg, non_default
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import DataSource, DataSourceStep, data_args_field, data_field, samples_field
 from optbuild.steps.inputdecl import StepInputs, check_declarations
 from optbuild.workerpool import ONNX_TOOLS
@@ -120,6 +120,13 @@ class VerifyParams(StepParams):
         description="Names of the outputs to compare (each must exist in both models). Empty: "
                     "every output of the reference.",
         examples=[["logits"]])
+    fail: Annotated[bool | None, KEYED_WHEN_SET] = Field(
+        None,
+        description="false: a threshold that is exceeded is recorded (report.json says passed: "
+                    "false, the table is in the log) and the step succeeds, so that a benchmark "
+                    "and select step downstream can drop the candidate. Not set or true: the "
+                    "build fails with the table.",
+        examples=[False])
     max_abs: float | None = Field(
         None, ge=0,
         description="Fail when the largest |candidate - reference| over all elements of an "
@@ -328,8 +335,8 @@ class Verify(DataSourceStep):
         passed = all(c["ok"] for c in checks)
         report = {
             "version": REPORT_VERSION,
-            "reference": _model_entry(ref_art.primary),
-            "candidate": _model_entry(cand_art.primary),
+            "reference": model_entry(ref_art.primary),
+            "candidate": model_entry(cand_art.primary),
             "data": {"source": source, "samples": len(samples)},
             "thresholds": thresholds,
             "outputs": figures,
@@ -347,13 +354,13 @@ class Verify(DataSourceStep):
         ctx.metrics.update(samples=len(samples), passed=passed,
                            reference_ms=report["latency_ms"]["reference"],
                            candidate_ms=report["latency_ms"]["candidate"])
-        if not passed:
+        if not passed and p.fail is not False:
             raise StepError(text)
         (ctx.out_dir / "report.json").write_text(json.dumps(compare.jsonable(report), indent=1) + "\n")
         (ctx.out_dir / "report.txt").write_text(text + "\n")
 
 
-def _model_entry(path: Path) -> dict[str, str]:
+def model_entry(path: Path) -> dict[str, str]:
     """A compared model as the report names it: file name and content digest (what the key
     holds), never the step that made it."""
     from optbuild.digest import ALGORITHM, hash_file

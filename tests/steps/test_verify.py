@@ -62,6 +62,20 @@ def test_exceeded_threshold_fails_with_the_readable_table(tmp_path, models):
     assert not (tmp_path / "out" / "verify" / "report.json").exists()  # a failed step keeps nothing
 
 
+
+def test_with_fail_false_an_exceeded_threshold_is_recorded_and_the_step_succeeds(tmp_path, models):
+    ref, _, off = models
+    ctx, report = verify(tmp_path, ref, off, max_abs=1e-4, samples=4, fail=False)
+    assert report["passed"] is False and ctx.metrics["passed"] is False
+    assert "FAILED: 1 of 1 checks" in (ctx.out_dir / "report.txt").read_text()
+
+
+def test_fail_enters_the_key_only_when_set():
+    from optbuild.keys import key_params
+
+    assert "fail" not in key_params(VerifyParams(reference="a", candidate="b", max_abs=0.1))
+    assert key_params(VerifyParams(reference="a", candidate="b", max_abs=0.1, fail=False))["fail"] is False
+
 def test_figures_match_numpy(tmp_path, models):
     ref, _, off = models
     x = np.random.default_rng(9).standard_normal((12, 4)).astype(np.float32)

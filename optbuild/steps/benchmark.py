@@ -1,0 +1,280 @@
+"""kind = "benchmark": measure a model's latency and throughput on this host.
+
+The model of ``input`` (an ONNX or ORT-format model on onnxruntime, CPU; an OpenVINO IR; a
+TensorRT engine on gpu.0: whatever ``optbuild.backends.registry`` runs for its artifact) is
+opened by its backend and run on one seeded random sample of its declared shapes
+(``seed``; symbolic dims get ``dynamic_size`` unless the recipe's ``[inputs.NAME]`` or the
+step's ``inputs`` declare them): ``warmup`` untimed runs, then ``runs`` timed ones
+(optbuild.bench.time_calls: time.perf_counter_ns per run, the garbage collector off).
+
+Outputs: the measured artifact's files, unchanged and under their names (hard links where
+the file system allows, else copies; the cache keeps one copy of identical bytes), the
+model's file being the step's main output, so that a step downstream (``select``) can hand on
+the model it chooses; and ``benchmark.json``::
+
+    {"format": "optbuild.benchmark", "version": 1,
+     "model": {"file": "model.onnx", "digest": "blake3-256:..."},
+     "runtime": "onnxruntime 1.23.2 (CPU)", "batch": 1, "runs": 50, "warmup": 5, "threads": null,
+     "p50_ms": ..., "p90_ms": ..., "p99_ms": ..., "mean_ms": ..., "throughput_per_s": ...,
+     "size_bytes": ..., "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ...}}
+
+``throughput_per_s`` is batch (the first axis of the first input) / mean latency;
+``size_bytes`` the bytes of the input artifact's files. ``verify`` summarises the
+``report.json`` of the ``check`` step (a verify step whose candidate is this same model,
+told by its content digest): whether it passed and the worst cosine, max_abs and top-1 over
+its outputs (null where it computed none); null without ``check``.
+
+Hardware and tools: a measurement is true of the host it was taken on. The key holds the
+distributions of the backend that runs the model and the host fields its results depend on
+(``Backend.host_fields``: cpu.arch and cpu.flags for onnxruntime and OpenVINO, gpu.0's
+compute capability and model for TensorRT), and, because latency depends on the device
+itself, the CPU's model and count for a CPU runtime or gpu.0's model for a GPU one. The step
+is unavailable where the backend cannot run the model (``Backend.unavailable``). As verify,
+it learns the backend from its input step (``bind``) and, in the worker, from the artifact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from optbuild.backends import registry
+from optbuild.backends.base import Backend, Manifest
+from optbuild.errors import StepError, StepUnavailable, first_line
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.inputdecl import StepInputs, check_declarations
+from optbuild.workerpool import ONNX_TOOLS
+
+if typing.TYPE_CHECKING:
+    from optbuild.fingerprint import Fingerprint
+
+FORMAT = "optbuild.benchmark"
+REPORT_VERSION = 1
+REPORT = "benchmark.json"
+
+# Where the latency of a runtime's results depends on the device beyond the fields its
+# numbers depend on (Backend.host_fields): the CPU's model and cores, or the GPU's model.
+CPU_TIMING_FIELDS = ("cpu.model", "cpu.count")
+GPU_TIMING_FIELDS = ("gpu.0.name",)
+
+
+class BenchmarkParams(StepParams):
+    input: StepRef = Field(
+        description="The step whose model is measured: an ONNX or ORT-format model (onnxruntime, "
+                    "CPU), or an engine step (backend 'tensorrt' / 'tensorrt-rtx': on gpu.0; "
+                    "'openvino': on the CPU), run by its backend (the step is unavailable on hosts "
+                    "that cannot run it). Its files are the step's outputs, unchanged.",
+        examples=["quantize_int8"])
+    check: StepRef | None = Field(
+        None,
+        description="A verify step whose candidate is this same model (the same content): its "
+                    "report's passed and worst cosine, max_abs and top-1 are copied into "
+                    "benchmark.json ('verify'). Not set: 'verify' is null.",
+        examples=["verify_int8"])
+    runs: int = Field(
+        50, ge=1,
+        description="Timed inferences; p50 / p90 / p99 / mean latency are over these.",
+        examples=[200])
+    warmup: int = Field(
+        5, ge=0,
+        description="Untimed inferences before timing (caches, thread pools, lazy initialization).",
+        examples=[20])
+    threads: int | None = Field(
+        None, ge=1,
+        description="Intra-op threads of the runtime (onnxruntime, OpenVINO). Not set: the "
+                    "runtime's default.",
+        examples=[4])
+    seed: int = Field(
+        0, ge=0,
+        description="The seed of the random input sample (numpy default_rng): floats standard "
+                    "normal, integers uniform in [0, 8), booleans uniform, unless declared.",
+        examples=[1])
+    dynamic_size: int = Field(
+        1, ge=1,
+        description="The size given to every dimension the model does not fix and no input "
+                    "declaration sets (symbolic or unknown, the batch axis included): the "
+                    "batch measured, when the batch axis is dynamic.",
+        examples=[8])
+    inputs: StepInputs = Field(
+        None,
+        description="What the model's inputs take (see 'Model inputs'); replaces the recipe's "
+                    "[inputs.NAME] entry of the same input. A declared input follows its "
+                    "declaration (a dim range: its opt, else its min), the others dynamic_size.",
+        examples=[{"x": {"shape": [8, 3, 224, 224]}}])
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BenchmarkParams:
+        if self.check is not None and self.check == self.input:
+            raise ValueError("check and input name the same step: check names a verify step of input's model")
+        return self
+
+
+class Benchmark(Step):
+    """Measures a model's latency and throughput on this host; outputs its files and a report."""
+
+    Params = BenchmarkParams
+    preload = ONNX_TOOLS
+    version = "1"
+
+    # The step measured and what runs its model, as that step says (see bind). Not bound:
+    # onnxruntime, as for any ONNX model.
+    source: Step | None = None
+    side: tuple[Backend, Manifest] | None = None
+
+    def bind(self, upstream: Mapping[str, Step]) -> None:
+        self.source = upstream.get("input")
+        self.side = registry.for_step(self.source) if self.source is not None else None
+
+    # The main output is the measured model's file under its own name (model.onnx,
+    # model.engine, model.xml), which only the input step knows: an instance property where
+    # Step has a class attribute. Not bound (the worker, which does not read it): model.onnx.
+    @property
+    def primary_output(self) -> str | None:  # type: ignore[override]
+        return self.source.primary_output if self.source is not None else "model.onnx"
+
+    def runs_on(self) -> dict[str, Any] | None:
+        if self.source is not None:
+            return self.source.runs_on()  # the same files: the same backend
+        return super().runs_on()
+
+    def _backend(self) -> tuple[Backend, Manifest]:
+        if self.side is not None:
+            return self.side
+        plain = registry.onnx_backend()
+        return plain, {"backend": plain.name}
+
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self._backend()[0].distributions()))
+
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        backend, manifest = self._backend()
+        fields = backend.host_fields(manifest)
+        timing = GPU_TIMING_FIELDS if any(f.startswith("gpu.") for f in fields) else CPU_TIMING_FIELDS
+        return {name: host.get(name) for name in dict.fromkeys((*fields, *timing))}
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        backend, manifest = self._backend()
+        return backend.unavailable(host, manifest)
+
+    # --- execution -------------------------------------------------------------------
+    def run(self, ctx: StepContext) -> None:
+        from optbuild import samples as sampling
+        from optbuild.bench import latency_figures, time_calls
+        from optbuild.steps.verify import model_entry
+
+        p = self.params
+        art = ctx.inputs["input"]
+        what = f"the input {art.step}"
+        if art.primary is None:
+            raise StepError(f"{what} gives no model")
+        backend, manifest = registry.for_artifact(art.primary, what)
+        if REPORT in art.files:
+            raise StepError(f"{what} has a file named {REPORT}, the name of this step's report")
+        verify = _verify_summary(ctx, art.primary) if p.check is not None else None
+        if (why := backend.unavailable(ctx.host, manifest)) is not None:
+            raise StepError(f"{what} cannot run on this host: {why}")
+        with contextlib.ExitStack() as stack:
+            try:
+                runner = stack.enter_context(backend.open(art.primary, manifest, ctx.host, threads=p.threads))
+            except StepUnavailable as exc:
+                raise StepError(f"{what} cannot run on this host: {exc}") from None
+            except StepError:
+                raise
+            except Exception as exc:
+                raise StepError(f"{backend.label} cannot load {what}: {first_line(exc)}") from None
+            ctx.log(f"runtime: {runner.label} (loaded in {runner.load_ms:.1f} ms)")
+            specs = runner.input_specs()
+            check_declarations(specs, p.inputs, what)
+            samples = sampling.random_samples(specs, 1, p.seed, dynamic_size=p.dynamic_size, decls=p.inputs)
+            feed = runner.cast(samples.feeds[0])
+            shapes = ", ".join(f"{name} {value.dtype}{list(value.shape)}" for name, value in feed.items())
+            if (why := backend.unfit(manifest, feed)) is not None:
+                raise StepError(f"the inputs ({shapes}) do not fit {what}: {why}. Declare inputs it takes "
+                                "(inputs, dynamic_size), or widen its step's profiles")
+            try:
+                runner.infer(feed)
+            except Exception as exc:
+                raise StepError(f"{what} fails on {runner.label} with inputs {shapes}: "
+                                f"{type(exc).__name__}: {first_line(exc)}") from None
+            ctx.log(f"inputs: {shapes} ({samples.source}); {p.warmup} warm-up + {p.runs} timed runs, "
+                    f"threads {p.threads or 'default'}")
+            times = time_calls(lambda: runner.infer(feed), p.runs, p.warmup)
+            label = runner.label
+        latency = latency_figures(times)
+        first = next(iter(feed.values()), None)
+        batch = int(first.shape[0]) if first is not None and first.ndim else 1
+        size = _link_files(art.files, ctx.out_dir)
+        report = {
+            "format": FORMAT,
+            "version": REPORT_VERSION,
+            "model": model_entry(art.primary),
+            "runtime": label,
+            "batch": batch,
+            "runs": p.runs,
+            "warmup": p.warmup,
+            "threads": p.threads,
+            "p50_ms": round(latency["p50"], 6),
+            "p90_ms": round(latency["p90"], 6),
+            "p99_ms": round(latency["p99"], 6),
+            "mean_ms": round(latency["mean"], 6),
+            "throughput_per_s": round(batch / (latency["mean"] / 1000), 3),
+            "size_bytes": size,
+            "verify": verify,
+        }
+        (ctx.out_dir / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+        ctx.log(f"p50 {report['p50_ms']} ms, p90 {report['p90_ms']} ms, p99 {report['p99_ms']} ms, "
+                f"{report['throughput_per_s']} samples/s (batch {batch}), {size} bytes")
+        ctx.metrics.update(p50_ms=report["p50_ms"], p90_ms=report["p90_ms"],
+                           throughput_per_s=report["throughput_per_s"], size_bytes=size)
+        if verify is not None:
+            ctx.metrics["passed"] = verify["passed"]
+
+
+def _link_files(files: Mapping[str, Path], out_dir: Path) -> int:
+    """Hard-link (else copy) ``files`` (name -> path) into ``out_dir`` under their names;
+    their total size in bytes."""
+    size = 0
+    for name, source in sorted(files.items()):
+        dest = out_dir / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, dest)
+        except OSError:
+            shutil.copyfile(source, dest)
+        size += dest.stat().st_size
+    return size
+
+
+def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:
+    """passed and the worst cosine, max_abs, top-1 of the ``check`` verify step's report.json,
+    which must have verified ``model`` (the same content digest)."""
+    from optbuild.steps.verify import model_entry
+
+    art = ctx.inputs["check"]
+    path = art.files.get("report.json") or art.primary
+    if path is None or path.name != "report.json" or not path.is_file():
+        raise StepError(f"check: {art.step} gives no report.json; check names a verify step")
+    try:
+        report = json.loads(path.read_text())
+        passed, outputs = report["passed"], report.get("outputs") or {}
+        candidate = (report.get("candidate") or {}).get("digest")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise StepError(f"check: the report.json of {art.step} is unreadable ({type(exc).__name__}: {exc})") from None
+    if candidate != (ours := model_entry(model))["digest"]:
+        raise StepError(f"check: {art.step} verified another model ({candidate}) than the one measured "
+                        f"({ours['file']}, {ours['digest']}); name the verify step whose candidate is input")
+
+    def worst(metric: str, pick: Any) -> float | None:
+        found = [f[metric] for f in outputs.values() if isinstance(f, dict) and isinstance(f.get(metric), (int, float))]
+        return pick(found) if found else None
+
+    return {"passed": bool(passed), "cosine": worst("cosine", min), "max_abs": worst("max_abs", max),
+            "top1": worst("top1", min)}
