@@ -242,3 +242,18 @@ class Step:
     def run(self, ctx: StepContext) -> None:
         """Write the outputs into ``ctx.out_dir``; record figures in ``ctx.metrics``."""
         raise NotImplementedError
+
+
+def link_files(files: Mapping[str, Path], out_dir: Path) -> int:
+    """Hard-link (else copy) ``files`` (name -> path) into ``out_dir`` under their names;
+    their total size in bytes."""
+    size = 0
+    for name, source in sorted(files.items()):
+        dest = out_dir / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, dest)
+        except OSError:
+            shutil.copyfile(source, dest)
+        size += dest.stat().st_size
+    return size

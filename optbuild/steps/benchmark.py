@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,7 +47,7 @@ from pydantic import Field, model_validator
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest
 from optbuild.errors import StepError, StepUnavailable, first_line
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams, StepRef, link_files
 from optbuild.steps.inputdecl import StepInputs, check_declarations
 from optbuild.workerpool import ONNX_TOOLS
 
@@ -211,7 +209,7 @@ class Benchmark(Step):
         latency = latency_figures(times)
         first = next(iter(feed.values()), None)
         batch = int(first.shape[0]) if first is not None and first.ndim else 1
-        size = _link_files(art.files, ctx.out_dir)
+        size = link_files(art.files, ctx.out_dir)
         report = {
             "format": FORMAT,
             "version": REPORT_VERSION,
@@ -236,21 +234,6 @@ class Benchmark(Step):
                            throughput_per_s=report["throughput_per_s"], size_bytes=size)
         if verify is not None:
             ctx.metrics["passed"] = verify["passed"]
-
-
-def _link_files(files: Mapping[str, Path], out_dir: Path) -> int:
-    """Hard-link (else copy) ``files`` (name -> path) into ``out_dir`` under their names;
-    their total size in bytes."""
-    size = 0
-    for name, source in sorted(files.items()):
-        dest = out_dir / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, dest)
-        except OSError:
-            shutil.copyfile(source, dest)
-        size += dest.stat().st_size
-    return size
 
 
 def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:

@@ -18,16 +18,13 @@ candidates' outputs (figures included), so a new measurement selects again.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
 from optbuild.errors import StepError
-from optbuild.steps.base import Artifact, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Artifact, Step, StepContext, StepParams, StepRef, link_files
 
 REPORT_VERSION = 1
 OBJECTIVES = {  # what is better: lower or higher
@@ -98,7 +95,8 @@ class Select(Step):
         ctx.log(text)
         if not eligible:
             raise StepError(f"no candidate meets the constraints:\n{text}")
-        _copy_model(ctx.inputs[winner["input"]], ctx.out_dir)
+        chosen = ctx.inputs[winner["input"]]
+        link_files({n: f for n, f in chosen.files.items() if n != "benchmark.json"}, ctx.out_dir)
         (ctx.out_dir / "selection.json").write_text(json.dumps(report, indent=1) + "\n")
         (ctx.out_dir / "selection.txt").write_text(text + "\n")
         ctx.metrics.update(chosen=winner["step"], candidates=len(rows), eligible=len(eligible),
@@ -140,19 +138,6 @@ def _row(name: str, artifact: Artifact) -> dict[str, Any]:
         raise StepError(f"candidate {artifact.step}: unreadable benchmark.json ({exc})") from None
     return {"index": _index(name), "input": name, "step": artifact.step, "runtime": report.get("runtime"),
             "figures": figures, "verify": report.get("verify"), "rejected": [], "why": None}
-
-
-def _copy_model(artifact: Artifact, out_dir: Path) -> None:
-    """The winner's files but its benchmark report, linked where the file system allows."""
-    for relative, source in artifact.files.items():
-        if relative == "benchmark.json":
-            continue
-        target = out_dir / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copyfile(source, target)
 
 
 def _table(report: dict[str, Any]) -> str:
