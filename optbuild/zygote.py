@@ -135,15 +135,11 @@ class Zygote:
         if not fds:
             return True
         reply = socket.socket(fileno=fds[0])
-        if thread_count() != 1:
-            _send(reply, {"error": f"the fork server runs {thread_count()} threads; forking is unsafe"})
-            reply.close()
-            return True
         request = json.loads(message)
         self._warm(request["implementation"])
-        if thread_count() != 1:
-            _send(reply, {"error": f"importing {request['implementation']} left {thread_count()} threads "
-                                   "running; forking is unsafe"})
+        if (threads := thread_count()) != 1:  # checked right before the fork, whatever started one
+            _send(reply, {"error": f"the fork server runs {threads} threads (after importing "
+                                   f"{request['implementation']}); forking is unsafe"})
             reply.close()
             return True
         pid = os.fork()
