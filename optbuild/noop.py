@@ -1,8 +1,9 @@
 """The no-op fast path of ``optbuild build``: a build that nothing can have changed settles
 from a stamp, without loading the project (no pydantic, rich, NVML, plugin scan).
 
-Importing this module costs only the standard library's os, sys and time; json (and a
-blake2b hasher) are imported when a stamp is read or written.
+Importing this module costs only the standard library's os, sys and time (and
+optbuild.projectroot, which needs only os); json (and a blake2b hasher) are imported when
+a stamp is read or written.
 
 **Record.** A ``build`` that ends ok (exit 0) writes ``<build folder>/.optbuild/noop.json``
 (atomically) holding:
@@ -63,9 +64,10 @@ import os
 import sys
 import time
 
+from optbuild.projectroot import CONFIG_NAME, project_root
+
 FORMAT = 1
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
-CONFIG_NAME = "optbuild.toml"
 RACY_NS = 2_000_000_000
 HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
 DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
@@ -113,18 +115,6 @@ def _split(argv: list[str]) -> tuple[str | None, list[str]] | None:
     if i >= len(argv) or argv[i] != "build":
         return None
     return directory, argv[i + 1:]
-
-
-def project_root(directory: str | None) -> str | None:
-    """The folder of the nearest optbuild.toml, as ``recipe.find_config`` finds it."""
-    start = os.path.realpath(os.path.join(os.getcwd(), directory) if directory else os.getcwd())
-    while True:
-        if os.path.isfile(os.path.join(start, CONFIG_NAME)):
-            return start
-        parent = os.path.dirname(start)
-        if parent == start:
-            return None
-        start = parent
 
 
 def _build_dir_setting(config_text: str) -> str:

@@ -26,12 +26,11 @@ from optbuild.overrides import (
     unknown_override_recipes,
 )
 from optbuild.paths import folder_problem, name_problem
+from optbuild.projectroot import CONFIG_NAME, project_root
 from optbuild.steps import registry
 from optbuild.steps.base import Step
 from optbuild.steps.inputdecl import InputDecls
 from optbuild.tomlsource import TomlDocument, load_toml
-
-CONFIG_NAME = "optbuild.toml"
 
 
 class _Section(BaseModel):
@@ -176,14 +175,12 @@ class Project:
 
 def find_config(start: Path) -> Path:
     """The nearest optbuild.toml at or above ``start``."""
-    start = start.resolve()
-    for directory in (start, *start.parents):
-        candidate = directory / CONFIG_NAME
-        if candidate.is_file():
-            return candidate
+    root = project_root(start)
+    if root is not None:
+        return Path(root) / CONFIG_NAME
     # It marks the project root, under which build/ and cache/ are written: never guessed.
     raise ProjectError([Problem(
-        f"no {CONFIG_NAME} in {start} or any parent directory. It marks the project's root "
+        f"no {CONFIG_NAME} in {start.resolve()} or any parent directory. It marks the project's root "
         f"(build/ and cache/ go beside it): create one there, e.g. `touch {CONFIG_NAME}`. An empty "
         "file means the defaults: recipes in recipes/*.toml, outputs in build/, the cache in cache/")])
 

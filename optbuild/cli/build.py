@@ -59,12 +59,11 @@ def report_remote(args: argparse.Namespace, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild import noop
+    from optbuild.projectroot import project_root
     from optbuild.workerpool import WorkerPool
 
     # first: the fork server imports the steps' tools while optbuild loads the project and plans
-    workers = None if args.no_build else WorkerPool.speculative(
-        noop.project_root(None if args.directory is None else str(args.directory)))
+    workers = None if args.no_build else WorkerPool.speculative(project_root(args.directory))
     try:
         return _build(args, workers)
     finally:

@@ -25,11 +25,13 @@ def _lock_file(directory: Path | None) -> Path:
     import tomllib
 
     from optbuild.errors import OptbuildError
+    from optbuild.projectroot import CONFIG_NAME, project_root
 
-    start = (directory or Path.cwd()).resolve()
-    config = next((d / "optbuild.toml" for d in (start, *start.parents) if (d / "optbuild.toml").is_file()), None)
-    if config is None:
-        raise OptbuildError(f"no optbuild.toml in {start} or any parent directory: not an optbuild project")
+    root = project_root(directory)
+    if root is None:
+        start = (directory or Path.cwd()).resolve()
+        raise OptbuildError(f"no {CONFIG_NAME} in {start} or any parent directory: not an optbuild project")
+    config = Path(root) / CONFIG_NAME
     try:
         name = tomllib.loads(config.read_text(encoding="utf-8")).get("project", {}).get("lock_file")
     except (OSError, ValueError, AttributeError):
