@@ -46,7 +46,7 @@ from pydantic import Field, model_validator
 
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest
-from optbuild.errors import StepError, StepUnavailable, first_line
+from optbuild.errors import StepError, first_line
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef, link_files
 from optbuild.steps.inputdecl import StepInputs, check_declarations
 from optbuild.workerpool import ONNX_TOOLS
@@ -166,7 +166,7 @@ class Benchmark(Step):
     def run(self, ctx: StepContext) -> None:
         from optbuild import samples as sampling
         from optbuild.bench import latency_figures, time_calls
-        from optbuild.steps.verify import model_entry
+        from optbuild.steps.verify import entered_runner, model_entry
 
         p = self.params
         art = ctx.inputs["input"]
@@ -177,17 +177,8 @@ class Benchmark(Step):
         if REPORT in art.files:
             raise StepError(f"{what} has a file named {REPORT}, the name of this step's report")
         verify = _verify_summary(ctx, art.primary) if p.check is not None else None
-        if (why := backend.unavailable(ctx.host, manifest)) is not None:
-            raise StepError(f"{what} cannot run on this host: {why}")
         with contextlib.ExitStack() as stack:
-            try:
-                runner = stack.enter_context(backend.open(art.primary, manifest, ctx.host, threads=p.threads))
-            except StepUnavailable as exc:
-                raise StepError(f"{what} cannot run on this host: {exc}") from None
-            except StepError:
-                raise
-            except Exception as exc:
-                raise StepError(f"{backend.label} cannot load {what}: {first_line(exc)}") from None
+            runner = entered_runner(stack, (backend, manifest), art.primary, ctx.host, what, threads=p.threads)
             ctx.log(f"runtime: {runner.label} (loaded in {runner.load_ms:.1f} ms)")
             specs = runner.input_specs()
             check_declarations(specs, p.inputs, what)

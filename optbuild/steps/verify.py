@@ -232,18 +232,8 @@ class Verify(DataSourceStep):
     @staticmethod
     def _open(ctx: StepContext, role: str, side: tuple[Backend, Manifest], stack: contextlib.ExitStack) -> Runner:
         """The entered runner of the ``role`` model."""
-        (backend, manifest), art = side, ctx.inputs[role]
-        what = f"the {role} {art.step}"
-        if (why := backend.unavailable(ctx.host, manifest)) is not None:
-            raise StepError(f"{what} cannot run on this host: {why}")
-        try:
-            runner = stack.enter_context(backend.open(art.primary, manifest, ctx.host))
-        except StepUnavailable as exc:
-            raise StepError(f"{what} cannot run on this host: {exc}") from None
-        except StepError:
-            raise
-        except Exception as exc:
-            raise StepError(f"{backend.label} cannot load {what}: {first_line(exc)}") from None
+        art = ctx.inputs[role]
+        runner = entered_runner(stack, side, art.primary, ctx.host, f"the {role} {art.step}")
         ctx.log(f"{role}: {runner.label}")
         return runner
 
@@ -358,6 +348,24 @@ class Verify(DataSourceStep):
             raise StepError(text)
         (ctx.out_dir / "report.json").write_text(json.dumps(compare.jsonable(report), indent=1) + "\n")
         (ctx.out_dir / "report.txt").write_text(text + "\n")
+
+
+def entered_runner(stack: contextlib.ExitStack, side: tuple[Backend, Manifest], path: Path,
+                   host: Fingerprint, what: str, *, threads: int | None = None) -> Runner:
+    """The runner of the artifact ``path`` (``what``, as messages name it) on its backend,
+    entered on ``stack``; StepError saying why when this host cannot run it or it does not
+    load. Verify and benchmark open what they run this way."""
+    backend, manifest = side
+    if (why := backend.unavailable(host, manifest)) is not None:
+        raise StepError(f"{what} cannot run on this host: {why}")
+    try:
+        return stack.enter_context(backend.open(path, manifest, host, threads=threads))
+    except StepUnavailable as exc:
+        raise StepError(f"{what} cannot run on this host: {exc}") from None
+    except StepError:
+        raise
+    except Exception as exc:
+        raise StepError(f"{backend.label} cannot load {what}: {first_line(exc)}") from None
 
 
 def model_entry(path: Path) -> dict[str, str]:
