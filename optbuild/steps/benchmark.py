@@ -47,8 +47,9 @@ from pydantic import Field, model_validator
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest
 from optbuild.errors import StepError, first_line
+from optbuild.steps import fields
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef, link_files
-from optbuild.steps.inputdecl import StepInputs, check_declarations
+from optbuild.steps.inputdecl import StepInputs, check_declarations, inputs_field
 from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
@@ -90,23 +91,13 @@ class BenchmarkParams(StepParams):
         description="Intra-op threads of the runtime (onnxruntime, OpenVINO). Not set: the "
                     "runtime's default.",
         examples=[4])
-    seed: int = Field(
-        0, ge=0,
-        description="The seed of the random input sample (numpy default_rng): floats standard "
-                    "normal, integers uniform in [0, 8), booleans uniform, unless declared.",
-        examples=[1])
-    dynamic_size: int = Field(
-        1, ge=1,
-        description="The size given to every dimension the model does not fix and no input "
-                    "declaration sets (symbolic or unknown, the batch axis included): the "
-                    "batch measured, when the batch axis is dynamic.",
-        examples=[8])
-    inputs: StepInputs = Field(
-        None,
-        description="What the model's inputs take (see 'Model inputs'); replaces the recipe's "
-                    "[inputs.NAME] entry of the same input. A declared input follows its "
-                    "declaration (a dim range: its opt, else its min), the others dynamic_size.",
-        examples=[{"x": {"shape": [8, 3, 224, 224]}}])
+    seed: int = fields.seed_field(note=" Floats are standard normal, integers uniform in [0, 8), "
+                                       "booleans uniform, unless declared.")
+    dynamic_size: int = fields.dynamic_size_field(
+        "the model", note=": the batch measured, when the batch axis is dynamic", example=8)
+    inputs: StepInputs = inputs_field(
+        " A declared input follows its declaration (a dim range: its opt, else its min), the others "
+        "dynamic_size.", example={"x": {"shape": [8, 3, 224, 224]}})
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkParams:

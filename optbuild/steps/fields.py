@@ -1,7 +1,7 @@
 """The parameters several step kinds share, declared once: the model a step takes
 (``input``), a data source with its callable's arguments and sample count (``data``,
-``data_args``, ``samples``), and a numeric check against the input model (``check``,
-``tolerance``). Each factory takes only what differs between the steps (a phrase of the
+``data_args``, ``samples``), the seeded random inputs (``seed``, ``dynamic_size``), and a
+numeric check against the input model (``check``, ``tolerance``). Each factory takes only what differs between the steps (a phrase of the
 description, the default, the examples) and returns the pydantic ``Field``: one wording and
 one set of bounds for what means the same everywhere. ``DataSourceStep`` puts a step's data
 source into its key.
@@ -74,6 +74,30 @@ def check_field(still: str, *, most: int | None = None, scope: str = "") -> Any:
                     f"(declared inputs, else symbolic dims set to 1, 2, 3 in turn){scope}. 0 skips "
                     f"the numeric check: {still}",
         examples=[0])
+
+
+def seed_field(scope: str = "", note: str = "") -> Any:
+    """The ``seed`` of a step's seeded random inputs; ``scope`` opens the description
+    ("Random inputs only: "), ``note`` follows it."""
+    return Field(
+        0, ge=0,
+        description=_sentence(f"{scope}the seed of the random inputs' generator (numpy default_rng), so "
+                              f"that they are the same on every run.{note}"),
+        examples=[1])
+
+
+def dynamic_size_field(model: str, *, scope: str = "", note: str = "", example: int = 4) -> Any:
+    """``dynamic_size``: the size of every dim of ``model`` ("the reference") that neither the
+    model nor a declaration fixes, in a step's seeded random inputs."""
+    return Field(
+        1, ge=1,
+        description=_sentence(f"{scope}the size given to every dimension {model} does not fix and no "
+                              f"input declaration sets (symbolic or unknown, the batch axis included){note}."),
+        examples=[example])
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def tolerance_field(what: str, *, default: float | None, most: float | None = None, unset: str = "",

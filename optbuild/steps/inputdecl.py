@@ -148,11 +148,12 @@ def profile_shapes(specs: list[TensorSpec], decls: InputDecls | None) -> dict[st
     return shapes
 
 
-def inputs_field() -> Any:
-    """The ``inputs`` parameter of every step that runs its model on generated feeds."""
+def inputs_field(note: str = "", example: dict[str, Any] | None = None) -> Any:
+    """The ``inputs`` parameter of every step that runs its model on generated feeds; ``note``
+    follows the common description."""
     return Field(
         None,
         description="What the model's inputs take, per input name: shape (values for symbolic dims, or "
                     "ranges), dtype, range or values (see 'Model inputs'). Entries replace the recipe's "
-                    "[inputs.NAME] entry of the same input; not set: the recipe's.",
-        examples=[{"sr": {"values": [8000, 16000]}}])
+                    f"[inputs.NAME] entry of the same input; not set: the recipe's.{note}",
+        examples=[example or {"sr": {"values": [8000, 16000]}}])

@@ -64,7 +64,15 @@ from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.errors import StepError, StepUnavailable, first_line
 from optbuild.samples import DataArg, non_default
 from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
-from optbuild.steps.fields import DataSource, DataSourceStep, data_args_field, data_field, samples_field
+from optbuild.steps.fields import (
+    DataSource,
+    DataSourceStep,
+    data_args_field,
+    data_field,
+    dynamic_size_field,
+    samples_field,
+    seed_field,
+)
 from optbuild.steps.inputdecl import StepInputs, check_declarations
 from optbuild.workerpool import ONNX_TOOLS
 
@@ -93,16 +101,8 @@ class VerifyParams(StepParams):
         note="; e.g. another seed than calibration's for held-out samples", seed=1)
     samples: int | None = samples_field("With data: use at most this many samples (not set: all). With "
                                         "random inputs: this many samples (not set: 8).", example=32)
-    seed: int = Field(
-        0, ge=0,
-        description="Random inputs only: the seed of the generator (numpy default_rng), so the "
-                    "samples are the same on every run.",
-        examples=[1])
-    dynamic_size: int = Field(
-        1, ge=1,
-        description="Random inputs only: the size given to every dimension the reference does "
-                    "not fix (symbolic or unknown, the batch axis included).",
-        examples=[4])
+    seed: int = seed_field("Random inputs only: ")
+    dynamic_size: int = dynamic_size_field("the reference", scope="Random inputs only: ")
     int_range: list[int] = Field(
         [0, 8],
         description="Random inputs only: integer inputs (token ids, indices) are drawn uniformly "
