@@ -285,8 +285,7 @@ class Executor:
         main thread, which lives as long as the build (a server dies with the thread that
         started it: PR_SET_PDEATHSIG)."""
         for step in (sid, *self.graph.dependents[sid]):
-            if step in self.project.steps:
-                self.workers.prewarm(self.project.steps[step].step.preload)
+            self.workers.prewarm(self.project.steps[step].step.preload)
 
     # --- one step ----------------------------------------------------------------------
     def _process(self, sid: str, action: Callable[[StepSpec], Outcome | Callable]) -> Outcome | Callable:
