@@ -25,7 +25,8 @@ KINDS = CONFIG.replace("[kinds]\n", '[kinds]\nprobe = "probekinds.py:Probe"\nthr
 
 def probe_project(root: Path, steps: str, *, config: str = KINDS) -> ProjectDir:
     proj = ProjectDir.with_test_kinds(root)
-    shutil.copy(FIXTURES / "probekinds.py", root / "probekinds.py")
+    for module in ("probekinds.py", "threadstarter.py"):
+        shutil.copy(FIXTURES / module, root / module)
     proj.write("optbuild.toml", config)
     proj.write("recipes/p.toml", steps)
     return proj
@@ -86,7 +87,7 @@ def test_a_preload_that_leaves_a_thread_running_is_refused_and_steps_start_fresh
     with caplog.at_level(logging.WARNING, logger="optbuild"):
         assert proj.build().ok
     assert seen(proj, "t")["ppid"] == os.getpid()
-    assert "preloading onnxruntime for steps failed" in caplog.text
+    assert "preloading threadstarter for steps failed" in caplog.text
     assert "keep running after a fork" in caplog.text
 
 
