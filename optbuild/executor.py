@@ -150,6 +150,7 @@ class Executor:
         chosen = set(selected)
         waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
         ready = deque(sid for sid in selected if waiting[sid] == 0)
+        held: deque[tuple[str, Callable[[StepSpec], Outcome]]] = deque()  # builds not started yet
         building: dict[Future, str] = {}
         stop: str | None = None  # set by the first failure without -k: why steps not started are skipped
         would_stop: str | None = None  # a plan goes on past the first such step, and notes it
@@ -181,9 +182,16 @@ class Executor:
                 return outcome.reasons[0]
             return f"upstream {dep} {outcome.status}"
 
+        def startable(sid: str) -> bool:
+            """An exclusive step starts when nothing builds, and nothing starts beside it;
+            the first held build waits its turn (FIFO, so that an exclusive one is not starved)."""
+            if any(self.project.steps[b].step.exclusive for b in building.values()):
+                return False
+            return not building or not self.project.steps[sid].step.exclusive
+
         with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
             try:
-                while ready or building:
+                while ready or held or building:
                     while ready:
                         sid = ready.popleft()
                         if (parked := self._parked(sid)) is not None:
@@ -197,6 +205,12 @@ class Executor:
                             settle(sid, decision)
                         else:
                             self._prewarm(sid)
+                            held.append((sid, decision))
+                    while held and startable(held[0][0]):
+                        sid, decision = held.popleft()
+                        if stop is not None:  # a failure while it waited: as for steps not started
+                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[stop])))
+                        else:
                             building[pool.submit(self._process, sid, decision)] = sid
                     if building:
                         done, _ = wait(building, timeout=0.2, return_when=FIRST_COMPLETED)

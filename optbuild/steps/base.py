@@ -164,6 +164,8 @@ class Step:
     host_fields: ClassVar[tuple[str, ...]] = ()
     # Name of the main output file inside out_dir, handed to downstream steps as `primary`.
     primary_output: ClassVar[str | None] = "model.onnx"
+    # Builds with nothing else building beside it (a measurement that other steps would skew).
+    exclusive: ClassVar[bool] = False
 
     def __init__(self, params: StepParams, base_dir: Path, project_root: Path):
         self.params = params

@@ -111,6 +111,7 @@ class Benchmark(Step):
 
     Params = BenchmarkParams
     preload = ONNX_TOOLS
+    exclusive = True  # timings taken beside other builds would measure those
     version = "1"
 
     # The step measured and what runs its model, as that step says (see bind). Not bound:
