@@ -448,6 +448,19 @@ def _local_kinds(config: ProjectConfig, config_file: Path, problems: list[Proble
     return local
 
 
+def project_kinds(start: Path) -> dict[str, str]:
+    """The project-local kinds of the project at or above ``start`` (name -> "/abs/file.py:Class");
+    empty outside a project. ProjectError if its optbuild.toml or a [kinds] entry is wrong."""
+    if project_root(start) is None:
+        return {}
+    config_file = find_config(start)
+    problems: list[Problem] = []
+    local = _local_kinds(_load_config(config_file)[0], config_file, problems)
+    if problems:
+        raise ProjectError(problems)
+    return local
+
+
 def load_project(start: Path | None = None, overrides: list[str] | None = None) -> Project:
     """Load and validate the project whose optbuild.toml is at or above ``start``, with
     ``overrides`` (``-S RECIPE:STEP.PARAM=VALUE``, see optbuild.overrides) applied."""

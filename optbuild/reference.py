@@ -35,18 +35,18 @@ _BOUNDS = {annotated_types.Ge: ("ge", ">="), annotated_types.Gt: ("gt", ">"),
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-def step_names(kind: str, backend: str | None = None) -> list[str]:
-    """Registry names ("kind" or "kind/backend") that ``kind`` and ``backend`` select: every
-    backend of a kind that has backends when none is given. OptbuildError, with a "did you
-    mean", for an unknown kind or backend."""
+def step_names(kind: str, backend: str | None = None, local: dict[str, str] | None = None) -> list[str]:
+    """Registry names ("kind" or "kind/backend") that ``kind`` and ``backend`` select (with
+    the project-local kinds ``local``): every backend of a kind that has backends when none
+    is given. OptbuildError, with a "did you mean", for an unknown kind or backend."""
     if "/" in kind and backend is None:
         kind, backend = kind.split("/", 1)
-    known = registry.known_kinds()
+    known = registry.known_kinds(local)
     if kind not in known:
         hint = difflib.get_close_matches(kind, known, n=1)
         suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
         raise OptbuildError(f"unknown step kind {kind!r}{suggestion} (known: {', '.join(known)})")
-    choices = registry.backends(kind)
+    choices = registry.backends(kind, local)
     if backend is None:
         return [f"{kind}/{name}" for name in choices] or [kind]
     if backend not in choices:
@@ -57,8 +57,8 @@ def step_names(kind: str, backend: str | None = None) -> list[str]:
     return [f"{kind}/{backend}"]
 
 
-def step_class(name: str) -> type[Step]:
-    return registry.step_class(registry.implementation_of(name))
+def step_class(name: str, local: dict[str, str] | None = None) -> type[Step]:
+    return registry.step_class(registry.implementation_of(name, local))
 
 
 def summary(cls: type[Step]) -> str:
@@ -76,11 +76,11 @@ def overview(names: list[str]) -> str:
     return "\n".join(rows)
 
 
-def kind_reference(name: str) -> str:
+def kind_reference(name: str, local: dict[str, str] | None = None) -> str:
     """The reference of one registry name ("quantize", "engine/onnxruntime") in Markdown:
     its summary, the keys that select it, and every parameter with type, default,
     description and examples."""
-    cls = step_class(name)
+    cls = step_class(name, local)
     kind, _, backend = name.partition("/")
     params = cls.Params
     hints = typing.get_type_hints(params, include_extras=True)

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from plugins.projects import CONFIG, ProjectDir
 
 from optbuild import reference
 from optbuild.steps import registry
@@ -18,8 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxsim", "onnxslim")
 
 
-def kinds(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "optbuild.cli", "kinds", *args], cwd=REPO,
+def kinds(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "optbuild.cli", "kinds", *args], cwd=cwd,
                           capture_output=True, text=True, check=False)
 
 
@@ -83,6 +84,28 @@ def test_unknown_kind_or_backend_is_an_error_with_a_suggestion(args, message):
     proc = kinds(*args)
     assert proc.returncode == 2
     assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_kinds_inside_a_project_lists_its_own_kinds_and_their_parameters(tmp_path):
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
+    proj.write("optbuild.toml", CONFIG)
+    listing = kinds(cwd=proj.root)
+    assert listing.returncode == 0, listing.stderr
+    text = next(line for line in listing.stdout.splitlines() if line.split()[:1] == ["text"])
+    assert text.endswith("[project: kinds.py]")
+    assert any(line.split()[:1] == ["quantize"] for line in listing.stdout.splitlines())  # built-ins too
+    one = kinds("text", cwd=proj.root)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.startswith("## text\n") and 'kind = "text"' in one.stdout
+
+
+def test_kinds_names_the_broken_kinds_entry_of_the_project(tmp_path):
+    proj = ProjectDir(tmp_path / "proj")
+    proj.write("optbuild.toml", '[kinds]\nmine = "missing.py:Mine"\n')
+    proc = kinds(cwd=proj.root)
+    assert proc.returncode == 2
+    assert "kinds.mine" in proc.stderr and "missing.py" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
