@@ -268,6 +268,9 @@ def _describe_gc(report: Any, lock_name: str, grace_s: float, *, damaged: bool) 
             lines.append(f"kept {every}{_count(kept.entries, 'entry')} ({human_size(kept.bytes)}): {why}")
     if not report.ok:
         lines.append("the kept entries alone exceed the limit")
+    if report.failures_forgotten:
+        lines.append(f"forgot {_count(report.failures_forgotten, 'remembered failure')} older than a week "
+                     "(those steps run again when next built)")
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ writable.
 from __future__ import annotations
 
 import json
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from optbuild.store.entry import EntryError, check_digest, check_json_bounds
 
 FORMAT = 1
 MAX_LOG_CHARS = 256 << 10  # the log's tail: enough to read the failure, small enough to keep
+MAX_AGE_S = 7 * 24 * 3600.0  # gc forgets older failures (a forgotten one just runs again)
 
 
 @dataclass(frozen=True)
@@ -76,3 +78,25 @@ class FailureStore:
     def drop(self, key: str) -> None:
         if self.writable:
             self._path(key).unlink(missing_ok=True)
+
+    def prune(self, max_age_s: float = MAX_AGE_S) -> int:
+        """Forget failures recorded more than ``max_age_s`` ago (and temp files as old: their
+        writer is gone); how many went. Plain files only: nothing else is followed or
+        removed. Keys change with every edit, so records would otherwise pile up."""
+        oldest = time.time() - max_age_s
+        dropped = 0
+        try:
+            names = list(self.folder.iterdir())
+        except FileNotFoundError:
+            return 0
+        for path in names:
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if st.st_mtime < oldest:
+                path.unlink(missing_ok=True)
+                dropped += 1
+        return dropped

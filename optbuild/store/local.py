@@ -50,6 +50,7 @@ from optbuild.store.entry import (
     is_digest,
     read_entry,
 )
+from optbuild.store.failures import FailureStore
 from optbuild.store.flock import locked
 
 _LOCK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
@@ -114,6 +115,7 @@ class GcReport:
     locked: Kept = Kept()  # in ``keep`` (the lock file's), which gc would otherwise have evicted
     recent: Kept = Kept()  # used within the grace period, which gc would otherwise have evicted
     within_limit: Kept = Kept()  # never reached: the cache fit the bound before their turn
+    failures_forgotten: int = 0  # remembered failures older than failures.MAX_AGE_S
 
     @property
     def ok(self) -> bool:
@@ -673,7 +675,8 @@ class LocalStore:
             self.clean_stale_tmp()
             why = {reason: Kept(len(entries), sum(sizes.get(d, 0) for d in _digests(entries)))
                    for reason, entries in kept.items()}
-            return GcReport(evicted, deleted, before - now, now, max_bytes, **why)
+            return GcReport(evicted, deleted, before - now, now, max_bytes, **why,
+                            failures_forgotten=FailureStore(self.root).prune())
 
 
 # --- helpers ---------------------------------------------------------------------------

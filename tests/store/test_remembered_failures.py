@@ -5,6 +5,7 @@ parked with enabled = false."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,22 @@ def test_retry_failed_runs_it_and_a_changed_key_runs_it(failing, tmp_path):
     fixed = build(failing, marker)
     assert marker.exists() and fixed.returncode == 0
     assert fixed.steps("built") == ["f:after", "f:bad"]
+
+
+def test_gc_forgets_failures_older_than_a_week_and_they_run_again(failing, tmp_path):
+    marker = tmp_path / "started"
+    build(failing, marker)
+    (record,) = (failing.root / "cache" / "failed").iterdir()
+    week_and_a_day = time.time() - 8 * 24 * 3600
+    gc = failing.cli("cache", "gc")
+    assert gc.returncode == 0 and "forgot" not in gc.stdout  # a recent one stays
+    os.utime(record, (week_and_a_day, week_and_a_day))
+    gc = failing.cli("cache", "gc")
+    assert gc.returncode == 0, gc.stderr
+    assert "forgot 1 remembered failure older than a week" in gc.stdout
+    assert not record.exists()
+    again = build(failing, marker)
+    assert marker.exists() and again.steps("failed") == ["f:bad"]  # ran, not recalled
 
 
 def test_a_crash_is_not_remembered(project, tmp_path):
