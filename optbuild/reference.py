@@ -7,13 +7,17 @@ cannot drift from the code. Only step modules are imported, and they import noth
 
 from __future__ import annotations
 
+import ast
 import difflib
+import functools
 import inspect
+import itertools
 import json
 import re
 import textwrap
 import types
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import annotated_types
@@ -89,19 +93,53 @@ def kind_reference(name: str, local: dict[str, str] | None = None) -> str:
     for field_name, field in params.model_fields.items():
         if field_name == "backend" and backend:
             continue  # shown with kind above
-        lines += _parameter(field_name, field, hints[field_name])
+        lines += _parameter(field_name, field, hints[field_name], description(params, field_name))
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _parameter(name: str, field: FieldInfo, annotation: Any) -> list[str]:
+def description(model: type[BaseModel], name: str) -> str | None:
+    """What field ``name`` of ``model`` means: its ``description=`` if it has one, else the
+    docstring under it in the source. Read here, for the reference only: pydantic's
+    ``use_attribute_docstrings`` would parse each params class's module when it is defined,
+    on every build (about 5 ms a class)."""
+    return model.model_fields[name].description or _docstrings(model).get(name)
+
+
+@functools.cache
+def _docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """Attribute docstrings of ``model`` and of its bases (a subclass's win)."""
+    found: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if cls is BaseModel or not issubclass(cls, BaseModel):
+            continue
+        node = next((n for n in _module_tree(inspect.getsourcefile(cls) or "").body
+                     if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None)
+        body = node.body if node is not None else []
+        for field, doc in itertools.pairwise(body):
+            if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                    and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+                    and isinstance(doc.value.value, str)):
+                found[field.target.id] = inspect.cleandoc(doc.value.value)
+    return found
+
+
+@functools.cache
+def _module_tree(path: str) -> ast.Module:
+    try:
+        return ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _parameter(name: str, field: FieldInfo, annotation: Any, text: str | None) -> list[str]:
     if field.is_required():
         default = "**required**"
     else:
         value = field.get_default(call_default_factory=True)
         default = "default: not set" if value is None else f"default: `{toml(value)}`"
     lines = [f"- `{name}`: {type_text(annotation)}{_bounds(field)}; {default}"]
-    if field.description:
-        lines.append(textwrap.fill(field.description, WIDTH, initial_indent="  ", subsequent_indent="  ",
+    if text:
+        lines.append(textwrap.fill(text, WIDTH, initial_indent="  ", subsequent_indent="  ",
                                    break_long_words=False, break_on_hyphens=False))
     for example in field.examples or []:
         lines.append(f"  Example: `{name} = {toml(example)}`")
@@ -325,7 +363,7 @@ def inputs_reference() -> str:
     hints = typing.get_type_hints(InputDecl, include_extras=True)
     lines = [_INPUTS, "Keys of `[inputs.NAME]` (all optional):", ""]
     for field_name, field in InputDecl.model_fields.items():
-        lines += _parameter(field_name, field, hints[field_name])
+        lines += _parameter(field_name, field, hints[field_name], description(InputDecl, field_name))
     return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,7 @@ def test_docs_steps_md_is_current():
 def test_every_parameter_is_described_with_valid_toml_examples(name):
     params = reference.step_class(name).Params
     for field_name, field in params.model_fields.items():
-        assert field.description, f"{name}: parameter {field_name!r} has no description"
+        assert reference.description(params, field_name), f"{name}: parameter {field_name!r} has no description"
         assert field.examples, f"{name}: parameter {field_name!r} has no example"
         for example in field.examples:
             tomllib.loads(f"{field_name} = {reference.toml(example)}")

@@ -67,10 +67,15 @@ InputPath = Annotated[str, INPUT_PATH]
 CallableRef = Annotated[str, AfterValidator(_check_callable), CALLABLE_REF]
 
 
-class StepParams(BaseModel):
-    """Base of every step's parameters: unknown keys are errors, values are immutable."""
+class RecipeTable(BaseModel):
+    """A table a recipe writes: unknown keys are errors, values are immutable. The docstring
+    under a field is its description, which optbuild.reference reads from the source."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StepParams(RecipeTable):
+    """Base of every step's parameters."""
 
 
 def _has_marker(annotation: Any, marker: _Marker) -> bool:

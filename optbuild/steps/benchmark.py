@@ -66,31 +66,22 @@ GPU_TIMING_FIELDS = ("gpu.0.name",)
 
 
 class BenchmarkParams(StepParams):
-    input: StepRef = Field(
-        description="The step whose model is measured: an ONNX or ORT-format model (onnxruntime, "
-                    "CPU), or an engine step (backend 'tensorrt' / 'tensorrt-rtx': on gpu.0; "
-                    "'openvino': on the CPU), run by its backend (the step is unavailable on hosts "
-                    "that cannot run it). Its files are the step's outputs, unchanged.",
-        examples=["quantize_int8"])
-    check: StepRef | None = Field(
-        None,
-        description="A verify step whose candidate is this same model (the same content): its "
-                    "report's passed and worst cosine, max_abs and top-1 are copied into "
-                    "benchmark.json ('verify'). Not set: 'verify' is null.",
-        examples=["verify_int8"])
-    runs: int = Field(
-        50, ge=1,
-        description="Timed inferences; p50 / p90 / p99 / mean latency are over these.",
-        examples=[200])
-    warmup: int = Field(
-        5, ge=0,
-        description="Untimed inferences before timing (caches, thread pools, lazy initialization).",
-        examples=[20])
-    threads: int | None = Field(
-        None, ge=1,
-        description="Intra-op threads of the runtime (onnxruntime, OpenVINO). Not set: the "
-                    "runtime's default.",
-        examples=[4])
+    input: StepRef = Field(examples=["quantize_int8"])
+    """The step whose model is measured: an ONNX or ORT-format model (onnxruntime, CPU), or an
+    engine step (backend 'tensorrt' / 'tensorrt-rtx': on gpu.0; 'openvino': on the CPU), run by
+    its backend (the step is unavailable on hosts that cannot run it). Its files are the step's
+    outputs, unchanged."""
+    check: StepRef | None = Field(None, examples=["verify_int8"])
+    """A verify step whose candidate is this same model (the same content): its report's passed
+    and worst cosine, max_abs and top-1 are copied into benchmark.json ('verify'). Not set:
+    'verify' is null."""
+    runs: int = Field(50, ge=1, examples=[200])
+    """Timed inferences; p50 / p90 / p99 / mean latency are over these."""
+    warmup: int = Field(5, ge=0, examples=[20])
+    """Untimed inferences before timing (caches, thread pools, lazy initialization)."""
+    threads: int | None = Field(None, ge=1, examples=[4])
+    """Intra-op threads of the runtime (onnxruntime, OpenVINO). Not set: the runtime's
+    default."""
     seed: int = fields.seed_field(note=" Floats are standard normal, integers uniform in [0, 8), "
                                        "booleans uniform, unless declared.")
     dynamic_size: int = fields.dynamic_size_field(

@@ -82,48 +82,32 @@ class CalibrateParams(StepParams):
     data_args: dict[str, DataArg] = fields.data_args_field()
     samples: int | None = fields.samples_field("Use at most this many samples (feed dicts) of data. Not "
                                                "set: all of them (a data callable must then end).")
-    method: Literal["minmax", "entropy", "percentile"] = Field(
-        "minmax",
-        description="How observed values become one [min, max] range per tensor: 'minmax' (the "
-                    "extremes seen), 'entropy' (the range that minimizes KL divergence of the "
-                    "quantized histogram) or 'percentile' (clips the tails at `percentile`).",
-        examples=["percentile"])
-    symmetric: bool | None = Field(
-        None,
-        description="Ask for ranges symmetric around 0, (-m, m). Not set: onnxruntime's default "
-                    "(true for percentile, false for minmax and entropy).",
-        examples=[True])
-    op_types: list[str] = Field(
-        [],
-        description="Calibrate only the inputs and outputs of nodes of these ONNX op types. "
-                    "Empty: every float tensor.",
-        examples=[["Conv", "MatMul", "Gemm"]])
-    percentile: float = Field(
-        99.999, gt=50, le=100,
-        description="percentile only: the percentile (50 < p <= 100) of |x| (symmetric) or of "
-                    "each tail that bounds the range.",
-        examples=[99.99])
-    num_bins: int | None = Field(
-        None, ge=16, le=65536,
-        description="entropy and percentile only: histogram bins (16 to 65536). Not set: "
-                    "onnxruntime's (entropy 128, percentile 2048). For entropy to clip outliers, "
-                    "give more than num_quantized_bins (e.g. 512 or 2048).",
-        examples=[2048])
-    num_quantized_bins: int = Field(
-        128, ge=16, le=65536,
-        description="entropy only: bins of the quantized histogram the search compares with "
-                    "(16 to 65536, at most num_bins).",
-        examples=[256])
-    moving_average: bool = Field(
-        False,
-        description="minmax only: a moving average of the per-sample minima and maxima instead of "
-                    "the overall extremes.",
-        examples=[True])
-    averaging_constant: float = Field(
-        0.01, gt=0, lt=1,
-        description="minmax with moving_average = true: the averaging weight of each new sample "
-                    "(0 < c < 1).",
-        examples=[0.1])
+    method: Literal["minmax", "entropy", "percentile"] = Field("minmax", examples=["percentile"])
+    """How observed values become one [min, max] range per tensor: 'minmax' (the extremes seen),
+    'entropy' (the range that minimizes KL divergence of the quantized histogram) or
+    'percentile' (clips the tails at `percentile`)."""
+    symmetric: bool | None = Field(None, examples=[True])
+    """Ask for ranges symmetric around 0, (-m, m). Not set: onnxruntime's default (true for
+    percentile, false for minmax and entropy)."""
+    op_types: list[str] = Field([], examples=[["Conv", "MatMul", "Gemm"]])
+    """Calibrate only the inputs and outputs of nodes of these ONNX op types. Empty: every float
+    tensor."""
+    percentile: float = Field(99.999, gt=50, le=100, examples=[99.99])
+    """percentile only: the percentile (50 < p <= 100) of |x| (symmetric) or of each tail that
+    bounds the range."""
+    num_bins: int | None = Field(None, ge=16, le=65536, examples=[2048])
+    """entropy and percentile only: histogram bins (16 to 65536). Not set: onnxruntime's
+    (entropy 128, percentile 2048). For entropy to clip outliers, give more than
+    num_quantized_bins (e.g. 512 or 2048)."""
+    num_quantized_bins: int = Field(128, ge=16, le=65536, examples=[256])
+    """entropy only: bins of the quantized histogram the search compares with (16 to 65536, at
+    most num_bins)."""
+    moving_average: bool = Field(False, examples=[True])
+    """minmax only: a moving average of the per-sample minima and maxima instead of the overall
+    extremes."""
+    averaging_constant: float = Field(0.01, gt=0, lt=1, examples=[0.1])
+    """minmax with moving_average = true: the averaging weight of each new sample (0 < c <
+    1)."""
 
     @model_validator(mode="after")
     def _method_options(self) -> CalibrateParams:

@@ -52,23 +52,17 @@ _GPU = ("CUDAExecutionProvider", "ROCMExecutionProvider")
 
 
 class OrtEngineParams(StepParams):
-    backend: Literal["onnxruntime"] = Field(
-        description="Selects this engine: an onnxruntime model optimized offline.",
-        examples=["onnxruntime"])
+    backend: Literal["onnxruntime"] = Field(examples=["onnxruntime"])
+    """Selects this engine: an onnxruntime model optimized offline."""
     input: StepRef = input_field("optimized (e.g. a simplify or quantize step).")
-    level: Literal["basic", "extended", "all"] = Field(
-        "extended",
-        description="onnxruntime's graph optimization level: 'basic' (constant folding, redundant "
-                    "nodes removed; plain ONNX), 'extended' (provider-specific fusions into "
-                    "com.microsoft ops) or 'all' (also layout changes such as NCHWc convolutions "
-                    "on x86). 'extended' and 'all' depend on the CPU: its arch and flags enter "
-                    "the key.",
-        examples=["all"])
-    format: Literal["onnx", "ort"] = Field(
-        "onnx",
-        description="'onnx' writes model.onnx; 'ort' writes model.ort, the ORT format that "
-                    "minimal onnxruntime builds load.",
-        examples=["ort"])
+    level: Literal["basic", "extended", "all"] = Field("extended", examples=["all"])
+    """onnxruntime's graph optimization level: 'basic' (constant folding, redundant nodes
+    removed; plain ONNX), 'extended' (provider-specific fusions into com.microsoft ops) or 'all'
+    (also layout changes such as NCHWc convolutions on x86). 'extended' and 'all' depend on the
+    CPU: its arch and flags enter the key."""
+    format: Literal["onnx", "ort"] = Field("onnx", examples=["ort"])
+    """'onnx' writes model.onnx; 'ort' writes model.ort, the ORT format that minimal onnxruntime
+    builds load."""
     provider: str = Field(
         "CPUExecutionProvider",
         description="The execution provider to optimize for: " + ", ".join(PROVIDERS) + ". "
@@ -209,7 +203,7 @@ class OrtEngine(Step):
         from optbuild.compare import compare_outputs
         from optbuild.samples import describe_tried, feeds
         from optbuild.steps.inputdecl import check_declarations
-        from optbuild.steps.rewrite_check import blame, reference_runner, shapes
+        from optbuild.steps.rewrite_check import blame, infer_outputs, reference_runner, shapes
 
         p = self.params
         label, decls = ctx.inputs["input"].step, p.inputs
@@ -225,8 +219,7 @@ class OrtEngine(Step):
                 except Exception as exc:
                     raise blame(exc, source, feed, label, f"the level-{p.level} model",
                                 describe_tried(specs, decls, [check]), ctx.host) from None
-                expected = reference.infer(feed)
-                result = compare_outputs(names, [expected[n] for n in names], got)
+                result = compare_outputs(names, infer_outputs(reference, feed, names), got)
                 failure = result.failure(p.tolerance, p.atol)
                 if failure:
                     raise StepError(f"the level-{p.level} model disagrees with its input (check {check}, "

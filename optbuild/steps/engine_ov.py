@@ -68,7 +68,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.base import module_missing
 from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
@@ -76,7 +76,7 @@ from optbuild.backends.openvino.loader import RT_INFO_HINT, RT_INFO_PRECISION
 from optbuild.errors import StepError
 from optbuild.samples import DataArg, is_callable_source, non_default
 from optbuild.steps import fields
-from optbuild.steps.base import StepContext, StepParams, StepRef
+from optbuild.steps.base import RecipeTable, StepContext, StepParams, StepRef
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 from optbuild.steps.rewrite_check import Atol, atol_field
 from optbuild.workerpool import ONNX_TOOLS
@@ -97,27 +97,19 @@ OV_TYPES = {"Gemm": "MatMul", "LayerNormalization": "MVN", "Conv": "Convolution"
             "Pow": "Power", "Attention": "ScaledDotProductAttention", "BatchNormalization": "BatchNormInference"}
 
 
-class IgnoredScope(BaseModel):
+class IgnoredScope(RecipeTable):
     """Ops NNCF leaves float (nncf.IgnoredScope); every entry must match an op."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    names: list[str] = Field(
-        [],
-        description="OpenVINO op names, exactly. Converted from ONNX, an op mostly keeps the ONNX "
-                    "node's name, but a Gemm 'g' with a bias becomes the MatMul 'g/WithoutBiases' "
-                    "and an Add 'g', an op that gives a model output takes the output's name, and "
-                    "decomposed ops get new names ('MVN_10').",
-        examples=[["/head/Gemm/WithoutBiases"]])
-    types: list[str] = Field(
-        [],
-        description="OpenVINO op types (not ONNX's): 'MatMul', 'Convolution', 'MVN' (layer "
-                    "normalization), 'Softmax', 'ScaledDotProductAttention'...",
-        examples=[["ScaledDotProductAttention"]])
-    patterns: list[str] = Field(
-        [],
-        description="Regular expressions (Python's), matched from the start of the op names.",
-        examples=[["/head/", ".*/attn/out/"]])
+    names: list[str] = Field([], examples=[["/head/Gemm/WithoutBiases"]])
+    """OpenVINO op names, exactly. Converted from ONNX, an op mostly keeps the ONNX node's
+    name, but a Gemm 'g' with a bias becomes the MatMul 'g/WithoutBiases' and an Add 'g', an
+    op that gives a model output takes the output's name, and decomposed ops get new names
+    ('MVN_10')."""
+    types: list[str] = Field([], examples=[["ScaledDotProductAttention"]])
+    """OpenVINO op types (not ONNX's): 'MatMul', 'Convolution', 'MVN' (layer normalization),
+    'Softmax', 'ScaledDotProductAttention'..."""
+    patterns: list[str] = Field([], examples=[["/head/", ".*/attn/out/"]])
+    """Regular expressions (Python's), matched from the start of the op names."""
 
     @field_validator("patterns")
     @classmethod
@@ -137,97 +129,69 @@ class IgnoredScope(BaseModel):
 
 
 class OpenVINOEngineParams(StepParams):
-    backend: Literal["openvino"] = Field(
-        description="Selects this engine: an OpenVINO IR (model.xml + model.bin) for OpenVINO's "
-                    "CPU plugin.",
-        examples=["openvino"])
+    backend: Literal["openvino"] = Field(examples=["openvino"])
+    """Selects this engine: an OpenVINO IR (model.xml + model.bin) for OpenVINO's CPU plugin."""
     input: StepRef = fields.input_field("converted (e.g. a simplify step; for int8 give the float model: "
                                         "NNCF quantizes it).")
-    precision: Literal["fp32", "fp16", "int8"] = Field(
-        "fp32",
-        description="'fp32': the converted model as it is; 'fp16': weights stored as float16 (half "
-                    "the file; computed at the CPU's default inference precision); 'int8': NNCF "
-                    "post-training quantization over `calibration` (FakeQuantize ops the CPU plugin "
-                    "runs as INT8 kernels).",
-        examples=["int8"])
+    precision: Literal["fp32", "fp16", "int8"] = Field("fp32", examples=["int8"])
+    """'fp32': the converted model as it is; 'fp16': weights stored as float16 (half the file;
+    computed at the CPU's default inference precision); 'int8': NNCF post-training quantization
+    over `calibration` (FakeQuantize ops the CPU plugin runs as INT8 kernels)."""
     calibration: fields.DataSource | None = fields.data_field(
         "int8 only, and required there: calibration samples", default=None)
     calibration_args: dict[str, DataArg] = fields.data_args_field("calibration_args", source="calibration")
     samples: int = fields.samples_field(
         "int8 only: use at most this many calibration samples (NNCF's subset_size; fewer when the data "
         "holds fewer). A data callable may be infinite.", default=300)
-    preset: Literal["performance", "mixed"] | None = Field(
-        None,
-        description="int8 only: NNCF's quantization preset. 'performance': symmetric weights and "
-                    "activations; 'mixed': symmetric weights, asymmetric activations (better for "
-                    "activations that are not centred on 0, e.g. after GELU or in transformers). "
-                    "Not set: 'mixed' with model_type 'transformer' (NNCF's default there), else "
-                    "'performance'.",
-        examples=["mixed"])
-    model_type: Literal["transformer"] | None = Field(
-        None,
-        description="int8 only: 'transformer' (nncf.ModelType.TRANSFORMER) for transformer "
-                    "models: NNCF keeps their Add, Multiply, MVN (layer norm), reductions and other "
-                    "element-wise ops float, quantizes the MatMuls (both inputs symmetric where neither is a "
-                    "weight), first migrates activation outliers into the MatMul weights "
-                    "(SmoothQuant, see smooth_quant_alpha), and the preset defaults to 'mixed'. "
-                    "Not set: a generic model (CNNs).",
-        examples=["transformer"])
+    preset: Literal["performance", "mixed"] | None = Field(None, examples=["mixed"])
+    """int8 only: NNCF's quantization preset. 'performance': symmetric weights and activations;
+    'mixed': symmetric weights, asymmetric activations (better for activations that are not
+    centred on 0, e.g. after GELU or in transformers). Not set: 'mixed' with model_type
+    'transformer' (NNCF's default there), else 'performance'."""
+    model_type: Literal["transformer"] | None = Field(None, examples=["transformer"])
+    """int8 only: 'transformer' (nncf.ModelType.TRANSFORMER) for transformer models: NNCF keeps
+    their Add, Multiply, MVN (layer norm), reductions and other element-wise ops float,
+    quantizes the MatMuls (both inputs symmetric where neither is a weight), first migrates
+    activation outliers into the MatMul weights (SmoothQuant, see smooth_quant_alpha), and the
+    preset defaults to 'mixed'. Not set: a generic model (CNNs)."""
     ignored_scope: IgnoredScope | None = Field(
         None,
-        description="int8 only: ops NNCF leaves float (nncf.IgnoredScope), a table of lists: "
-                    "`names` (OpenVINO op names: mostly the ONNX node names, but a Gemm 'g' with a "
-                    "bias becomes the MatMul 'g/WithoutBiases'), `types` (OpenVINO op types: 'MatMul', "
-                    "'MVN', 'Softmax'...) and `patterns` (regular expressions matched from the "
-                    "start of op names). Each entry must match an op of the converted model, or "
-                    "the step fails naming it (with close op names).",
         examples=[{"patterns": ["/head/"]}, {"names": ["/head/Gemm/WithoutBiases"], "types": ["Softmax"]}])
-    smooth_quant_alpha: float | None = Field(
-        None,
-        description="int8 with model_type 'transformer' only: SmoothQuant's migration strength for "
-                    "MatMuls, in [0, 1] (how much of the activations' outlier range moves into the "
-                    "weights: 0.5 balances them), or -1 to skip SmoothQuant. Not set: NNCF's "
-                    "default, 0.95.",
-        examples=[0.5, -1])
-    overflow_fix: Literal["enable", "first_layer", "disable"] | None = Field(
-        None,
-        description="int8 only: NNCF's overflow fix, 7-bit weights (7-bit range, 8-bit storage) "
-                    "for the layers it names: 'enable' all, 'first_layer' the first one, "
-                    "'disable' none. x86 CPUs without VNNI (AVX2 only, or older) add uint8 x int8 "
-                    "products in 16-bit sums that saturate with 8-bit weights (as the quantize "
-                    "step's reduce_range); VNNI, AMX and ARM CPUs need no fix. Not set: NNCF's "
-                    "default, 'first_layer'.",
-        examples=["enable"])
-    hint: Literal["latency", "throughput"] = Field(
-        "latency",
-        description="OpenVINO's performance hint, applied when the model is compiled: 'latency' "
-                    "(one stream, all cores on one request) or 'throughput' (several streams for "
-                    "parallel requests). Stored in the IR's rt_info and in engine.json; it does "
-                    "not change the graph.",
-        examples=["throughput"])
-    inputs: StepInputs = Field(
-        None,
-        description="What the model's inputs take (see 'Model inputs'); replaces the recipe's "
-                    "[inputs.NAME] entry of the same input. A declared shape becomes the IR's "
-                    "input shape: a size fixes the dim (static shapes compile to faster CPU "
-                    "kernels), a range [min, max] or [min, opt, max] bounds it. The check's seeded "
-                    "inputs follow the declarations.",
-        examples=[{"x": {"shape": [1, 3, 224, 224]}}])
-    check: int = Field(
-        3, ge=0,
-        description="How many comparisons with the input model (run by onnxruntime) to make: "
-                    "seeded random inputs for fp32 and fp16, the first calibration samples for "
-                    "int8. 0 skips them: the IR must still compile for the CPU.",
-        examples=[0])
+    """int8 only: ops NNCF leaves float (nncf.IgnoredScope), a table of lists: `names` (OpenVINO
+    op names: mostly the ONNX node names, but a Gemm 'g' with a bias becomes the MatMul
+    'g/WithoutBiases'), `types` (OpenVINO op types: 'MatMul', 'MVN', 'Softmax'...) and
+    `patterns` (regular expressions matched from the start of op names). Each entry must match
+    an op of the converted model, or the step fails naming it (with close op names)."""
+    smooth_quant_alpha: float | None = Field(None, examples=[0.5, -1])
+    """int8 with model_type 'transformer' only: SmoothQuant's migration strength for MatMuls, in
+    [0, 1] (how much of the activations' outlier range moves into the weights: 0.5 balances
+    them), or -1 to skip SmoothQuant. Not set: NNCF's default, 0.95."""
+    overflow_fix: Literal["enable", "first_layer", "disable"] | None = Field(None, examples=["enable"])
+    """int8 only: NNCF's overflow fix, 7-bit weights (7-bit range, 8-bit storage) for the layers
+    it names: 'enable' all, 'first_layer' the first one, 'disable' none. x86 CPUs without VNNI
+    (AVX2 only, or older) add uint8 x int8 products in 16-bit sums that saturate with 8-bit
+    weights (as the quantize step's reduce_range); VNNI, AMX and ARM CPUs need no fix. Not set:
+    NNCF's default, 'first_layer'."""
+    hint: Literal["latency", "throughput"] = Field("latency", examples=["throughput"])
+    """OpenVINO's performance hint, applied when the model is compiled: 'latency' (one stream,
+    all cores on one request) or 'throughput' (several streams for parallel requests). Stored in
+    the IR's rt_info and in engine.json; it does not change the graph."""
+    inputs: StepInputs = Field(None, examples=[{"x": {"shape": [1, 3, 224, 224]}}])
+    """What the model's inputs take (see 'Model inputs'); replaces the recipe's [inputs.NAME]
+    entry of the same input. A declared shape becomes the IR's input shape: a size fixes the dim
+    (static shapes compile to faster CPU kernels), a range [min, max] or [min, opt, max] bounds
+    it. The check's seeded inputs follow the declarations."""
+    check: int = Field(3, ge=0, examples=[0])
+    """How many comparisons with the input model (run by onnxruntime) to make: seeded random
+    inputs for fp32 and fp16, the first calibration samples for int8. 0 skips them: the IR must
+    still compile for the CPU."""
     tolerance: float | None = fields.tolerance_field(
         "the IR", default=None, example=1e-4,
         unset=" Not set: 1e-3 for fp32, 1e-2 for fp16, not checked for int8 (min_cosine is).")
-    min_cosine: float | None = Field(
-        None, ge=-1, le=1,
-        description="Smallest accepted cosine similarity between a float output of the IR and "
-                    "the input model's, over all comparisons (values concatenated). Not set: 0.99 "
-                    "for int8, not checked for fp32 and fp16 (tolerance is).",
-        examples=[0.995])
+    min_cosine: float | None = Field(None, ge=-1, le=1, examples=[0.995])
+    """Smallest accepted cosine similarity between a float output of the IR and the input
+    model's, over all comparisons (values concatenated). Not set: 0.99 for int8, not checked for
+    fp32 and fp16 (tolerance is)."""
     atol: Atol = atol_field()
 
     @model_validator(mode="after")
@@ -456,7 +420,7 @@ class OpenVINOEngine(fields.DataSourceStep):
         from optbuild.compare import compare_outputs
         from optbuild.errors import first_line
         from optbuild.samples import describe_tried, feeds
-        from optbuild.steps.rewrite_check import blame, entered_onnx, shapes
+        from optbuild.steps.rewrite_check import blame, entered_onnx, infer_outputs, shapes
 
         p = self.params
         with OpenVINORunner(out, hint=p.hint, inference_precision="f32") as runner, contextlib.ExitStack() as stack:
@@ -484,23 +448,22 @@ class OpenVINOEngine(fields.DataSourceStep):
                 tried = (f"fed calibration sample {i}" if p.precision == "int8"
                          else describe_tried(specs, p.inputs, [i]))
                 try:
-                    ran = reference.infer(feed)
-                    expected = [ran[n] for n in names]
+                    expected = infer_outputs(reference, feed, names)
                 except Exception as exc:
                     raise StepError(f"the input model of {label} does not run on the inputs the check made "
                                     f"({shapes(feed)}): {first_line(exc)}. {tried}") from None
                 try:
-                    got = runner.infer(feed)
+                    got = infer_outputs(runner, feed, names)
                 except Exception as exc:
                     raise blame(exc, source, feed, label, f"the {LABEL} IR", tried, ctx.host) from None
-                result = compare_outputs(names, expected, [got[n] for n in names])
+                result = compare_outputs(names, expected, got)
                 failure = result.failure(tolerance, p.atol) if tolerance is not None else result.problem
                 if failure:
                     raise StepError(f"the {p.precision} {LABEL} IR disagrees with {label} (check {i}, "
                                     f"inputs {shapes(feed)}): {failure}")
-                for name, ref in zip(names, expected):
+                for name, ref, cand in zip(names, expected, got):
                     seen[name][0].append(ref)
-                    seen[name][1].append(got[name])
+                    seen[name][1].append(cand)
                 worst_abs, worst_rel = max(worst_abs, result.max_abs), max(worst_rel, result.max_rel)
         cosines = {name: cos for name, (refs, cands) in seen.items() if (cos := _float_cosine(refs, cands)) is not None}
         for name, cos in cosines.items():

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from optbuild.atomic import write_atomic
 from optbuild.backends.base import module_missing
@@ -61,7 +61,7 @@ from optbuild.backends.tensorrt.host import (
 )
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
 from optbuild.errors import StepError, StepUnavailable
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import RecipeTable, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import input_field
 from optbuild.steps.inputdecl import InputDecls, StepInputs
 from optbuild.workerpool import ONNX_TOOLS
@@ -71,15 +71,15 @@ if typing.TYPE_CHECKING:
 
 
 # --- parameters --------------------------------------------------------------------------
-class ShapeRange(BaseModel):
+class ShapeRange(RecipeTable):
     """min / opt / max shapes of one input in one optimization profile."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    min: list[int] = Field(description="The smallest shape the engine accepts, one positive "
-                                       "size per dimension.")
-    opt: list[int] = Field(description="The shape TensorRT tunes its kernels for.")
-    max: list[int] = Field(description="The largest shape the engine accepts.")
+    min: list[int]
+    """The smallest shape the engine accepts, one positive size per dimension."""
+    opt: list[int]
+    """The shape TensorRT tunes its kernels for."""
+    max: list[int]
+    """The largest shape the engine accepts."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ShapeRange:
@@ -115,36 +115,26 @@ class EngineParams(StepParams):
     input: StepRef = input_field("built into an engine. Precision comes from the graph: a quantize step "
                                  "with mode 'fp16' for FP16, a Q/DQ model (mode 'static', activation_type "
                                  "'int8', symmetric) for INT8.")
-    profiles: list[Profile] = Field(
-        default_factory=list,
-        description="Optimization profiles for dynamic inputs: a list of tables, each mapping "
-                    "input name -> { min = [...], opt = [...], max = [...] } (shapes of the same "
-                    "rank, min <= opt <= max in every dimension; a dimension the model fixes must "
-                    "be that size in all three; dimensions the ONNX model gives one name, within or "
-                    "across inputs, must be given equal sizes, as TensorRT takes them as one, "
-                    "checked before building). Every dynamic input must appear in every "
-                    "profile; required when the model has dynamic inputs whose shapes 'inputs' does not "
-                    "declare (checked when it is parsed). Empty: one profile from the declared "
-                    "shapes, or none when the model's inputs are all static. At run time each input "
-                    "batch must fit one profile.",
-        examples=[profile_form.EXAMPLE])
-    inputs: StepInputs = Field(
-        None,
-        description="What the model's inputs take (see 'Model inputs'); replaces the recipe's "
-                    "[inputs.NAME] entry of the same input. Without profiles, one profile is made "
-                    "from the declared shapes: min, opt and max of each dim's range (dims the model "
-                    "gives one name must be declared alike).",
-        examples=[{"x": {"shape": [[1, 4, 8], 3, 224, 224]}}])
-    optimization_level: int = Field(
-        3, ge=0, le=5,
-        description="TensorRT's builder optimization level: 0 (fastest build) to 5 (slowest "
-                    "build, most tactics tried).",
-        examples=[5])
-    workspace: int | None = Field(
-        None,
-        description="Limit of the builder's workspace memory pool: bytes, or a size string such "
-                    "as \"1 GiB\" or \"512MB\". Not set: TensorRT's default (the device's memory).",
-        examples=["2 GiB"])
+    profiles: list[Profile] = Field(default_factory=list, examples=[profile_form.EXAMPLE])
+    """Optimization profiles for dynamic inputs: a list of tables, each mapping input name -> {
+    min = [...], opt = [...], max = [...] } (shapes of the same rank, min <= opt <= max in every
+    dimension; a dimension the model fixes must be that size in all three; dimensions the ONNX
+    model gives one name, within or across inputs, must be given equal sizes, as TensorRT takes
+    them as one, checked before building). Every dynamic input must appear in every profile;
+    required when the model has dynamic inputs whose shapes 'inputs' does not declare (checked
+    when it is parsed). Empty: one profile from the declared shapes, or none when the model's
+    inputs are all static. At run time each input batch must fit one profile."""
+    inputs: StepInputs = Field(None, examples=[{"x": {"shape": [[1, 4, 8], 3, 224, 224]}}])
+    """What the model's inputs take (see 'Model inputs'); replaces the recipe's [inputs.NAME]
+    entry of the same input. Without profiles, one profile is made from the declared shapes:
+    min, opt and max of each dim's range (dims the model gives one name must be declared
+    alike)."""
+    optimization_level: int = Field(3, ge=0, le=5, examples=[5])
+    """TensorRT's builder optimization level: 0 (fastest build) to 5 (slowest build, most
+    tactics tried)."""
+    workspace: int | None = Field(None, examples=["2 GiB"])
+    """Limit of the builder's workspace memory pool: bytes, or a size string such as "1 GiB" or
+    "512MB". Not set: TensorRT's default (the device's memory)."""
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -184,32 +174,25 @@ class EngineParams(StepParams):
 class TensorRTParams(EngineParams):
     _foreign = (_RTX_ONLY, "tensorrt-rtx")
 
-    backend: Literal["tensorrt"] = Field(
-        description="Selects this engine: TensorRT, built on and for this host's NVIDIA GPU.",
-        examples=["tensorrt"])
+    backend: Literal["tensorrt"] = Field(examples=["tensorrt"])
+    """Selects this engine: TensorRT, built on and for this host's NVIDIA GPU."""
     hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = Field(
-        "none",
-        description="Which GPUs the engine may run on besides the build GPU's kind: 'none' (that "
-                    "kind only), 'ampere+' (any Ampere or newer GPU; needs one to build) or "
-                    "'same-compute-capability' (GPUs of the build GPU's compute capability).",
-        examples=["ampere+"])
-    version_compatible: bool = Field(
-        False,
-        description="Build an engine that later TensorRT versions of the same major version can "
-                    "load.",
-        examples=[True])
+        "none", examples=["ampere+"])
+    """Which GPUs the engine may run on besides the build GPU's kind: 'none' (that kind only),
+    'ampere+' (any Ampere or newer GPU; needs one to build) or 'same-compute-capability' (GPUs
+    of the build GPU's compute capability)."""
+    version_compatible: bool = Field(False, examples=[True])
+    """Build an engine that later TensorRT versions of the same major version can load."""
     precision_flags: list[Literal["fp16", "bf16", "int8", "fp8", "int4", "fp4"]] = Field(
-        default_factory=list,
-        description="TensorRT 10 only: weakly typed builder precision flags (fp16, bf16, int8, "
-                    "fp8, int4, fp4). TensorRT 11 builds strongly typed networks only and rejects "
-                    "them: put the precision in the ONNX graph instead. Empty: strongly typed.",
-        examples=[["fp16"]])
+        default_factory=list, examples=[["fp16"]])
+    """TensorRT 10 only: weakly typed builder precision flags (fp16, bf16, int8, fp8, int4,
+    fp4). TensorRT 11 builds strongly typed networks only and rejects them: put the precision in
+    the ONNX graph instead. Empty: strongly typed."""
     fingerprint: Literal["exact", "compute-capability", "hardware-compatibility"] = Field(
-        "compute-capability",
-        description="What of the build GPU enters the key: 'exact' (its model and compute "
-                    "capability), 'compute-capability', or 'hardware-compatibility' (nothing beyond "
-                    "the hardware_compatibility level; needs it other than 'none').",
-        examples=["exact"])
+        "compute-capability", examples=["exact"])
+    """What of the build GPU enters the key: 'exact' (its model and compute capability),
+    'compute-capability', or 'hardware-compatibility' (nothing beyond the hardware_compatibility
+    level; needs it other than 'none')."""
 
     @field_validator("precision_flags")
     @classmethod
@@ -228,9 +211,8 @@ class TensorRTParams(EngineParams):
 class TensorRTRTXParams(EngineParams):
     _foreign = (_TRT_ONLY, "tensorrt")
 
-    backend: Literal["tensorrt-rtx"] = Field(
-        description="Selects this engine: TensorRT for RTX, compiled ahead of time without a GPU.",
-        examples=["tensorrt-rtx"])
+    backend: Literal["tensorrt-rtx"] = Field(examples=["tensorrt-rtx"])
+    """Selects this engine: TensorRT for RTX, compiled ahead of time without a GPU."""
     targets: list[str] = Field(
         default_factory=list,
         description="Compute capabilities to build for, written \"sm86\", \"sm_86\" or \"8.6\" "

@@ -65,71 +65,48 @@ STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
 
 
 class ExportParams(StepParams):
-    model: CallableRef = Field(
-        description="The PyTorch model, as 'file.py:callable' relative to the recipe file. Called "
-                    "with no arguments, it returns (module, example_inputs): a torch.nn.Module and a "
-                    "tensor or tuple of tensors, one per model input, in forward()'s order. The file "
-                    "and every project-local module it imports enter the key (read, never run, to "
-                    "make the key).",
-        examples=["models/cnn.py:build"])
-    weights: InputPath | None = Field(
-        None,
-        description="A state_dict file (.pt / .pth, loaded with torch.load(weights_only=True)) "
-                    "loaded into the module before export, relative to the recipe file. Not set: "
-                    "the module keeps the weights the callable gave it.",
-        examples=["weights/cnn.pt"])
-    weights_from: Annotated[StepRef | None, KEYED_WHEN_SET] = Field(
-        None,
-        description="The step whose main output is the state_dict to load, instead of a file: a "
-                    "checkpoint an earlier step wrote (an initialization, a fine-tuning). Loaded as "
-                    "weights is; its content enters the key as any upstream output does. Excludes "
-                    "weights.",
-        examples=["init_weights"])
-    opset: int = Field(
-        17, ge=7, le=23,
-        description="ONNX opset to export. 7 to 20 with exporter 'torchscript', 18 to 23 with "
-                    "'dynamo'; the exported model must declare exactly this opset.",
-        examples=[18])
-    input_names: list[str] = Field(
-        [],
-        description="Names of the graph inputs, in the order of the example inputs. Empty: the "
-                    "exporter's own names. Needed to name inputs in dynamic_axes.",
-        examples=[["image"]])
-    output_names: list[str] = Field(
-        [],
-        description="Names of the graph outputs, in the order forward() returns them. Empty: the "
-                    "exporter's own names.",
-        examples=[["logits"]])
+    model: CallableRef = Field(examples=["models/cnn.py:build"])
+    """The PyTorch model, as 'file.py:callable' relative to the recipe file. Called with no
+    arguments, it returns (module, example_inputs): a torch.nn.Module and a tensor or tuple of
+    tensors, one per model input, in forward()'s order. The file and every project-local module
+    it imports enter the key (read, never run, to make the key)."""
+    weights: InputPath | None = Field(None, examples=["weights/cnn.pt"])
+    """A state_dict file (.pt / .pth, loaded with torch.load(weights_only=True)) loaded into the
+    module before export, relative to the recipe file. Not set: the module keeps the weights the
+    callable gave it."""
+    weights_from: Annotated[StepRef | None, KEYED_WHEN_SET] = Field(None, examples=["init_weights"])
+    """The step whose main output is the state_dict to load, instead of a file: a checkpoint an
+    earlier step wrote (an initialization, a fine-tuning). Loaded as weights is; its content
+    enters the key as any upstream output does. Excludes weights."""
+    opset: int = Field(17, ge=7, le=23, examples=[18])
+    """ONNX opset to export. 7 to 20 with exporter 'torchscript', 18 to 23 with 'dynamo'; the
+    exported model must declare exactly this opset."""
+    input_names: list[str] = Field([], examples=[["image"]])
+    """Names of the graph inputs, in the order of the example inputs. Empty: the exporter's own
+    names. Needed to name inputs in dynamic_axes."""
+    output_names: list[str] = Field([], examples=[["logits"]])
+    """Names of the graph outputs, in the order forward() returns them. Empty: the exporter's
+    own names."""
     dynamic_axes: dict[str, dict[int, str]] = Field(
-        {},
-        description="Axes whose size may vary at run time: input or output name -> {axis: "
-                    "symbolic name}. Axes count from 0 (TOML's string keys \"0\" are accepted); "
-                    "names must be listed in input_names / output_names. Empty: every shape is "
-                    "fixed to the example inputs'. The export is re-checked with every dynamic "
-                    "input axis at another size: a size 'inputs' declares for it (a range's max, "
-                    "else its min), else one larger.",
-        examples=[{"image": {0: "batch"}, "logits": {0: "batch"}}])
-    exporter: Literal["torchscript", "dynamo"] = Field(
-        "torchscript",
-        description="'torchscript' (torch.onnx.export with dynamo=False: traces; opset 7-20) or "
-                    "'dynamo' (torch.export + onnxscript: tracks symbolic shapes; opset >= 18).",
-        examples=["dynamo"])
-    extra_files: list[InputPath] = Field(
-        [],
-        description="Other files the callable reads (configs, vocabularies...), relative to the "
-                    "recipe file: their bytes enter the key.",
-        examples=[["models/config.json"]])
-    tolerance: float = Field(
-        1e-3, gt=0, le=1,
-        description="Largest accepted error of onnxruntime against PyTorch on the example inputs, "
-                    "relative to the largest magnitude of each PyTorch output (0 < tolerance <= 1).",
-        examples=[1e-4])
-    inputs: StepInputs = Field(
-        None,
-        description="What the exported model's inputs take (see 'Model inputs'), by input_names; "
-                    "replaces the recipe's [inputs.NAME] entry of the same input. The dynamic-axes "
-                    "re-check grows each dynamic axis to a size declared for it.",
-        examples=[{"tokens": {"shape": [1, [16, 128]]}}])
+        {}, examples=[{"image": {0: "batch"}, "logits": {0: "batch"}}])
+    """Axes whose size may vary at run time: input or output name -> {axis: symbolic name}. Axes
+    count from 0 (TOML's string keys "0" are accepted); names must be listed in input_names /
+    output_names. Empty: every shape is fixed to the example inputs'. The export is re-checked
+    with every dynamic input axis at another size: a size 'inputs' declares for it (a range's
+    max, else its min), else one larger."""
+    exporter: Literal["torchscript", "dynamo"] = Field("torchscript", examples=["dynamo"])
+    """'torchscript' (torch.onnx.export with dynamo=False: traces; opset 7-20) or 'dynamo'
+    (torch.export + onnxscript: tracks symbolic shapes; opset >= 18)."""
+    extra_files: list[InputPath] = Field([], examples=[["models/config.json"]])
+    """Other files the callable reads (configs, vocabularies...), relative to the recipe file:
+    their bytes enter the key."""
+    tolerance: float = Field(1e-3, gt=0, le=1, examples=[1e-4])
+    """Largest accepted error of onnxruntime against PyTorch on the example inputs, relative to
+    the largest magnitude of each PyTorch output (0 < tolerance <= 1)."""
+    inputs: StepInputs = Field(None, examples=[{"tokens": {"shape": [1, [16, 128]]}}])
+    """What the exported model's inputs take (see 'Model inputs'), by input_names; replaces the
+    recipe's [inputs.NAME] entry of the same input. The dynamic-axes re-check grows each dynamic
+    axis to a size declared for it."""
 
     @field_validator("input_names", "output_names")
     @classmethod
@@ -401,16 +378,17 @@ class Export(Step):
             self._compare(ctx, runner, module, inputs, expected)
 
     def _compare(self, ctx: StepContext, runner: Runner, module: Any, inputs: tuple, expected: Any) -> None:
+        from optbuild.steps.rewrite_check import infer_outputs
+
         p = self.params
         names = runner.output_names()
         reference = [t.detach().cpu().numpy() for t in _tensors(expected)]
         try:
-            ran = runner.infer(self._feeds(runner, inputs))
+            outputs = infer_outputs(runner, self._feeds(runner, inputs), names)
         except StepError:
             raise
         except Exception as exc:
             raise StepError(f"{runner.label} fails to run the export of {p.model}: {first_line(exc)}") from None
-        outputs = [ran[n] for n in names]
         result = compare_outputs(names, reference, outputs)
         ctx.metrics.update(max_abs_error=result.max_abs, max_rel_error=result.max_rel)
         ctx.log(f"{runner.label} vs PyTorch: max abs error {result.max_abs:.3g}, relative {result.max_rel:.3g}")
@@ -430,8 +408,7 @@ class Export(Step):
                 "shape?): compute it with tensor ops, or use exporter = 'dynamo'"
                 if p.exporter == "torchscript" else "")
         try:
-            ran = runner.infer(self._feeds(runner, grown))
-            outputs = [ran[n] for n in names]
+            outputs = infer_outputs(runner, self._feeds(runner, grown), names)
         except StepError:
             raise
         except Exception as exc:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from optbuild.errors import StepError
-from optbuild.steps.base import KEYED_WHEN_SET
+from optbuild.steps.base import KEYED_WHEN_SET, RecipeTable
 
 if TYPE_CHECKING:
     from optbuild.backends.base import TensorSpec
@@ -38,42 +38,39 @@ Dtype = Literal["float32", "float16", "float64", "bfloat16", "int64", "int32", "
                 "uint64", "uint32", "uint16", "uint8", "bool"]
 
 
-class InputDecl(BaseModel):
+def sizes(dim: int | list[int]) -> list[int]:
+    """The sizes a declared dim allows at its ends (and opt): [n] for a fixed size."""
+    return dim if isinstance(dim, list) else [dim]
+
+
+def _check_shape(shape: list[int | list[int]]) -> list[int | list[int]]:
+    for axis, dim in enumerate(shape):
+        if isinstance(dim, list) and len(dim) not in (2, 3):
+            raise ValueError(f"dim {axis}: a range is [min, max] or [min, opt, max], got {dim}")
+        if any(s < 0 for s in sizes(dim)) or sizes(dim) != sorted(sizes(dim)):
+            raise ValueError(f"dim {axis}: sizes must be >= 0 and in order min <= opt <= max, got {dim}")
+    return shape
+
+
+# A declared shape, one entry per dim: a size, [min, max] or [min, opt, max] (sizes >= 0, in order).
+Shape = Annotated[list[int | list[int]], AfterValidator(_check_shape)]
+
+
+class InputDecl(RecipeTable):
     """One model input: its shape with values for symbolic dims, its dtype, its values."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    shape: list[int | list[int]] | None = Field(
-        None,
-        description="The input's shape, one entry per dim: a size, [min, max] or [min, opt, max]. "
-                    "Checks take each range's opt (when given), min, max in turn; a TensorRT "
-                    "engine without profiles gets one profile from it.",
-        examples=[[1, 3, 48, [32, 320]]])
-    dtype: Dtype | None = Field(
-        None,
-        description="The element type the model takes (checked against the model's declaration).",
-        examples=["float32"])
-    range: tuple[float, float] | None = Field(
-        None,
-        description="[low, high]: values drawn uniformly from it (integers: both ends included). "
-                    "Default: floats from N(0, 1), integers from 0 to 7.",
-        examples=[[0.0, 1.0]])
-    values: list[int | float | bool] | None = Field(
-        None,
-        description="The only values the input takes: each element is drawn from them; a scalar "
-                    "(one element) takes each in turn, check by check.",
-        examples=[[8000, 16000]])
-
-    @field_validator("shape")
-    @classmethod
-    def _dims(cls, shape: list[int | list[int]] | None) -> list[int | list[int]] | None:
-        for axis, dim in enumerate(shape or []):
-            sizes = dim if isinstance(dim, list) else [dim]
-            if isinstance(dim, list) and len(dim) not in (2, 3):
-                raise ValueError(f"dim {axis}: a range is [min, max] or [min, opt, max], got {dim}")
-            if any(s < 0 for s in sizes) or sizes != sorted(sizes):
-                raise ValueError(f"dim {axis}: sizes must be >= 0 and in order min <= opt <= max, got {dim}")
-        return shape
+    shape: Shape | None = Field(None, examples=[[1, 3, 48, [32, 320]]])
+    """The input's shape, one entry per dim: a size, [min, max] or [min, opt, max]. Checks take
+    each range's opt (when given), min, max in turn; a TensorRT engine without profiles gets one
+    profile from it."""
+    dtype: Dtype | None = Field(None, examples=["float32"])
+    """The element type the model takes (checked against the model's declaration)."""
+    range: tuple[float, float] | None = Field(None, examples=[[0.0, 1.0]])
+    """[low, high]: values drawn uniformly from it (integers: both ends included). Default:
+    floats from N(0, 1), integers from 0 to 7."""
+    values: list[int | float | bool] | None = Field(None, examples=[[8000, 16000]])
+    """The only values the input takes: each element is drawn from them; a scalar (one element)
+    takes each in turn, check by check."""
 
     @model_validator(mode="after")
     def _one_source_of_values(self) -> InputDecl:
@@ -123,11 +120,6 @@ def check_declarations(specs: list[TensorSpec], decls: InputDecls | None, label:
             if isinstance(fixed, int) and sizes(dim) != [fixed] * len(sizes(dim)):
                 raise StepError(f"inputs.{name}: dim {axis} is fixed at {fixed} in {label}, "
                                 f"the declaration gives {dim}")
-
-
-def sizes(dim: int | list[int]) -> list[int]:
-    """The sizes a declared dim allows at its ends (and opt): [n] for a fixed size."""
-    return dim if isinstance(dim, list) else [dim]
 
 
 def profile_shapes(specs: list[TensorSpec], decls: InputDecls | None) -> dict[str, tuple[list[int], list[int], list[int]]] | None:

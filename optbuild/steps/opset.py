@@ -25,11 +25,9 @@ OLDEST = 7  # onnxruntime runs opsets 7 and newer
 
 class OpsetParams(StepParams):
     input: StepRef = input_field("converted: 'step' in this recipe or 'recipe:step'.", "source")
-    version: int = Field(
-        ge=OLDEST,
-        description="The ONNX opset (default domain) to convert to, from 7 up to the newest that "
-                    "the installed onnx knows. A model already at this opset is passed on unchanged.",
-        examples=[13])
+    version: int = Field(ge=OLDEST, examples=[13])
+    """The ONNX opset (default domain) to convert to, from 7 up to the newest that the installed
+    onnx knows. A model already at this opset is passed on unchanged."""
     check: int = check_field("the result must still pass onnx.checker's full check and load in "
                              "onnxruntime.", most=100)
     tolerance: float = tolerance_field("the converted model", default=1e-4, most=1)

@@ -78,76 +78,49 @@ _OWN_PARAM = {"ActivationSymmetric": "symmetric_activations", "WeightSymmetric":
 class QuantizeParams(StepParams):
     input: StepRef = input_field("quantized. For mode 'static', the model that the calibration step "
                                  "calibrated (ranges are matched by tensor name).")
-    mode: Literal["dynamic", "static", "fp16"] = Field(
-        description="'dynamic': int8/uint8 weights, activations quantized at run time, no "
-                    "calibration. 'static': QDQ (or QOperator) INT8 with activation ranges from "
-                    "a calibrate step. 'fp16': float32 tensors and weights to float16. Options of "
-                    "another mode are rejected.",
-        examples=["static"])
+    mode: Literal["dynamic", "static", "fp16"] = Field(examples=["static"])
+    """'dynamic': int8/uint8 weights, activations quantized at run time, no calibration.
+    'static': QDQ (or QOperator) INT8 with activation ranges from a calibrate step. 'fp16':
+    float32 tensors and weights to float16. Options of another mode are rejected."""
     # --- static ---
-    calibration: StepRef | None = Field(
-        None,
-        description="static only, required there: the calibrate step whose calibration.json gives "
-                    "the activation ranges (the model is not run again).",
-        examples=["calibrate"])
-    format: Literal["qdq", "qoperator"] = Field(
-        "qdq",
-        description="static only: 'qdq' (QuantizeLinear/DequantizeLinear pairs around float ops: "
-                    "what TensorRT takes) or 'qoperator' (`QLinear*` integer operators).",
-        examples=["qoperator"])
-    activation_type: Literal["uint8", "int8"] = Field(
-        "uint8",
-        description="static only: the integer type of quantized activations. 'uint8' suits "
-                    "onnxruntime's CPU kernels; TensorRT wants 'int8' with symmetric_activations "
-                    "= true (zero point 0).",
-        examples=["int8"])
-    symmetric_activations: bool = Field(
-        False,
-        description="static only: activation ranges symmetric around 0 (with int8, zero point "
-                    "0). false: asymmetric, from the table's [min, max].",
-        examples=[True])
+    calibration: StepRef | None = Field(None, examples=["calibrate"])
+    """static only, required there: the calibrate step whose calibration.json gives the
+    activation ranges (the model is not run again)."""
+    format: Literal["qdq", "qoperator"] = Field("qdq", examples=["qoperator"])
+    """static only: 'qdq' (QuantizeLinear/DequantizeLinear pairs around float ops: what TensorRT
+    takes) or 'qoperator' (`QLinear*` integer operators)."""
+    activation_type: Literal["uint8", "int8"] = Field("uint8", examples=["int8"])
+    """static only: the integer type of quantized activations. 'uint8' suits onnxruntime's CPU
+    kernels; TensorRT wants 'int8' with symmetric_activations = true (zero point 0)."""
+    symmetric_activations: bool = Field(False, examples=[True])
+    """static only: activation ranges symmetric around 0 (with int8, zero point 0). false:
+    asymmetric, from the table's [min, max]."""
     # --- dynamic and static ---
-    weight_type: Literal["int8", "uint8"] = Field(
-        "int8",
-        description="dynamic and static: the integer type of quantized weights. On x86 CPUs "
-                    "without VNNI, int8 weights can saturate: reduce_range (its default there) or "
-                    "'uint8' avoids it.",
-        examples=["uint8"])
-    per_channel: bool = Field(
-        False,
-        description="dynamic and static: one scale per output channel of each weight instead of "
-                    "one per tensor (usually more accurate for convolutions).",
-        examples=[True])
-    reduce_range: bool | None = Field(
-        None,
-        description="dynamic and static: 7-bit weights, so that uint8 x int8 products cannot "
-                    "saturate on x86 CPUs without VNNI (AVX2-only); costs a little accuracy. Not "
-                    "set: true with int8 weights on an x86 CPU without VNNI (avx512_vnni or "
-                    "avx_vnni), else false; that host fact then enters the key (a VNNI and a "
-                    "non-VNNI host build different models). Set it to get the same model on "
-                    "every host.",
-        examples=[True])
-    symmetric_weights: bool | None = Field(
-        None,
-        description="dynamic and static: weight ranges symmetric around 0. Not set: onnxruntime's "
-                    "default (symmetric for int8 weights, asymmetric for uint8).",
-        examples=[True])
-    op_types_to_quantize: list[str] = Field(
-        [],
-        description="dynamic and static: quantize only nodes of these ONNX op types. Empty: every "
-                    "op type onnxruntime can quantize.",
-        examples=[["MatMul", "Gemm"]])
-    nodes_to_quantize: list[str] = Field(
-        [],
-        description="dynamic and static: quantize only the nodes of these names (ONNX node names, "
-                    "as a viewer such as Netron shows them; checked against the model). Empty: "
-                    "every node of the chosen op types.",
-        examples=[["/layer1/conv/Conv"]])
-    nodes_to_exclude: list[str] = Field(
-        [],
-        description="dynamic and static: node names kept in float (checked against the model, "
-                    "with a 'did you mean'), e.g. a small classifier head where errors show most.",
-        examples=[["/head/Gemm"]])
+    weight_type: Literal["int8", "uint8"] = Field("int8", examples=["uint8"])
+    """dynamic and static: the integer type of quantized weights. On x86 CPUs without VNNI, int8
+    weights can saturate: reduce_range (its default there) or 'uint8' avoids it."""
+    per_channel: bool = Field(False, examples=[True])
+    """dynamic and static: one scale per output channel of each weight instead of one per tensor
+    (usually more accurate for convolutions)."""
+    reduce_range: bool | None = Field(None, examples=[True])
+    """dynamic and static: 7-bit weights, so that uint8 x int8 products cannot saturate on x86
+    CPUs without VNNI (AVX2-only); costs a little accuracy. Not set: true with int8 weights on
+    an x86 CPU without VNNI (avx512_vnni or avx_vnni), else false; that host fact then enters
+    the key (a VNNI and a non-VNNI host build different models). Set it to get the same model on
+    every host."""
+    symmetric_weights: bool | None = Field(None, examples=[True])
+    """dynamic and static: weight ranges symmetric around 0. Not set: onnxruntime's default
+    (symmetric for int8 weights, asymmetric for uint8)."""
+    op_types_to_quantize: list[str] = Field([], examples=[["MatMul", "Gemm"]])
+    """dynamic and static: quantize only nodes of these ONNX op types. Empty: every op type
+    onnxruntime can quantize."""
+    nodes_to_quantize: list[str] = Field([], examples=[["/layer1/conv/Conv"]])
+    """dynamic and static: quantize only the nodes of these names (ONNX node names, as a viewer
+    such as Netron shows them; checked against the model). Empty: every node of the chosen op
+    types."""
+    nodes_to_exclude: list[str] = Field([], examples=[["/head/Gemm"]])
+    """dynamic and static: node names kept in float (checked against the model, with a 'did you
+    mean'), e.g. a small classifier head where errors show most."""
     extra_options: dict[str, Any] = Field(
         {},
         description="dynamic and static: more onnxruntime.quantization extra_options, name -> "
@@ -155,48 +128,32 @@ class QuantizeParams(StepParams):
                     + ", ".join(sorted(EXTRA_OPTIONS)) + ". The symmetric options have their own "
                     "parameters; calibration options belong to the calibrate step.",
         examples=[{"QuantizeBias": False}])
-    allow_unchanged: bool = Field(
-        False,
-        description="dynamic and static: accept a result in which onnxruntime quantized no node "
-                    "(no QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, *Integer or "
-                    "QLinear* node, subgraphs included). false: that is an error saying why it "
-                    "likely happened (ops inside If/Loop subgraphs in static mode, "
-                    "op_types_to_quantize or excluded nodes leaving nothing).",
-        examples=[True])
+    allow_unchanged: bool = Field(False, examples=[True])
+    """dynamic and static: accept a result in which onnxruntime quantized no node (no
+    QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, *Integer or QLinear* node,
+    subgraphs included). false: that is an error saying why it likely happened (ops inside
+    If/Loop subgraphs in static mode, op_types_to_quantize or excluded nodes leaving
+    nothing)."""
     # --- fp16 ---
-    keep_io_types: bool | list[str] = Field(
-        False,
-        description="fp16 only: true keeps every float graph input and output float32; a list "
-                    "keeps the named ones (Cast nodes convert at the border); false converts them "
-                    "to float16 too.",
-        examples=[True, ["logits"]])
-    op_block_list: list[str] | None = Field(
-        None,
-        description="fp16 only: ONNX op types kept in float32. Not set: onnxconverter-common's "
-                    "default block list; [] blocks nothing.",
-        examples=[["Softmax", "LayerNormalization"]])
-    node_block_list: list[str] = Field(
-        [],
-        description="fp16 only: node names kept in float32.",
-        examples=[["/head/Gemm"]])
-    min_positive_val: float = Field(
-        1e-7, gt=0,
-        description="fp16 only: weight values of smaller magnitude (but not 0) are raised to this, "
-                    "so they do not underflow to 0 in float16.",
-        examples=[1e-6])
-    max_finite_val: float = Field(
-        1e4, gt=0,
-        description="fp16 only: weight values of larger magnitude are clamped to this (float16's "
-                    "largest finite value is 65504).",
-        examples=[65504.0])
+    keep_io_types: bool | list[str] = Field(False, examples=[True, ["logits"]])
+    """fp16 only: true keeps every float graph input and output float32; a list keeps the named
+    ones (Cast nodes convert at the border); false converts them to float16 too."""
+    op_block_list: list[str] | None = Field(None, examples=[["Softmax", "LayerNormalization"]])
+    """fp16 only: ONNX op types kept in float32. Not set: onnxconverter-common's default block
+    list; [] blocks nothing."""
+    node_block_list: list[str] = Field([], examples=[["/head/Gemm"]])
+    """fp16 only: node names kept in float32."""
+    min_positive_val: float = Field(1e-7, gt=0, examples=[1e-6])
+    """fp16 only: weight values of smaller magnitude (but not 0) are raised to this, so they do
+    not underflow to 0 in float16."""
+    max_finite_val: float = Field(1e4, gt=0, examples=[65504.0])
+    """fp16 only: weight values of larger magnitude are clamped to this (float16's largest
+    finite value is 65504)."""
     # --- all ---
-    check: bool = Field(
-        True,
-        description="Run the result once on onnxruntime (CPU) with seeded random inputs, so a "
-                    "model onnxruntime cannot execute fails here. Either way the result must pass "
-                    "onnx.checker (full_check) and open in onnxruntime. Accuracy is checked by a "
-                    "verify step, not here.",
-        examples=[False])
+    check: bool = Field(True, examples=[False])
+    """Run the result once on onnxruntime (CPU) with seeded random inputs, so a model
+    onnxruntime cannot execute fails here. Either way the result must pass onnx.checker
+    (full_check) and open in onnxruntime. Accuracy is checked by a verify step, not here."""
     inputs: StepInputs = inputs_field()
 
     @field_validator("extra_options")

@@ -84,13 +84,12 @@ def _compare(ctx: StepContext, original: Runner, rewritten: Runner, label: str, 
     for i in range(checks):
         feed = feeds(specs, decls, i)
         try:
-            reference = list(original.infer(feed).values())
+            reference = infer_outputs(original, feed, names)
         except Exception as exc:  # e.g. a symbolic dim that only some sizes fit
             failures.append(f"{shapes(feed)}: {first_line(exc)}")
             continue
         try:
-            produced = rewritten.infer(feed)
-            outputs = [produced[name] for name in names]
+            outputs = infer_outputs(rewritten, feed, names)
         except Exception as exc:
             raise StepError(f"{tool} broke {label}: the input model runs on {shapes(feed)} (check {i}), "
                             f"the result fails: {first_line(exc)}") from None
@@ -122,6 +121,13 @@ def _compare(ctx: StepContext, original: Runner, rewritten: Runner, label: str, 
     ctx.metrics.update(checks=done, max_abs_error=worst_abs, max_rel_error=worst_rel)
     ctx.log(f"{tool} vs input, {done} seeded inputs: max abs error {worst_abs:.3g}, "
             f"relative {worst_rel:.3g}")
+
+
+def infer_outputs(runner: Runner, feed: dict[str, Any], names: list[str]) -> list[Any]:
+    """The outputs ``names`` of ``runner`` run once on ``feed``, in that order (the order
+    compare_outputs pairs them in)."""
+    ran = runner.infer(feed)
+    return [ran[name] for name in names]
 
 
 def shapes(feed: dict[str, Any]) -> str:

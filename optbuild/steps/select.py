@@ -33,27 +33,22 @@ OBJECTIVES = {  # what is better: lower or higher
 
 
 class SelectParams(StepParams):
-    candidates: list[StepRef] = Field(
-        min_length=1,
-        description="The benchmark steps to choose among, in order of preference for ties; "
-                    "'NAME[*]' stands for every instance of a matrix step.",
-        examples=[["bench[*]"]])
+    candidates: list[StepRef] = Field(min_length=1, examples=[["bench[*]"]])
+    """The benchmark steps to choose among, in order of preference for ties; 'NAME[*]' stands
+    for every instance of a matrix step."""
     objective: Literal["p50_ms", "p90_ms", "throughput_per_s", "size_bytes"] = Field(
-        "p50_ms",
-        description="What makes a candidate best: the lowest p50 or p90 latency, the highest "
-                    "throughput, or the smallest model.",
-        examples=["throughput_per_s"])
-    max_p50_ms: float | None = Field(
-        None, gt=0, description="Drop candidates whose p50 latency is above this (ms).", examples=[5.0])
-    min_throughput: float | None = Field(
-        None, gt=0, description="Drop candidates that run fewer inferences per second.", examples=[200.0])
-    min_cosine: float | None = Field(
-        None, ge=-1, le=1,
-        description="Drop candidates whose verify step measured a lower cosine similarity (worst "
-                    "output), and those without a verify step.",
-        examples=[0.99])
-    max_size_mb: float | None = Field(
-        None, gt=0, description="Drop candidates whose model files are larger (MiB).", examples=[50.0])
+        "p50_ms", examples=["throughput_per_s"])
+    """What makes a candidate best: the lowest p50 or p90 latency, the highest throughput, or
+    the smallest model."""
+    max_p50_ms: float | None = Field(None, gt=0, examples=[5.0])
+    """Drop candidates whose p50 latency is above this (ms)."""
+    min_throughput: float | None = Field(None, gt=0, examples=[200.0])
+    """Drop candidates that run fewer inferences per second."""
+    min_cosine: float | None = Field(None, ge=-1, le=1, examples=[0.99])
+    """Drop candidates whose verify step measured a lower cosine similarity (worst output), and
+    those without a verify step."""
+    max_size_mb: float | None = Field(None, gt=0, examples=[50.0])
+    """Drop candidates whose model files are larger (MiB)."""
 
 
 class Select(Step):

@@ -40,32 +40,24 @@ DimNames = Annotated[dict[str, dict[Annotated[int, Field(ge=0)], Annotated[str, 
 
 class SimplifyParams(StepParams):
     input: StepRef = input_field("simplified: 'step' in this recipe or 'recipe:step'.", "export")
-    backend: Literal["onnxsim", "onnxslim"] = Field(
-        "onnxsim",
-        description="The simplifier: 'onnxsim' (onnx-simplifier; imports torch, slow to start) or "
-                    "'onnxslim'. Only the chosen one's version enters the key.",
-        examples=["onnxslim"])
+    backend: Literal["onnxsim", "onnxslim"] = Field("onnxsim", examples=["onnxslim"])
+    """The simplifier: 'onnxsim' (onnx-simplifier; imports torch, slow to start) or 'onnxslim'.
+    Only the chosen one's version enters the key."""
     check: int = check_field("names, types and input shapes are still compared, and the result must still "
                              "pass onnx.checker's full check and load in onnxruntime.", most=100)
     tolerance: float = tolerance_field("the simplified model", default=1e-4, most=1)
     atol: Atol = atol_field()
-    input_shapes: InputShapes = Field(
-        None,
-        description="Fix inputs' shapes in the simplified model: input name -> its full shape, one "
-                    "size per dim. Only symbolic dims may get a size (a dim the model fixes keeps "
-                    "its size); the backend's own option does it (onnxsim's overwrite_input_shapes, "
-                    "onnxslim's input_shapes), so shape arithmetic folds away. The result then "
-                    "declares, and the check feeds, exactly these shapes. Not set: inputs keep "
-                    "their symbolic dims.",
-        examples=[{"x": [1, 3, 48, 320]}])
-    dim_names: DimNames = Field(
-        None,
-        description="Rename symbolic input dims before simplifying: input name -> {axis: name}, "
-                    "axes from 0, like export's dynamic_axes. Dims that share a name are one size "
-                    "to onnx and the simplifiers: give distinct names to dims that may differ "
-                    "(paddle2onnx calls both height and width '?'). Only symbolic dims, and not in "
-                    "an input that input_shapes fixes.",
-        examples=[{"x": {0: "batch", 2: "height", 3: "width"}}])
+    input_shapes: InputShapes = Field(None, examples=[{"x": [1, 3, 48, 320]}])
+    """Fix inputs' shapes in the simplified model: input name -> its full shape, one size per
+    dim. Only symbolic dims may get a size (a dim the model fixes keeps its size); the backend's
+    own option does it (onnxsim's overwrite_input_shapes, onnxslim's input_shapes), so shape
+    arithmetic folds away. The result then declares, and the check feeds, exactly these shapes.
+    Not set: inputs keep their symbolic dims."""
+    dim_names: DimNames = Field(None, examples=[{"x": {0: "batch", 2: "height", 3: "width"}}])
+    """Rename symbolic input dims before simplifying: input name -> {axis: name}, axes from 0,
+    like export's dynamic_axes. Dims that share a name are one size to onnx and the simplifiers:
+    give distinct names to dims that may differ (paddle2onnx calls both height and width '?').
+    Only symbolic dims, and not in an input that input_shapes fixes."""
     inputs: StepInputs = inputs_field()
 
     @model_validator(mode="after")

@@ -18,11 +18,10 @@ from optbuild.workerpool import ONNX_TOOLS
 
 
 class OnnxSourceParams(StepParams):
-    path: InputPath = Field(
-        description="The ONNX model file, relative to the recipe file. It must be one self-contained "
-                    "file (no external data) that passes onnx.checker; its bytes enter the key and "
-                    "are passed on unchanged.",
-        examples=["models/resnet18.onnx"])
+    path: InputPath = Field(examples=["models/resnet18.onnx"])
+    """The ONNX model file, relative to the recipe file. It must be one self-contained file (no
+    external data) that passes onnx.checker; its bytes enter the key and are passed on
+    unchanged."""
 
 
 def all_tensors(model: Any) -> Iterator[Any]:

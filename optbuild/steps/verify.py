@@ -83,16 +83,13 @@ REPORT_VERSION = 3  # 2: models named by file and digest, not by step; 3: what r
 
 
 class VerifyParams(StepParams):
-    reference: StepRef = Field(
-        description="The step whose model is taken as right (an ONNX or ORT-format model, run on "
-                    "onnxruntime, CPU).",
-        examples=["simplify"])
-    candidate: StepRef = Field(
-        description="The step whose model is tested: an ONNX or ORT-format model (onnxruntime, "
-                    "CPU), or an engine step (backend 'tensorrt' / 'tensorrt-rtx': on gpu.0; "
-                    "'openvino': on the CPU), run by its backend (the step is unavailable on hosts "
-                    "that cannot run it).",
-        examples=["quantize_int8"])
+    reference: StepRef = Field(examples=["simplify"])
+    """The step whose model is taken as right (an ONNX or ORT-format model, run on onnxruntime,
+    CPU)."""
+    candidate: StepRef = Field(examples=["quantize_int8"])
+    """The step whose model is tested: an ONNX or ORT-format model (onnxruntime, CPU), or an
+    engine step (backend 'tensorrt' / 'tensorrt-rtx': on gpu.0; 'openvino': on the CPU), run by
+    its backend (the step is unavailable on hosts that cannot run it)."""
     data: DataSource | None = data_field(
         "Sample inputs", default=None, examples=["models/calib.py:images"],
         note=" Their dtypes must be the reference's input types. Not set: seeded random inputs "
@@ -103,62 +100,40 @@ class VerifyParams(StepParams):
                                         "random inputs: this many samples (not set: 8).", example=32)
     seed: int = seed_field("Random inputs only: ")
     dynamic_size: int = dynamic_size_field("the reference", scope="Random inputs only: ")
-    int_range: list[int] = Field(
-        [0, 8],
-        description="Random inputs only: integer inputs (token ids, indices) are drawn uniformly "
-                    "from [low, high), high excluded; low < high. Floats are standard normal, "
-                    "booleans uniform.",
-        examples=[[0, 30522]])
-    inputs: StepInputs = Field(
-        None,
-        description="Random inputs only: what the reference's inputs take (see 'Model inputs'); "
-                    "replaces the recipe's [inputs.NAME] entry of the same input. A declared input "
-                    "follows its declaration, the others dynamic_size and int_range.",
-        examples=[{"sr": {"values": [8000, 16000]}}])
-    outputs: list[str] = Field(
-        [],
-        description="Names of the outputs to compare (each must exist in both models). Empty: "
-                    "every output of the reference.",
-        examples=[["logits"]])
-    fail: Annotated[bool | None, KEYED_WHEN_SET] = Field(
-        None,
-        description="false: a threshold that is exceeded is recorded (report.json says passed: "
-                    "false, the table is in the log) and the step succeeds, so that a benchmark "
-                    "and select step downstream can drop the candidate. Not set or true: the "
-                    "build fails with the table.",
-        examples=[False])
-    max_abs: float | None = Field(
-        None, ge=0,
-        description="Fail when the largest |candidate - reference| over all elements of an "
-                    "output exceeds this. Not set: not checked (at least one threshold is "
-                    "required).",
-        examples=[0.02])
-    max_rel: float | None = Field(
-        None, ge=0,
-        description="Fail when max_abs divided by the reference output's largest magnitude "
-                    "exceeds this. Not set: not checked.",
-        examples=[0.01])
-    min_cosine: float | None = Field(
-        None, ge=-1, le=1,
-        description="Fail when the cosine similarity of an output's values (all samples "
-                    "concatenated) is below this (-1 to 1). Not set: not checked.",
-        examples=[0.999])
-    min_top1: float | None = Field(
-        None, ge=0, le=1,
-        description="Fail when the share of positions whose argmax over the last axis agrees "
-                    "(top-1 agreement, 0 to 1) is below this, on the outputs that hold class "
-                    "scores (see top1_outputs). Not set: not checked.",
-        examples=[0.95])
-    top1_outputs: list[str] = Field(
-        [],
-        description="The outputs whose last axis holds class scores: top-1 is computed and "
-                    "min_top1 checked on these (needs min_top1; within outputs when that is set; "
-                    "each a float output with a last axis of 2 or more). Empty: the compared float "
-                    "outputs with a last axis of 2 or more that a Softmax or LogSoftmax over that "
-                    "axis computes in the reference's ONNX graph (through Identity, Cast, Q/DQ), "
-                    "or that have rank 2, [batch, classes]; others (pixel maps, recurrent states, "
-                    "boxes, rank-3 logits without a Softmax) get no top-1 unless named here.",
-        examples=[["logits"]])
+    int_range: list[int] = Field([0, 8], examples=[[0, 30522]])
+    """Random inputs only: integer inputs (token ids, indices) are drawn uniformly from [low,
+    high), high excluded; low < high. Floats are standard normal, booleans uniform."""
+    inputs: StepInputs = Field(None, examples=[{"sr": {"values": [8000, 16000]}}])
+    """Random inputs only: what the reference's inputs take (see 'Model inputs'); replaces the
+    recipe's [inputs.NAME] entry of the same input. A declared input follows its declaration,
+    the others dynamic_size and int_range."""
+    outputs: list[str] = Field([], examples=[["logits"]])
+    """Names of the outputs to compare (each must exist in both models). Empty: every output of
+    the reference."""
+    fail: Annotated[bool | None, KEYED_WHEN_SET] = Field(None, examples=[False])
+    """false: a threshold that is exceeded is recorded (report.json says passed: false, the
+    table is in the log) and the step succeeds, so that a benchmark and select step downstream
+    can drop the candidate. Not set or true: the build fails with the table."""
+    max_abs: float | None = Field(None, ge=0, examples=[0.02])
+    """Fail when the largest |candidate - reference| over all elements of an output exceeds
+    this. Not set: not checked (at least one threshold is required)."""
+    max_rel: float | None = Field(None, ge=0, examples=[0.01])
+    """Fail when max_abs divided by the reference output's largest magnitude exceeds this. Not
+    set: not checked."""
+    min_cosine: float | None = Field(None, ge=-1, le=1, examples=[0.999])
+    """Fail when the cosine similarity of an output's values (all samples concatenated) is below
+    this (-1 to 1). Not set: not checked."""
+    min_top1: float | None = Field(None, ge=0, le=1, examples=[0.95])
+    """Fail when the share of positions whose argmax over the last axis agrees (top-1 agreement,
+    0 to 1) is below this, on the outputs that hold class scores (see top1_outputs). Not set:
+    not checked."""
+    top1_outputs: list[str] = Field([], examples=[["logits"]])
+    """The outputs whose last axis holds class scores: top-1 is computed and min_top1 checked on
+    these (needs min_top1; within outputs when that is set; each a float output with a last axis
+    of 2 or more). Empty: the compared float outputs with a last axis of 2 or more that a
+    Softmax or LogSoftmax over that axis computes in the reference's ONNX graph (through
+    Identity, Cast, Q/DQ), or that have rank 2, [batch, classes]; others (pixel maps, recurrent
+    states, boxes, rank-3 logits without a Softmax) get no top-1 unless named here."""
 
     @field_validator("int_range")
     @classmethod

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from optbuild.digest import ALGORITHM, DIGEST_HEX, is_digest
 
@@ -113,17 +113,13 @@ class ActionEntry(BaseModel):
     created_at: float = 0.0
     built_on: str = ""  # hostname
 
-    @field_validator("format")
+    @field_validator("format", "digest_function")
     @classmethod
-    def _format(cls, value: int) -> int:
-        if value != FORMAT:
+    def _this_optbuilds(cls, value: Any, info: ValidationInfo) -> Any:
+        """An entry in another format, or of another digest function, is another optbuild's."""
+        if info.field_name == "format" and value != FORMAT:
             raise ValueError(f"entry format {value} is not this optbuild's ({FORMAT})")
-        return value
-
-    @field_validator("digest_function")
-    @classmethod
-    def _digest_function(cls, value: str) -> str:
-        if value != ALGORITHM:
+        if info.field_name == "digest_function" and value != ALGORITHM:
             raise ValueError(f"made with digest function {value[:40]!r}; this optbuild uses {ALGORITHM}")
         return value
 
