@@ -15,6 +15,20 @@ is the integer 4). An instance is an ordinary step from then on: its own key, fo
 steps name one instance like any step (``input = "engine[int8,4]"``), and a build target
 ``recipe:engine`` selects all of them. A problem in an instance names the instance and
 points at the line of the matrix step's key.
+
+A value may be a table with a ``name``: the name is the value's token in instance names and
+what ``${matrix.AXIS}`` gives, and ``${matrix.AXIS.KEY}`` gives its other keys, so that one
+axis carries several parameters that go together:
+
+    [steps.verify]
+    kind = "verify"
+    candidate = "${matrix.precision.model}"
+    max_abs = "${matrix.precision.max_abs}"
+    matrix = { precision = [{ name = "fp16", model = "quantize_fp16", max_abs = 0.005 },
+                            { name = "int8", model = "quantize_int8", max_abs = 0.02 }] }
+
+is ``verify[fp16]`` and ``verify[int8]``. A key that a value lacks is an error naming the
+instance and the line of the parameter that asks for it.
 """
 
 from __future__ import annotations
@@ -31,6 +45,8 @@ KEY = "matrix"
 MAX_INSTANCES = 1000  # per matrix step: a typo in an axis must not make a million steps
 _PLACEHOLDER = re.compile(r"\$\{matrix\.([^}]*)\}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.-]+")
+_SUBKEY = re.compile(r"[A-Za-z0-9_-]+")
+NAME = "name"  # the key of a table value that names it
 
 
 def instance_name(step: str, values: tuple[Any, ...]) -> str:
@@ -38,7 +54,10 @@ def instance_name(step: str, values: tuple[Any, ...]) -> str:
 
 
 def token(value: Any) -> str:
-    """How a matrix value reads in an instance name (TOML's spelling of booleans)."""
+    """How a matrix value reads in an instance name (TOML's spelling of booleans; a table
+    value by its name)."""
+    if isinstance(value, dict):
+        value = value[NAME]
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -102,10 +121,13 @@ def _instances(doc: TomlDocument, name: str, raw: dict[str, Any], problems: list
             problems.append(doc.problem(loc, f"instance name {instance!r} {why}"))
             return {}
         try:
-            instances[instance] = _substitute(body, dict(zip(axes, values, strict=True)))
+            instances[instance] = _substitute(body, dict(zip(axes, values, strict=True)), ())
         except KeyError as exc:
             problems.append(doc.problem(("steps", name), f"${{matrix.{exc.args[0]}}}: no such axis "
                                                           f"(axes: {', '.join(axes)})"))
+            return {}
+        except _ValueKeyError as exc:
+            problems.append(doc.problem(("steps", name, *exc.loc), f"{instance}: {exc.message}"))
             return {}
     return instances
 
@@ -116,27 +138,81 @@ def _axis_problem(axis: str, values: Any) -> str | None:
     if not isinstance(values, list) or not values:
         return "an axis is a non-empty list of values"
     for value in values:
-        if not isinstance(value, (str, int, float, bool)) or not _TOKEN.fullmatch(token(value)):
+        if isinstance(value, dict):
+            if (problem := _table_value_problem(value)) is not None:
+                return problem
+        elif not isinstance(value, (str, int, float, bool)) or not _TOKEN.fullmatch(token(value)):
             return (f"value {value!r}: matrix values are strings, numbers or booleans made of "
-                    "letters, digits, _ . - (they name the instances)")
+                    "letters, digits, _ . - (they name the instances), or tables with a name")
     tokens = [token(v) for v in values]
     if len(set(tokens)) != len(tokens):
         return f"values repeat: {tokens}"
     return None
 
 
-def _substitute(value: Any, values: dict[str, Any]) -> Any:
-    """``value`` with every ``${matrix.AXIS}`` replaced (KeyError: an unknown axis)."""
+def _table_value_problem(value: dict[str, Any]) -> str | None:
+    if NAME not in value:
+        return (f"value {value!r}: a table value needs a {NAME!r} key, which names its instances "
+                '(e.g. { name = "fp16", model = "quantize_fp16" })')
+    name = value[NAME]
+    if not isinstance(name, (str, int, float, bool)) or not _TOKEN.fullmatch(token(name)):
+        return (f"value {value!r}: its name {name!r} must be a string, number or boolean made of "
+                "letters, digits, _ . - (it names the instances)")
+    for key in value:
+        if not _SUBKEY.fullmatch(key):
+            return f"value {token(value)!r}: key {key!r} must be letters, digits, _ - (no dots)"
+    return None
+
+
+class _ValueKeyError(Exception):
+    """A ``${matrix.AXIS.KEY}`` that the instance's value cannot answer; ``loc``: the
+    parameter that holds it."""
+
+    def __init__(self, loc: tuple, message: str):
+        super().__init__(message)
+        self.loc, self.message = loc, message
+
+
+def _lookup(ref: str, values: dict[str, Any], loc: tuple) -> Any:
+    """The value ``${matrix.REF}`` stands for: an axis's value (a table value's name), or a
+    key of a table value (``AXIS.KEY``). KeyError: no such axis."""
+    if ref in values:
+        value = values[ref]
+        return value[NAME] if isinstance(value, dict) else value
+    axis = max((a for a in values if ref.startswith(a + ".")), key=len, default=None)
+    if axis is None:
+        raise KeyError(ref)
+    key, value = ref[len(axis) + 1:], values[axis]
+    if not isinstance(value, dict):
+        raise _ValueKeyError(loc, f"${{matrix.{ref}}}: the value {token(value)!r} of axis {axis!r} is not "
+                                  f'a table, so it has no key {key!r} (a table value: {{ name = "...", {key} = ... }})')
+    if key not in value:
+        raise _ValueKeyError(loc, f"${{matrix.{ref}}}: the value {token(value)!r} of axis {axis!r} has no "
+                                  f"key {key!r} (its keys: {', '.join(value)})")
+    return value[key]
+
+
+def _substitute(value: Any, values: dict[str, Any], loc: tuple) -> Any:
+    """``value`` (at ``loc`` in its step) with every ``${matrix.AXIS}`` and
+    ``${matrix.AXIS.KEY}`` replaced (KeyError: an unknown axis)."""
     if isinstance(value, dict):
-        return {k: _substitute(v, values) for k, v in value.items()}
+        return {k: _substitute(v, values, (*loc, k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute(v, values) for v in value]
+        return [_substitute(v, values, (*loc, i)) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
     whole = _PLACEHOLDER.fullmatch(value)
     if whole:
-        return values[whole.group(1)]
-    return _PLACEHOLDER.sub(lambda m: token(values[m.group(1)]), value)
+        return _lookup(whole.group(1), values, loc)
+
+    def inline(match: re.Match) -> str:
+        found = _lookup(match.group(1), values, loc)
+        if isinstance(found, (dict, list)):
+            raise _ValueKeyError(loc, f"${{matrix.{match.group(1)}}} is a {'table' if isinstance(found, dict) else 'list'}: "
+                                      "it can only stand alone in a string, which then takes it whole")
+        return token(found)
+
+    return _PLACEHOLDER.sub(inline, value)
 
 
 def _alias_lines(doc: TomlDocument, name: str, instance: str) -> None:

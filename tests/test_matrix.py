@@ -98,7 +98,10 @@ def test_an_unknown_axis_is_named_with_the_line_of_the_matrix_step_and_nothing_e
     ("matrix = { tag = [] }", "11: steps.j.matrix.tag: an axis is a non-empty list of values"),
     ('matrix = { tag = ["a b"] }', "11: steps.j.matrix.tag: value 'a b': matrix values are"),
     ('matrix = { tag = ["a", "a"] }', "11: steps.j.matrix.tag: values repeat"),
-    ("matrix = { tag = [{ x = 1 }] }", "11: steps.j.matrix.tag: value {'x': 1}"),
+    ("matrix = { tag = [{ x = 1 }] }", "11: steps.j.matrix.tag: value {'x': 1}: a table value needs a 'name' key"),
+    ('matrix = { tag = [{ name = "a b" }] }', "11: steps.j.matrix.tag: value {'name': 'a b'}: its name 'a b' must be"),
+    ('matrix = { tag = [{ name = "a", "x.y" = 1 }] }', "11: steps.j.matrix.tag: value 'a': key 'x.y' must be"),
+    ('matrix = { tag = [{ name = "a" }, "a"] }', "11: steps.j.matrix.tag: values repeat: ['a', 'a']"),
 ])
 def test_a_malformed_matrix_is_refused_at_its_line(tmp_path, matrix, expected):
     recipe = MATRIX.replace('matrix = { upper = [false, true], tag = ["x", "y"] }', matrix)
@@ -117,3 +120,72 @@ def test_an_instance_that_clashes_with_a_step_of_its_own_is_refused(tmp_path):
     recipe = MATRIX + '\n[steps."up[true]"]\nkind = "text"\npath = "../data/input.txt"\n'
     assert any("instance 'up[true]' is also a step of its own" in p
                for p in matrix_project(tmp_path / "p", recipe).problems())
+
+
+# An axis of tables: each value's name names the instances, its other keys go together.
+TABLES = """\
+[steps.up]
+kind = "text"
+path = "../data/input.txt"
+
+[steps.j]
+kind = "join"
+input = "${matrix.variant.source}"
+suffix = "-${matrix.variant}:${matrix.variant.tag}"
+sleep = "${matrix.variant.sleep}"
+matrix = { variant = [{ name = "fast", source = "up", tag = "x", sleep = 0 },
+                      { name = "slow", source = "up", tag = "y", sleep = 0.01 }], n = [1, 2] }
+
+[steps.last]
+kind = "join"
+input = "j[slow,2]"
+"""
+
+
+def test_an_axis_of_tables_names_instances_by_name_and_gives_their_keys(tmp_path):
+    project = load_project(matrix_project(tmp_path / "p", TABLES).root)
+    assert list(project.steps) == ["m:up", "m:j[fast,1]", "m:j[fast,2]", "m:j[slow,1]", "m:j[slow,2]", "m:last"]
+    slow = project.steps["m:j[slow,2]"]
+    assert slow.deps == {"input": "m:up"}
+    assert slow.step.params.suffix == "-slow:y" and slow.step.params.sleep == 0.01  # typed when whole
+    assert project.steps["m:last"].deps == {"input": "m:j[slow,2]"}
+
+
+def test_an_axis_of_tables_gives_the_keys_of_the_steps_written_out(tmp_path):
+    by_hand = TABLES.split("[steps.j]")[0] + "".join(
+        f'[steps."j[{name},{n}]"]\nkind = "join"\ninput = "up"\nsuffix = "-{name}:{tag}"\nsleep = {sleep}\n\n'
+        for name, tag, sleep in (("fast", "x", 0), ("slow", "y", 0.01)) for n in (1, 2)
+    ) + '[steps.last]\nkind = "join"\ninput = "j[slow,2]"\n'
+    short, long = matrix_project(tmp_path / "short", TABLES), matrix_project(tmp_path / "long", by_hand)
+    assert short.build().ok and long.build().ok
+    keys = [{sid: r["key"] for sid, r in json.loads(p.read("optbuild.lock"))["steps"].items()}
+            for p in (short, long)]
+    assert keys[0] == keys[1] and len(keys[0]) == 6
+
+
+@pytest.mark.parametrize("edit, expected", [
+    # a key one value lacks: the instance is named, and the line of the parameter asking for it
+    (('tag = "y", ', ""), ("8: steps.j.suffix: j[slow,1]: ${matrix.variant.tag}: the value 'slow' of axis "
+                          "'variant' has no key 'tag' (its keys: name, source, sleep)")),
+    (("${matrix.variant.tag}", "${matrix.n.tag}"), ("8: steps.j.suffix: j[fast,1]: ${matrix.n.tag}: the value "
+                                                   "'1' of axis 'n' is not a table, so it has no key 'tag'")),
+    (('source = "up", tag = "x"', 'source = "up", tag = ["x"]'),
+     "8: steps.j.suffix: j[fast,1]: ${matrix.variant.tag} is a list: it can only stand alone in a string"),
+    (("${matrix.variant.tag}", "${matrix.colour.tag}"), ("5: steps.j: ${matrix.colour.tag}: no such axis "
+                                                        "(axes: variant, n)")),
+])
+def test_a_key_that_a_table_value_cannot_give_is_named_with_its_instance_and_line(tmp_path, edit, expected):
+    found = matrix_project(tmp_path / "p", TABLES.replace(*edit)).problems()
+    assert len(found) == 1 and found[0].startswith(f"{tmp_path / 'p' / 'recipes/m.toml'}:{expected}"), found
+
+
+def test_an_axis_of_tables_can_come_from_a_template_argument(tmp_path):
+    proj = ProjectDir.with_test_kinds(tmp_path / "p")
+    proj.write("optbuild.toml", CONFIG)
+    proj.write("templates/t.toml", TABLES.split("[steps.last]")[0].replace(
+        TABLES[TABLES.index("[{ name"):TABLES.index(", n = [1, 2]")], '"${args.variants}"'))
+    proj.write("recipes/m.toml", '[recipe]\ntemplate = "../templates/t.toml"\n'
+                                 'args.variants = [{ name = "only", source = "up", tag = "z", sleep = 0 }]\n')
+    proj.write("data/input.txt", "hello")
+    assert sorted(load_project(proj.root).steps) == ["m:j[only,1]", "m:j[only,2]", "m:up"]
+    assert proj.build().ok and proj.read("build/m/j[only,2]/data.txt") == "hello-only:z"

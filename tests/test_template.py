@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from plugins.fastpath import optbuild
 from plugins.projects import CONFIG, ProjectDir
 
+from optbuild.errors import Problem
 from optbuild.recipe import load_project
+from optbuild.template import instantiate
+from optbuild.tomlsource import load_toml
 
 TEMPLATE = """\
 # the pipeline every model goes through
@@ -109,3 +113,56 @@ def test_a_template_edit_takes_the_no_op_fast_path_off(tmp_path):
     proj.write("templates/pipeline.toml", TEMPLATE.replace('"-end"', '"-fin"'))
     again = optbuild(proj, "build")
     assert not again.fast and proj.read("build/a/out/data.txt") == "a-a-fin"
+
+
+def test_a_table_key_may_hold_a_placeholder(tmp_path):
+    template = TEMPLATE.replace('upper = "${args.upper}"', 'upper = "${args.upper}"\n\n[inputs."${args.name}"]\n'
+                                                            'shape = [1, 4]')
+    proj = template_project(tmp_path / "p", template)
+    project = load_project(proj.root)
+    assert sorted(project.steps) == ["a:mid", "a:out", "a:src", "b:mid", "b:out", "b:src"]
+    problems: list[Problem] = []
+    data, _ = instantiate(load_toml(proj.root / "recipes/b.toml"), problems)
+    assert data["inputs"] == {"b": {"shape": [1, 4]}} and problems == []
+
+
+OMIT = 'omit = ["out"]\n'
+
+
+def test_omit_leaves_template_steps_out_and_their_placeholders_need_no_argument(tmp_path):
+    template = TEMPLATE.replace('suffix = "${args.tail}"', 'suffix = "${args.tail}${args.only_out}"')
+    proj = template_project(tmp_path / "p", template, a=recipe("a", extra=OMIT))
+    assert sorted(load_project(proj.root).steps) == ["a:mid", "a:src"]
+
+
+def test_an_omitted_step_of_the_recipes_own_replaces_the_templates_whole(tmp_path):
+    extra = OMIT + '\n[steps.out]\nkind = "join"\ninput = "src"\n'
+    proj = template_project(tmp_path / "p", a=recipe("a", extra=extra))
+    assert proj.build().ok
+    assert proj.read("build/a/out/data.txt") == "a"  # no suffix: nothing of the template's out is left
+
+
+def test_omitting_a_step_others_take_is_refused_at_their_line(tmp_path):
+    proj = template_project(tmp_path / "p", a=recipe("a", extra='omit = ["mid"]\n'))
+    assert proj.problems() == [
+        # only mid used it: an argument for an omitted step is as superfluous as any unused one
+        f"{proj.root / 'recipes/a.toml'}:3: recipe.args.name: argument 'name' is not used by pipeline.toml",
+        (f"{proj.root / 'templates/pipeline.toml'}:17: steps.out.input: no step 'a:mid' "
+        "(expanded for recipe a.toml)")]
+
+
+@pytest.mark.parametrize("omit, expected", [
+    ('omit = ["outt"]', "pipeline.toml has no step 'outt' (its steps: src, mid, out)"),
+    ('omit = "out"', "expected a list of the template's step names"),
+])
+def test_a_bad_omit_is_refused_at_the_recipes_line(tmp_path, omit, expected):
+    proj = template_project(tmp_path / "p", a=recipe("a", extra=omit + "\n"))
+    found = proj.problems()
+    assert len(found) == 1 and found[0].startswith(f"{proj.root / 'recipes/a.toml'}:4: recipe.omit: {expected}"), found
+
+
+def test_omit_without_a_template_is_refused(tmp_path):
+    proj = template_project(tmp_path / "p", b='[recipe]\nomit = ["x"]\n\n[steps.src]\nkind = "text"\n'
+                                              'path = "../data/b.txt"\n')
+    assert proj.problems() == [(f"{proj.root / 'recipes/b.toml'}:2: recipe.omit: omit leaves out steps of a "
+                               "template: this recipe has no template")]

@@ -73,8 +73,8 @@ def test_bench_builds_then_measures_every_model_of_the_recipe(examples, benched)
         assert row["throughput"] > 0 and row["batch"] == 1
         assert row["speedup"] > 0
     # the TensorRT-RTX engines and the non-model steps are skipped, with a note
-    assert not any(step.startswith("rtx_") for _, step in rows)
-    assert any("TensorRT-RTX" in note and "rtx_fp32" in note for note in result["notes"])
+    assert not any(step.startswith("rtx[") for _, step in rows)
+    assert any("TensorRT-RTX" in note and "rtx[fp32]" in note for note in result["notes"])
     assert result["baseline"] == {"step": "transformer:simplify", "runtime": "onnxruntime"}
     assert result["settings"]["threads"] == 1 and result["settings"]["runs"] == 5
     # each row says what ran it (the backend's runner, with its version); the host lists them
@@ -87,7 +87,7 @@ def test_bench_builds_then_measures_every_model_of_the_recipe(examples, benched)
 
 def test_verify_figures_sit_beside_the_int8_rows(benched):
     rows = _rows(benched["recipes"][0])
-    for step, verify in (("quantize_int8", "verify_int8"), ("quantize_dynamic", "verify_dynamic")):
+    for step, verify in (("quantize_int8", "verify[int8]"), ("quantize_dynamic", "verify[dynamic]")):
         (figures,) = rows[("onnxruntime", step)]["verify"]
         assert figures["step"] == f"transformer:{verify}"
         assert figures["reference"] == "transformer:simplify"
@@ -117,7 +117,7 @@ def test_plain_table_with_no_build_once_built(examples, benched):
     for label in ("PyTorch eager", "ORT fp32", "ORT-optimized fp32", "ORT dynamic INT8", "ORT static INT8"):
         assert label in table
     static = next(line for line in lines if " quantize_int8 " in line)
-    assert "verify_int8" in static and "0.99" in static
+    assert "verify[int8]" in static and "0.99" in static
     assert "written: " in table and "bench.json" in table
 
 
@@ -146,7 +146,7 @@ def test_a_step_target_and_the_plot(examples, benched):
     finally:
         ws.close()
     assert [(row.runtime, row.step) for row in result.rows] == [("onnxruntime", "transformer:quantize_int8")]
-    assert result.rows[0].verify[0]["step"] == "transformer:verify_int8"
+    assert result.rows[0].verify[0]["step"] == "transformer:verify[int8]"
     assert result.plot_file == examples.root / "build/transformer/bench.png"
     assert result.plot_file.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert _mode(result.plot_file) == _umask_mode(), "not mkstemp's 0600: the team shares the report"
@@ -164,7 +164,7 @@ def test_no_build_on_an_unbuilt_project_fails_clearly(tmp_path):
 @pytest.mark.parametrize(("target", "message"), [
     ("transformr", "error: unknown target 'transformr'; did you mean 'transformer'?"),
     ("transformer:simplfy", "error: unknown target 'transformer:simplfy'; did you mean 'transformer:simplify'?"),
-    ("transformer:rtx_int8", "error: transformer:rtx_int8 is a TensorRT-RTX engine (model.engine)"),
+    ("transformer:rtx[int8]", "error: transformer:rtx[int8] is a TensorRT-RTX engine (model.engine)"),
     ("transformer:calibrate", "error: transformer:calibrate is a calibrate step"),
 ])
 def test_targets_that_cannot_be_benched_are_clear_errors(examples, target, message):

@@ -16,9 +16,9 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 NEW_STEPS = {
-    "cnn:calibrate", "cnn:quantize_int8", "cnn:verify_int8", "cnn:engine_ort",
-    "transformer:calibrate", "transformer:quantize_int8", "transformer:verify_int8",
-    "transformer:quantize_dynamic", "transformer:verify_dynamic", "transformer:engine_ort",
+    "cnn:calibrate", "cnn:quantize_int8", "cnn:verify[int8]", "cnn:engine_ort",
+    "transformer:calibrate", "transformer:quantize_int8", "transformer:verify[int8]",
+    "transformer:quantize_dynamic", "transformer:verify[dynamic]", "transformer:engine_ort",
 }
 
 
@@ -40,7 +40,7 @@ def ops(path) -> list[str]:
 
 def test_quantized_models_load_run_and_pass_verify(examples):
     build = examples.root / "build"
-    for recipe, verify in (("cnn", "verify_int8"), ("transformer", "verify_int8"), ("transformer", "verify_dynamic")):
+    for recipe, verify in (("cnn", "verify[int8]"), ("transformer", "verify[int8]"), ("transformer", "verify[dynamic]")):
         report = json.loads((build / recipe / verify / "report.json").read_text())
         assert report["passed"] is True
         figures = report["outputs"]["logits"]
@@ -68,18 +68,17 @@ def test_quantized_models_load_run_and_pass_verify(examples):
 def test_changing_only_quantize_params_reruns_quantize_not_calibrate(examples):
     recipe = examples.root / "recipes/transformer.toml"
     original = recipe.read_text()
-    first = original.index('[steps.quantize_int8]')
-    assert original.index('calibration = "calibrate"\n', first) < original.index('[steps.verify_int8]')
-    try:  # edit quantize_int8 only: its `calibration` line is the first after its header
-        head, tail = original[:first], original[first:]
-        recipe.write_text(head + tail.replace('calibration = "calibrate"\n',
-                                              'calibration = "calibrate"\nper_channel = true\n', 1))
+    assert original.count("[steps.quantize_int8]\n") == 1  # the recipe's changes to the template's step
+    try:  # edit quantize_int8 only
+        recipe.write_text(original.replace("[steps.quantize_int8]\n", "[steps.quantize_int8]\nper_channel = true\n"))
         plan = examples.cli("plan", "--json")
         reasons = {e["step"]: e["reasons"] for e in plan.events if e.get("event") == "step"}
         assert "parameter per_channel: false -> true" in reasons["transformer:quantize_int8"]
         run = examples.cli("build", "--json")
         assert run.returncode == 0, run.stdout + run.stderr
-        assert run.steps("built") == ["transformer:quantize_int8", "transformer:verify_int8"]
+        # ...and what takes the new model: its verify, its benchmark, and the choice among them
+        assert run.steps("built") == ["transformer:bench[int8]", "transformer:best", "transformer:quantize_int8",
+                                      "transformer:verify[int8]"]
         assert "transformer:calibrate" in run.steps("cached")
     finally:
         recipe.write_text(original)

@@ -112,7 +112,7 @@ def test_host_key_holds_the_gpu_fields_that_change_the_verdict():
 
 
 def test_steps_without_an_engine_keep_their_key_material():
-    # cnn:verify_int8 as recipes/cnn.toml writes it: its key was made from exactly this dump
+    # cnn:verify[int8] as recipes/cnn.toml and its template write it: its key was made from exactly this dump
     step = verify_step(candidate="quantize_int8", data="models/calib.py:images", max_abs=0.02,
                        data_args={"count": 64, "seed": 1}, min_cosine=0.99, min_top1=0.95)
     assert key_params(step.params) == {
@@ -313,14 +313,15 @@ def test_example_engine_verify_steps_are_unavailable_and_the_build_is_green(tmp_
     (root / "recipes").mkdir(parents=True)
     shutil.copy(REPO / "optbuild.toml", root)
     shutil.copy(REPO / "recipes" / "transformer.toml", root / "recipes")
+    shutil.copytree(REPO / "recipes" / "templates", root / "recipes" / "templates")
     shutil.copytree(REPO / "recipes" / "models", root / "recipes" / "models",
                     ignore=shutil.ignore_patterns("__pycache__"))
     examples = ProjectDir(root)
-    verifies = [f"transformer:verify_rtx_{p}" for p in ("fp32", "fp16", "int8")]
+    verifies = [f"transformer:verify_rtx[{p}]" for p in ("fp32", "fp16", "int8")]
     first = examples.cli("build", "--json", "-j", "2", *verifies)
     assert first.returncode == 0, first.stderr + first.stdout
     assert first.steps("unavailable") == sorted(verifies)
-    assert {"transformer:rtx_fp32", "transformer:rtx_fp16", "transformer:rtx_int8"} <= set(first.steps("built"))
+    assert {"transformer:rtx[fp32]", "transformer:rtx[fp16]", "transformer:rtx[int8]"} <= set(first.steps("built"))
     errors = {e["step"]: e["error"] for e in first.events if e.get("status") == "unavailable"}
     for sid in verifies:
         assert errors[sid].startswith(f"{sid} cannot run here: needs an NVIDIA GPU to run the TensorRT-RTX "
