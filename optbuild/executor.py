@@ -83,6 +83,58 @@ class Cancelled(Exception):
     pass
 
 
+@dataclass
+class Placement:
+    """Where a step will build, decided before its key: the fingerprint its key is computed
+    for (the host that will run it), and what a backend needs to send it there."""
+
+    host: Fingerprint
+    # why no node can build it, in words (None: it can be built); a callable, as a step's
+    # ``unavailable`` may be costly and is asked only when the step must build
+    why_not: Callable[[], str | None] = lambda: None
+    route: Any = None  # the backend's own routing (Dask: the resources to ask for)
+
+    def missing(self) -> str | None:
+        return self.why_not()
+
+
+class BuildBackend:
+    """Where a step's build runs. The executor keeps the scheduling, the keys, the cache
+    lookups and the lock file; a backend decides which host a step's key is computed for
+    (``place``) and builds one step (``build``: the entry, stored in the local cache, or a
+    StepError). ``LocalBackend`` is the default; ``optbuild.distributed.backend.DaskBackend``
+    builds on Dask workers."""
+
+    local = True  # steps run in this host's worker processes (prewarm the fork servers)
+    name = "local"
+
+    def start(self) -> None:
+        """Called once, before the first step is placed."""
+
+    def place(self, spec: StepSpec) -> Placement:
+        raise NotImplementedError
+
+    def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called once the run ends (also when it fails)."""
+
+
+class LocalBackend(BuildBackend):
+    """Steps build here, in worker processes of this host (``Executor._build``)."""
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+
+    def place(self, spec: StepSpec) -> Placement:
+        host = self.executor.host
+        return Placement(host, lambda: spec.step.unavailable(host))
+
+    def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
+        return self.executor._build(spec, key, ingredients)
+
+
 def read_result(path: Path, returncode: int, tmp: Path) -> WorkerResult:
     """What the worker that exited with ``returncode`` reports in ``path``. A worker that
     died, or left something that is not a result, gives a failed result saying so (its
@@ -138,6 +190,15 @@ class Executor:
         self.remote = remote
         if remote is not None:
             remote.cancel = self._cancel
+        self.backend = self._backend()
+
+    def _backend(self) -> BuildBackend:
+        """``[build] executor``'s backend; distributed is imported only for "dask"."""
+        if self.project.config.build.executor == "dask":
+            from optbuild.distributed.backend import DaskBackend
+
+            return DaskBackend(self)
+        return LocalBackend(self)
 
     # --- scheduling ------------------------------------------------------------------
     def run(self, selected: list[str]) -> dict[str, Outcome]:
@@ -189,6 +250,7 @@ class Executor:
                 return False
             return not building or not self.project.steps[sid].step.exclusive
 
+        self.backend.start()
         with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
             try:
                 while ready or held or building:
@@ -204,7 +266,8 @@ class Executor:
                         if isinstance(decision, Outcome):
                             settle(sid, decision)
                         else:
-                            self._prewarm(sid)
+                            if self.backend.local:
+                                self._prewarm(sid)
                             held.append((sid, decision))
                     while held and startable(held[0][0]):
                         sid, decision = held.popleft()
@@ -224,6 +287,7 @@ class Executor:
             finally:
                 self.hasher.flush()
                 self.workers.close()
+                self.backend.close()
         self._clean_logs()
         self._write_lock()
         counts: dict[str, int] = {}
@@ -285,6 +349,8 @@ class Executor:
             event["source"] = outcome.source
         if outcome.entry is not None and outcome.status == Status.BUILT:
             event["duration_s"] = outcome.entry.duration_s
+            if not self.backend.local:
+                event["node"] = outcome.entry.built_on  # the Dask worker that built it
         self.reporter.emit(event)
         return outcome
 
@@ -320,17 +386,18 @@ class Executor:
     def _decide(self, spec: StepSpec) -> Outcome | Callable[[StepSpec], Outcome]:
         """Key and cache lookup: an Outcome if settled now, else the build to run."""
         upstream = {}
+        placement = self.backend.place(spec)  # the host its key is for: the one that will build it
         for field_name, dep in spec.deps.items():
             outcome = self.outcomes[dep]
             if outcome.entry is None:  # dry run: upstream will build, key unknown yet
                 why = [f"upstream {dep} will build first"]
-                if (missing := spec.step.unavailable(self.host)) is not None:  # as the build will find
+                if (missing := placement.missing()) is not None:  # as the build will find
                     return Outcome(Status.UNAVAILABLE, reasons=why, error=f"{spec.id} cannot run here: {missing}")
                 return Outcome(Status.WOULD_BUILD, reasons=why)
             upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
         try:
             ingredients = step_ingredients(
-                spec, upstream, hasher=self.hasher, toolchain=self.toolchain, host=self.host,
+                spec, upstream, hasher=self.hasher, toolchain=self.toolchain, host=placement.host,
                 salt=self.project.config.cache.salt, project_root=self.project.root)
         except FileNotFoundError as exc:
             raise StepError(f"input file disappeared: {exc.filename}") from None
@@ -357,15 +424,15 @@ class Executor:
                 self._keep_failed_log(spec, failed.log.encode())
             return Outcome(Status.FAILED, key, reasons=["failed before with this key"], error=failed.describe())
         if remote_entry is None:
-            if (missing := spec.step.unavailable(self.host)) is not None:
+            if (missing := placement.missing()) is not None:
                 return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
             if self.options.dry_run or self.options.fetch_only:
                 why = self.remote.miss_reason(key) if self.remote is not None else None
                 return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, why] if why else reasons)
-        return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest, remote_entry)
+        return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest, placement, remote_entry)
 
     def _build_locked(self, spec: StepSpec, key: str, ingredients: dict[str, Any], reasons: list[str],
-                      dest: Path, remote_entry: ActionEntry | None = None) -> Outcome:
+                      dest: Path, placement: Placement, remote_entry: ActionEntry | None = None) -> Outcome:
         """Fetch from the remote or build, under the key's lock, unless another builder
         stored it meanwhile. A local build is written through to the remote."""
         with self.store.shared_gc_lock(), self.store.lock(key):
@@ -373,7 +440,7 @@ class Executor:
             if entry is None and remote_entry is not None and self.remote is not None:
                 entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
             if entry is None:
-                if (missing := spec.step.unavailable(self.host)) is not None:
+                if (missing := placement.missing()) is not None:
                     return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
                 if self.options.fetch_only:
                     why = self.remote.miss_reason(key) if self.remote is not None else None
@@ -384,10 +451,10 @@ class Executor:
                                     "[cache] dir to a writable folder)")
                 self.reporter.emit({"event": "step", "step": spec.id, "status": Status.RUNNING,
                                     "key": key, "reasons": reasons})
-                entry = self._build(spec, key, ingredients)
+                entry = self.backend.build(spec, key, ingredients, placement)
                 status = Status.BUILT
             self._restore(entry, dest)
-            if status == Status.BUILT and self.remote is not None:
+            if status == Status.BUILT and self.remote is not None and self.backend.local:  # a node pushes its own
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
 
@@ -598,6 +665,8 @@ class Executor:
                 }
                 if overrides := self.project.steps[sid].overrides:
                     records[sid]["overrides"] = overrides  # set by -S for this build
+                if not self.backend.local:
+                    records[sid]["node"] = entry.built_on  # the node that built it (a Dask worker's name)
         if not records:
             return
         current = lockfile.read(self.project.lock_file)

@@ -67,6 +67,17 @@ class BuildSection(_Section):
     # Steps run in children forked from a server that has imported their tools once (Linux);
     # false: a fresh Python process per step, which imports them every time.
     preload: bool = True
+    # Where steps build: "local" (worker processes on this host) or "dask" (Dask workers that
+    # `optbuild worker` started; needs [remote] url, see docs/distributed.md).
+    executor: typing.Literal["local", "dask"] = "local"
+    scheduler: str = ""  # the Dask scheduler's address (tcp://HOST:PORT) for executor = "dask"
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler(cls, value: str) -> str:
+        if value and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+", value):
+            raise ValueError(f"{value!r} is not a Dask scheduler address (expected tcp://HOST:PORT)")
+        return value
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -1,0 +1,29 @@
+"""Distributed builds on Dask (``[build] executor = "dask"``, ``optbuild worker``).
+
+The machine that runs ``optbuild build`` (the coordinator) keeps the scheduling, the keys,
+the cache lookups and the lock file; only the building of a step moves to a Dask worker
+(``backend.DaskBackend``). Artifacts travel through the remote cache's CAS, never through
+Dask's memory: the coordinator makes sure that a step's input files and upstream outputs are
+there, the task (``task.run_task``) materializes them on its node, runs the step in a worker
+process, uploads the outputs and returns the action entry, which the coordinator validates
+as it validates any remote entry.
+
+A node (``node.serve``, ``optbuild worker``) offers Dask resources made from its host
+fingerprint (``resources``): steps whose key depends on host fields ask for the values
+their key was computed with, so they run only where the key holds.
+
+``distributed`` is an extra (``pip install 'optbuild[dask]'``), imported only here.
+"""
+
+from __future__ import annotations
+
+from optbuild.errors import OptbuildError
+
+
+def require_distributed() -> None:
+    """OptbuildError, saying how to install it, when ``distributed`` is missing."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise OptbuildError("the dask executor and `optbuild worker` need Dask's distributed: "
+                            "pip install 'optbuild[dask]'") from None

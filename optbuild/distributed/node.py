@@ -1,0 +1,51 @@
+"""A build node: a Dask worker that offers its host fingerprint (``optbuild worker``).
+
+The fingerprint (probed, or recorded with ``optbuild fingerprint -o FILE`` and given with
+``--fingerprint FILE``) is offered twice: as Dask resources (``resources.offered``), by which
+the scheduler routes host-keyed steps, and whole, through ``node_info``, from which the
+coordinator computes each step's key for the node that will run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from optbuild.distributed.resources import offered
+
+
+def node_info(dask_worker: Any) -> dict[str, Any] | None:
+    """What the coordinator learns of a worker (``Client.run``): None for a worker that
+    ``optbuild worker`` did not start (it offers no ``optbuild`` resource and runs no step)."""
+    fields = getattr(dask_worker, "optbuild_fingerprint", None)
+    if fields is None:
+        return None
+    return {"name": getattr(dask_worker, "optbuild_name", None) or socket.gethostname(),
+            "fields": fields, "resources": dict(getattr(dask_worker, "state", dask_worker).total_resources)}
+
+
+def make_worker(scheduler: str, fields: dict[str, Any], *, nthreads: int = 1, name: str | None = None,
+                host: str | None = None) -> Any:
+    """A Dask worker (not started yet: ``await`` it) that offers ``fields``."""
+    from distributed import Worker
+
+    worker = Worker(scheduler, nthreads=nthreads, resources=offered(fields, nthreads), name=name, host=host,
+                    dashboard=False, validate=False)
+    worker.optbuild_fingerprint = dict(fields)
+    worker.optbuild_name = name or socket.gethostname()
+    return worker
+
+
+async def serve(scheduler: str, fields: dict[str, Any], *, nthreads: int = 1, name: str | None = None,
+                host: str | None = None, started: Any = None) -> None:
+    """Run a node until it is closed (by the scheduler, or a signal)."""
+    worker = make_worker(scheduler, fields, nthreads=nthreads, name=name, host=host)
+    async with worker:
+        if started is not None:
+            started(worker)
+        await worker.finished()
+
+
+def run_node(scheduler: str, fields: dict[str, Any], **options: Any) -> None:
+    asyncio.run(serve(scheduler, fields, **options))

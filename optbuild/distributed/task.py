@@ -1,0 +1,232 @@
+"""The Dask task that builds one step on a node: ``run_task(doc)``.
+
+``doc`` is small JSON made by the coordinator (``backend.DaskBackend``): the step (kind,
+implementation, parameters), the digests of its input files (by project-relative path) and
+of its upstream outputs, its key and key material, and the remote cache to use. The task:
+
+1. fetches every blob from the remote CAS into a throw-away store in a private scratch
+   folder, each checked against its digest and size, and lays the files out there (a
+   mirror of the project's input files, one folder per upstream output). Every name in
+   ``doc`` must be a safe relative path (``store.entry.check_relative_path``) and every
+   file is written through ``paths.confined``: nothing lands outside the scratch folder;
+2. runs the step in its own process (``python -m optbuild.worker``), as a local build does:
+   a native crash kills that process, not the node;
+3. stores the outputs and the log in the remote CAS, then the action entry (blobs first,
+   so the remote never names a blob it lacks; a node killed half-way leaves no entry), and
+   returns the entry's bytes (signed when a signing key is configured).
+
+It returns a dict, never raises for a step's failure: ``{"ok": True, "entry": ..., "node": ...}``
+or ``{"ok": False, "error": ..., "log": ..., "expected": ..., "repeats": ..., "node": ...}``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+LOG_LIMIT = 256 << 10  # bytes of a failed step's log sent back (its tail)
+PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: project:<path>:<Class>
+
+
+class TaskError(Exception):
+    """The node could not run the step (a transfer, a bad spec): not the step's own failure."""
+
+
+def node_name() -> str:
+    """The name of the node running this task: ``optbuild worker --name``, else the host name."""
+    try:
+        from distributed import get_worker
+
+        return str(getattr(get_worker(), "optbuild_name", None) or socket.gethostname())
+    except (ImportError, ValueError):
+        return socket.gethostname()
+
+
+def _scratch_root() -> str | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().local_directory
+    except (ImportError, ValueError):
+        return None
+
+
+def run_task(doc: dict[str, Any]) -> dict[str, Any]:
+    node = node_name()
+    tmp = Path(tempfile.mkdtemp(prefix="optbuild-step-", dir=_scratch_root()))
+    try:
+        return {**_run(doc, tmp, node), "node": node}
+    except StepFailed as exc:  # the step's outputs break the rules: as a local build reports it
+        return {"ok": False, "error": str(exc), "expected": True, "node": node}
+    except TaskError as exc:
+        return {"ok": False, "error": str(exc), "infra": True, "node": node}
+    except Exception as exc:  # the node's fault (its disk, a bug): said, with the node's name
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "infra": True, "node": node}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Warnings:
+    """Collects the remote session's warnings: they explain a failed transfer."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "warning":
+            self.messages.append(str(event.get("message")))
+
+
+def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
+    """Put the blob at ``store_path`` at ``root/name``, proven to stay inside ``root``."""
+    from optbuild.errors import OptbuildError
+    from optbuild.paths import confined
+    from optbuild.store.entry import EntryError, check_relative_path
+
+    try:
+        check_relative_path(name)
+        dest = confined(root / name, root, what)
+    except (EntryError, OptbuildError) as exc:
+        raise TaskError(f"refusing {what} {name!r}: {exc}") from None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(store_path, dest)  # blobs are read-only: the step cannot write through the link
+    except OSError:
+        shutil.copyfile(store_path, dest)
+    return dest
+
+
+def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
+    from optbuild.digest import FileHasher
+    from optbuild.distributed.cas import CasError, download, require_usable
+    from optbuild.store.local import LocalStore
+    from optbuild.store.remote import RemoteStore
+    from optbuild.workerspec import ArtifactSpec, WorkerSpec
+
+    _check_tools(doc, node)
+    warnings = _Warnings()
+    session = RemoteStore(**doc["remote"]).session(warnings)
+    store = LocalStore(tmp / "cas", FileHasher(None))
+    project = tmp / "project"
+    project.mkdir()
+    step_id = str(doc["step"])
+    try:
+        require_usable(session)
+        for name, blob in sorted(doc["files"].items()):
+            path = download(session, blob["digest"], blob["size"], store, f"{step_id} input {name}")
+            _place(path, project, name, "the input file")
+        inputs = {}
+        for number, (field, upstream) in enumerate(sorted(doc["inputs"].items())):
+            folder = tmp / "inputs" / str(number)
+            folder.mkdir(parents=True)
+            files = {}
+            for name, blob in sorted(upstream["outputs"].items()):
+                path = download(session, blob["digest"], blob["size"], store, f"{upstream['step']} {name}")
+                files[name] = str(_place(path, folder, name, f"the output of {upstream['step']}"))
+            primary = upstream.get("primary")
+            inputs[field] = ArtifactSpec(step=str(upstream["step"]), dir=str(folder), files=files,
+                                         primary=files.get(primary) if primary else None)
+    except CasError as exc:
+        raise TaskError(_with_warnings(str(exc), warnings)) from None
+    implementation = str(doc["implementation"])
+    if implementation.startswith(PROJECT_KIND):
+        relative, _, cls = implementation[len(PROJECT_KIND):].rpartition(":")
+        implementation = f"{_inside(project, relative, 'the step kind')}:{cls}"
+    base_dir = _inside(project, doc["base_dir"], "the recipe folder") if doc["base_dir"] != "." else project
+    out_dir, state = tmp / "out", tmp / "state"
+    out_dir.mkdir()
+    state.mkdir()
+    spec = WorkerSpec(implementation=implementation, step_id=step_id, params=doc["params"],
+                      base_dir=str(base_dir), project_root=str(project), inputs=inputs,
+                      out_dir=str(out_dir), state_dir=str(state), result=str(tmp / "result.json"),
+                      parent_pid=os.getpid())
+    (tmp / "spec.json").write_text(spec.to_json())
+    log_path = tmp / "step.log"
+    started = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.run([sys.executable, "-m", "optbuild.worker", str(tmp / "spec.json")],
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+                              check=False)
+    duration = time.perf_counter() - started
+    from optbuild.executor import read_result
+
+    result = read_result(tmp / "result.json", proc.returncode, tmp)
+    log_bytes = log_path.read_bytes()
+    if not result.ok:
+        return {"ok": False, "error": result.error or "step failed", "expected": result.expected,
+                "repeats": result.repeats, "log": log_bytes[-LOG_LIMIT:].decode(errors="replace")}
+    entry = _entry(doc, out_dir, store, log_bytes, result.metrics, duration, node)
+    status = session.push(entry, store, step_id)
+    if status != "uploaded":
+        raise TaskError(_with_warnings(f"the outputs of {step_id} could not be stored in the remote "
+                                       f"cache {session.url} ({status})", warnings))
+    from optbuild.store.remote import encode_entry
+
+    return {"ok": True, "entry": encode_entry(entry, session.store.signing_key).decode("ascii")}
+
+
+def _check_tools(doc: dict[str, Any], node: str) -> None:
+    """The key names the versions of the step's tools that the coordinator has: a node with
+    others would file its output under a key that does not describe it."""
+    from optbuild.toolchain import Toolchain
+
+    tools = Toolchain()
+    wanted = doc["ingredients"].get("tools") or {}
+    wrong = [f"{name} {tools.version(name)} here, {version} in its key" for name, version in sorted(wanted.items())
+             if tools.version(name) != version]
+    if wrong:
+        raise TaskError(f"node {node} has other tool versions than the coordinator ({'; '.join(wrong)}): "
+                        "install the same versions on every node")
+
+
+def _inside(root: Path, relative: str, what: str) -> Path:
+    from optbuild.errors import OptbuildError
+    from optbuild.paths import confined
+    from optbuild.store.entry import EntryError, check_relative_path
+
+    try:
+        check_relative_path(relative)
+        return confined(root / relative, root, what)
+    except (EntryError, OptbuildError) as exc:
+        raise TaskError(f"refusing {what} {relative!r}: {exc}") from None
+
+
+def _entry(doc: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: dict[str, Any],
+           duration: float, node: str) -> Any:
+    """The action entry of the outputs in ``out_dir``, under the rules of a local build."""
+    from optbuild.store.entry import ActionEntry
+
+    step_id = doc["step"]
+    files = sorted(p for p in out_dir.rglob("*") if p.is_file() or p.is_symlink())
+    if not files:
+        return _fail(f"{step_id} produced no output")
+    primary = doc.get("primary_output")
+    if primary is not None and not (out_dir / primary).is_file():
+        return _fail(f"{step_id} did not write its main output {primary}")
+    outputs = {}
+    for path in files:
+        if path.is_symlink():
+            return _fail(f"{step_id} wrote a symbolic link ({path.name}); outputs must be files")
+        outputs[path.relative_to(out_dir).as_posix()] = store.put_file(path, move=True)
+    return ActionEntry(key=doc["key"], step=step_id, kind=doc["kind"], outputs=outputs, primary=primary,
+                       ingredients=doc["ingredients"], log=store.put_bytes(log), metrics=metrics,
+                       duration_s=duration, created_at=time.time(), built_on=node)
+
+
+def _fail(message: str) -> Any:
+    raise StepFailed(message)
+
+
+class StepFailed(TaskError):
+    """The step ran but its outputs break the rules (none, a link, no main output)."""
+
+
+def _with_warnings(message: str, warnings: _Warnings) -> str:
+    return "\n".join([message, *(f"  {w}" for w in warnings.messages[-5:])])

@@ -1,0 +1,181 @@
+"""The dask executor's configuration and the task's handling of what it is sent: no cluster
+needed (fast)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from daskfarm import make_project
+
+from optbuild import api
+from optbuild.digest import digest_bytes
+from optbuild.distributed.task import run_task
+from optbuild.errors import OptbuildError
+from optbuild.report import Reporter
+
+pytestmark = pytest.mark.timeout(30)
+
+SMALL = '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n'
+
+
+def build(proj):
+    ws = api.open_workspace(proj.root)
+    try:
+        return api.build(ws, reporter=Reporter())
+    finally:
+        ws.close()
+
+
+def free_address() -> str:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"tcp://127.0.0.1:{port}"
+
+
+def test_executor_settings_are_validated_where_they_are_written(tmp_path):
+    proj = make_project(tmp_path / "p", build='executor = "dusk"\nscheduler = "127.0.0.1:8786"\n', recipe=SMALL)
+    problems = "\n".join(proj.problems())
+    assert "optbuild.toml:11: build.executor: Input should be 'local' or 'dask'" in problems
+    assert "optbuild.toml:12: build.scheduler: '127.0.0.1:8786' is not a Dask scheduler address (expected tcp://HOST:PORT)" in problems
+
+
+def test_the_dask_executor_needs_a_scheduler_and_a_remote_cache(tmp_path, file_remote):
+    proj = make_project(tmp_path / "p", build='executor = "dask"\n', remote=file_remote.section(), recipe=SMALL)
+    with pytest.raises(OptbuildError, match=r'needs \[build\] scheduler = "tcp://HOST:PORT"'):
+        build(proj)
+    proj = make_project(tmp_path / "q", build=f'executor = "dask"\nscheduler = "{free_address()}"\n', recipe=SMALL)
+    with pytest.raises(OptbuildError, match=r"needs a remote cache \(\[remote\] url"):
+        build(proj)
+    assert not (proj.root / "build").exists()
+
+
+def test_an_unreachable_scheduler_is_a_clear_error(tmp_path, file_remote, monkeypatch):
+    from optbuild.distributed import backend
+
+    monkeypatch.setattr(backend, "CONNECT_TIMEOUT_S", 1)
+    address = free_address()
+    proj = make_project(tmp_path / "p", build=f'executor = "dask"\nscheduler = "{address}"\n',
+                        remote=file_remote.section(), recipe=SMALL)
+    with pytest.raises(OptbuildError, match=f"cannot reach the Dask scheduler at {address}"):
+        build(proj)
+    # a plan still works: it warns, and plans for this host
+    ws = api.open_workspace(proj.root)
+    try:
+        plan = api.build(ws, reporter=Reporter(), dry_run=True)
+    finally:
+        ws.close()
+    assert plan.steps("would-build") == ["farm:src"]
+    assert any("cannot reach the Dask scheduler" in e.get("message", "") for e in plan.reporter.events)
+
+
+def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:Source", base_dir="recipes"):
+    blob = b"hello"
+    digest = digest_bytes(blob)
+    remote.write(remote.blob_path(digest), blob)
+    entry = {"digest": digest, "size": len(blob)}
+    return {"key": digest_bytes(b"key"), "step": "r:s", "kind": "text", "implementation": implementation,
+            "params": {}, "base_dir": base_dir,
+            "files": {name: entry for name in (files or ["data/input.txt"])},
+            "inputs": {field: {"step": "r:up", "primary": None, "outputs": {name: entry}}
+                       for field, name in (inputs or {}).items()},
+            "primary_output": "data.txt", "ingredients": {}, "remote": {"url": remote.url, "timeout_s": 5}}
+
+
+@pytest.mark.parametrize("doc", [
+    {"files": ["../escaped.txt"]},
+    {"files": ["/tmp/escaped.txt"]},
+    {"inputs": {"input": "../../escaped.txt"}},
+    {"implementation": "project:../escaped.py:Kind"},
+    {"base_dir": "../.."},
+], ids=["file-dotdot", "file-absolute", "upstream-dotdot", "kind-outside", "base-outside"])
+def test_a_task_never_writes_outside_its_scratch_folder(tmp_path, file_remote, monkeypatch, doc):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    result = run_task(_doc(file_remote, **doc))
+    assert result["ok"] is False and result.get("infra") and "refusing" in result["error"], result
+    assert not list(scratch.iterdir())  # the scratch folder went, and nothing beside it came
+    assert not Path("/tmp/escaped.txt").exists() and not (tmp_path / "escaped.txt").exists()
+
+
+def test_a_task_refuses_a_blob_that_does_not_match_its_digest(tmp_path, file_remote):
+    doc = _doc(file_remote)
+    digest = doc["files"]["data/input.txt"]["digest"]
+    file_remote.write(file_remote.blob_path(digest), b"HELLO")  # same size, other bytes
+    result = run_task(doc)
+    assert result["ok"] is False and "corrupt" in result["error"], result
+
+
+def _acceptor(tmp_path, file_remote, monkeypatch):
+    """A DaskBackend with only what ``_accept`` uses: a signed remote and a local store."""
+    from types import SimpleNamespace
+
+    from optbuild.digest import FileHasher
+    from optbuild.distributed.backend import DaskBackend
+    from optbuild.store.local import LocalStore
+    from optbuild.store.remote import RemoteStore
+
+    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
+    remote = RemoteStore(file_remote.url, signing_key_env="OPTBUILD_TEST_SIGNING").session()
+    store = LocalStore(tmp_path / "cache", FileHasher(None))
+    backend = DaskBackend.__new__(DaskBackend)
+    backend._connected = False
+    backend.executor = SimpleNamespace(remote=remote, store=store, failures=SimpleNamespace(drop=lambda key: None))
+    spec = SimpleNamespace(id="r:s", kind="join", step=SimpleNamespace(primary_output="data.txt"))
+    return backend, spec, store
+
+
+def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_path, file_remote, monkeypatch):
+    from optbuild.errors import StepError
+    from optbuild.store.entry import ActionEntry
+    from optbuild.store.remote import encode_entry
+
+    backend, spec, store = _acceptor(tmp_path, file_remote, monkeypatch)
+    data = b"engine bytes"
+    digest = digest_bytes(data)
+    file_remote.write(file_remote.blob_path(digest), data)
+    key = digest_bytes(b"the key")
+    ingredients = {"kind": "join", "host": {"gpu.0.compute_capability": "9.0"}}
+    entry = ActionEntry(key=key, step="r:s", kind="join", outputs={"data.txt": {"digest": digest, "size": len(data)}},
+                        primary="data.txt", ingredients=ingredients, built_on="h1")
+
+    def accept(entry_bytes: bytes, asked=ingredients):
+        return backend._accept(spec, key, asked, {"ok": True, "node": "h1", "entry": entry_bytes.decode()})
+
+    for forged, why in [
+        (encode_entry(entry, None), "not signed"),
+        (encode_entry(entry, b"another key"), "signature does not match"),
+        (encode_entry(entry.model_copy(update={"key": digest_bytes(b"other")}), b"farm-secret"), "filed under key"),
+    ]:
+        with pytest.raises(StepError, match=why):
+            accept(forged)
+    with pytest.raises(StepError, match="its key material differ"):
+        accept(encode_entry(entry, b"farm-secret"), asked={**ingredients, "host": {"gpu.0.compute_capability": "8.0"}})
+    assert store.get_action(key) is None  # nothing refused reached the local store
+    accepted = accept(encode_entry(entry, b"farm-secret"))
+    assert accepted.key == key and store.get_action(key) is not None and store.read_blob(digest) == data
+
+
+def test_the_cli_stays_light_distributed_is_imported_only_when_used():
+    import subprocess
+    import sys
+
+    for args in (["--help"], ["worker", "--help"]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "optbuild", *args], capture_output=True,
+                              text=True, check=True)
+        imported = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+        assert imported and not [line for line in imported if "distributed" in line or "dask" in line.split("|")[-1]]
+
+
+def test_worker_refuses_an_unreadable_fingerprint(tmp_path, capsys):
+    from optbuild.cli import main
+
+    (tmp_path / "bad.json").write_text("[1, 2")
+    assert main(["worker", "--scheduler", free_address(), "--fingerprint", str(tmp_path / "bad.json")]) == 2
+    assert "cannot read the fingerprint" in capsys.readouterr().err
+    assert main(["worker", "--scheduler", free_address(), "--nthreads", "0"]) == 2
+    assert "--nthreads must be at least 1" in capsys.readouterr().err
