@@ -71,6 +71,8 @@ STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
 RACY_NS = 2_000_000_000
 HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
 DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
+# whether a build server runs the build does not change its answer
+_ENV_IGNORED = (DEBUG_ENV, "OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER")
 NOT_RECORDED = ("--json", "--retry-failed", "--no-build", "--remote", "--no-remote")
 _ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
@@ -86,12 +88,18 @@ def _debug(message: str) -> None:
         print(f"optbuild: fast path: {message}", file=sys.stderr)
 
 
-def mark_start(argv: list[str]) -> None:
-    """Called first by the CLI: the time, arguments and sys.path the build starts with."""
+def mark_start(argv: list[str], *, started_ns: int | None = None, sys_path: list[str] | None = None) -> None:
+    """Called first by the CLI: the time, arguments and sys.path the build starts with (a
+    build server passes its client's)."""
     global _started_ns, _argv, _sys_path
-    _started_ns = time.time_ns()
+    _started_ns = time.time_ns() if started_ns is None else started_ns
     _argv = list(argv)
-    _sys_path = _python_path()
+    _sys_path = _python_path() if sys_path is None else list(sys_path)
+
+
+def started_ns() -> int:
+    """When the build started (mark_start), or now."""
+    return time.time_ns() if _started_ns is None else _started_ns
 
 
 def _python_path() -> list[str]:
@@ -137,6 +145,16 @@ def _build_dir_setting(config_text: str) -> str:
     return "build"
 
 
+def build_dir_of(root: str) -> str:
+    """The build folder of the project at ``root`` as ``_build_dir_setting`` guesses it."""
+    try:
+        with open(os.path.join(root, CONFIG_NAME), encoding="utf-8", errors="replace") as f:
+            setting = _build_dir_setting(f.read())
+    except OSError:
+        setting = "build"
+    return os.path.abspath(os.path.join(root, setting))
+
+
 def _sig(path: str) -> list[int] | str:
     try:
         st = os.stat(path)
@@ -165,7 +183,7 @@ def _env() -> dict[str, str]:
     blake2b = _hasher()
     return {name: blake2b(value.encode(errors="surrogateescape"), digest_size=16).hexdigest()
             for name, value in sorted(os.environ.items())
-            if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and name != DEBUG_ENV}
+            if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and name not in _ENV_IGNORED}
 
 
 def _host() -> dict[str, object]:

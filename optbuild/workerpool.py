@@ -11,6 +11,12 @@ onnx when that one is already running); all end with the build.
 ``optbuild build`` starts the server of ``ONNX_TOOLS``, which most step kinds preload, before
 it even imports its own modules (``WorkerPool.speculative``): it is ready when the first
 step is, instead of after it. One that no step used is killed at the end.
+
+A build server (``optbuild.buildserver``) keeps its pool between builds: a ``ServedPool``,
+whose ``close`` ends a build's use of it and ``shutdown`` ends its servers. Its fork servers
+are started from one thread that lives as long as the pool (a server dies with the thread
+that started it: PR_SET_PDEATHSIG), under the environment the pool was made for, and report
+the files of the modules they import (``--watch``) so that a changed one restarts them.
 """
 
 from __future__ import annotations
@@ -107,17 +113,21 @@ class ForkedChild:
 class ForkServer:
     """One ``optbuild.zygote`` process, which preloads ``modules``."""
 
-    def __init__(self, modules: frozenset[str], cwd: Path):
+    def __init__(self, modules: frozenset[str], cwd: Path, *, env: dict[str, str] | None = None,
+                 watch: bool = False):
         self.modules = modules
         self.cwd = cwd
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stderr: shown if it fails)
+        # what it imported, when (--watch): only for a pool that outlives a build
+        self.watched = tempfile.TemporaryFile() if watch else None  # noqa: SIM115
+        extra = ["--watch", str(self.watched.fileno())] if self.watched is not None else []
         with theirs:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "optbuild.zygote", str(theirs.fileno()), str(os.getpid()),
-                 *sorted(modules)],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=self.errors, cwd=cwd)
+                 *extra, *sorted(modules)],
+                pass_fds=(theirs.fileno(), *([self.watched.fileno()] if self.watched is not None else [])),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.errors, cwd=cwd, env=env)
         self.usable: bool | None = None  # None: not ready yet
         self._ready_lock = threading.Lock()
 
@@ -169,6 +179,29 @@ class ForkServer:
             self._give_up(answer["error"])
             return None
         return ForkedChild(mine, answer["pid"], fds[0] if fds else None)
+
+    def why_stale(self, racy_ns: int) -> str | None:
+        """Why this server must not fork another step: it ended (None when it failed
+        before: its steps start fresh processes), or a file of a module it imported changed
+        since, or changed within ``racy_ns`` of the import (None without --watch)."""
+        if self.usable is not False and self.proc.poll() is not None:
+            return "a fork server ended"
+        if self.watched is None:
+            return None
+        from optbuild.noop import _sig
+
+        self.watched.seek(0)
+        for line in self.watched.read().decode(errors="replace").splitlines():
+            try:
+                batch = json.loads(line)
+            except ValueError:
+                return "a fork server's record of its modules is damaged"
+            for path, sig in batch["sigs"].items():
+                if sig != "absent" and max(sig[0], sig[1]) >= batch["ref"] - racy_ns:
+                    return f"{path} changed within {racy_ns / 1e9:g} s of being imported"
+                if _sig(path) != sig:
+                    return f"{path} changed since it was imported"
+        return None
 
     def _give_up(self, why: str) -> None:
         if self.usable is not False:
@@ -255,9 +288,12 @@ class WorkerPool:
             broken = [s for s in self._servers if s.usable is False and s.modules == modules]
             if broken:  # failed before: fresh processes for these steps from now on
                 return broken[0]
-            server = ForkServer(modules, self.cwd)
+            server = self._new_server(modules)
             self._servers.append(server)
             return server
+
+    def _new_server(self, modules: frozenset[str]) -> ForkServer:
+        return ForkServer(modules, self.cwd)
 
     def close(self) -> None:
         """End every server (idempotent)."""
@@ -265,3 +301,47 @@ class WorkerPool:
             for server in self._servers:
                 server.close()
             self._servers.clear()
+
+
+class ServedPool(WorkerPool):
+    """A pool that outlives the builds of a build server (``optbuild.buildserver``)."""
+
+    def __init__(self, cwd: str | Path, *, env: dict[str, str], quiet_env: tuple[str, ...] = ()):
+        from concurrent.futures import ThreadPoolExecutor
+
+        super().__init__(Path(cwd))
+        self.env = dict(env)
+        self.quiet_env = quiet_env
+        # one long-lived thread starts every fork server: they die with it (PR_SET_PDEATHSIG)
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="optbuild-spawner")
+
+    def _new_server(self, modules: frozenset[str]) -> ForkServer:
+        return self._spawner.submit(ForkServer, modules, self.cwd, env=self.env, watch=True).result()
+
+    def close(self) -> None:
+        """A build is done with the pool; its servers stay (``shutdown`` ends them)."""
+
+    def shutdown(self) -> None:
+        super().close()
+        self._spawner.shutdown(wait=True)
+
+    def why_stale(self, env: dict[str, str]) -> str | None:
+        """Why the pool cannot serve a build under ``env`` (``quiet_env`` aside): another
+        environment than its servers were started under, a server that ended, or a module
+        file that changed; None if it can."""
+        from optbuild.noop import RACY_NS
+
+        if {k: v for k, v in self.env.items() if k not in self.quiet_env} != \
+                {k: v for k, v in env.items() if k not in self.quiet_env}:
+            return "the build's environment differs from the one they were started under"
+        with self._lock:
+            servers = list(self._servers)
+        for server in servers:
+            if (why := server.why_stale(RACY_NS)) is not None:
+                return why
+        return None
+
+    def describe(self) -> list[dict[str, object]]:
+        with self._lock:
+            return [{"modules": sorted(s.modules), "pid": s.proc.pid, "usable": s.usable}
+                    for s in self._servers]

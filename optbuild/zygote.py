@@ -1,6 +1,6 @@
 """A fork server ("zygote"): imports a step's heavy tools once, then forks a child per step.
 
-    python -m optbuild.zygote CONTROL_FD BUILDER_PID MODULE...
+    python -m optbuild.zygote CONTROL_FD BUILDER_PID [--watch FD] MODULE...
 
 A fresh Python process per step pays for importing torch, onnx and pydantic every time
 (seconds each); a child forked from a process that already holds them starts in
@@ -35,6 +35,12 @@ and once the child has exited, ``{"exit": CODE}`` (negative: killed by that sign
 
 The zygote dies with the builder, and its children with it (``PR_SET_PDEATHSIG``), so a
 killed builder leaves nothing running. Ctrl-C reaches the children, not the zygote.
+
+With ``--watch FD`` (a build server's fork servers, which outlive a build), the zygote
+appends to that file one JSON line per batch of modules it imported: ``{"ref": NS, "sigs":
+{file: [mtime_ns, ctime_ns, size, inode]}}``, NS being when the imports began; the server
+restarts the zygote when any file changed since, or changed too close to NS to vouch for
+what was imported (``optbuild.workerpool.ForkServer.why_stale``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any, NoReturn
 
@@ -95,10 +102,39 @@ def _thread_name(tid: str) -> str:
         return tid
 
 
+class ModuleWatch:
+    """Writes the signatures of the modules' files imported since the last call (see --watch)."""
+
+    def __init__(self, fd: int):
+        self.out = os.fdopen(fd, "a", encoding="utf-8")
+        self.seen: set[str] = set()
+
+    def record(self, ref_ns: int) -> None:
+        sigs = {}
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if isinstance(path, str) and os.path.isabs(path) and path not in self.seen:
+                self.seen.add(path)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    sigs[path] = "absent"
+                    continue
+                sigs[path] = [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
+        if sigs:
+            self.out.write(json.dumps({"ref": ref_ns, "sigs": sigs}) + "\n")
+            self.out.flush()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.out.close()
+
+
 class Zygote:
-    def __init__(self, control: socket.socket, builder: int):
+    def __init__(self, control: socket.socket, builder: int, watch: ModuleWatch | None = None):
         self.control = control
         self.builder = builder
+        self.watch = watch
         self.children: dict[int, socket.socket] = {}  # pid -> the builder's socket for it
         self.warmed: set[str] = set()  # step implementations imported
         self.wakeup_r, self.wakeup_w = os.pipe()
@@ -156,10 +192,13 @@ class Zygote:
         """Import the step kind's class, once (``step_class`` caches it for the children)."""
         if implementation not in self.warmed:
             self.warmed.add(implementation)
+            ref = time.time_ns()
             from optbuild.steps.registry import step_class
 
             with contextlib.suppress(Exception):  # the child fails on it, with the step's message
                 step_class(implementation)
+            if self.watch is not None:
+                self.watch.record(ref)
 
     def _reap(self) -> None:
         while self.children:
@@ -181,6 +220,8 @@ class Zygote:
         try:
             for sock in (self.control, reply, *self.children.values()):
                 sock.close()
+            if self.watch is not None:
+                self.watch.close()
             signal.set_wakeup_fd(-1)
             os.close(self.wakeup_r)
             os.close(self.wakeup_w)
@@ -258,17 +299,24 @@ def _die_with(parent: int) -> None:
 
 
 def main() -> None:
+    started = time.time_ns()
     control = socket.socket(fileno=int(sys.argv[1]))
     builder = int(sys.argv[2])
+    modules = sys.argv[3:]
+    watch = None
+    if modules[:1] == ["--watch"]:
+        watch, modules = ModuleWatch(int(modules[1])), modules[2:]
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the builder's to handle
     _die_with(builder)
-    failed = preload(sys.argv[3:])
+    failed = preload(modules)
+    if watch is not None:
+        watch.record(started)
     gc.freeze()  # the preloaded objects stay shared with the children, not copied on write
     unsafe = single_threaded_after_probe()
     _send(control, {"ready": unsafe is None, "unsafe": unsafe, "failed": failed})
     if unsafe is None:
-        Zygote(control, builder).serve()
+        Zygote(control, builder, watch).serve()
 
 
 if __name__ == "__main__":

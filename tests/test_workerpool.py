@@ -160,3 +160,42 @@ def test_a_killed_builder_leaves_no_server_and_no_step_running(tmp_path):
     finally:
         builder.kill()
         builder.communicate()
+
+
+# --- a pool that outlives builds (a build server's, optbuild.buildserver) ------------------------
+def test_a_served_pool_outlives_builds_and_says_when_a_module_it_imported_changed(tmp_path):
+    from optbuild.workerpool import ServedPool
+
+    (tmp_path / "preloadme.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    pool = ServedPool(tmp_path, env=env, quiet_env=("PWD",))
+    try:
+        pool.prewarm(("preloadme",))
+        [server] = pool._servers
+        assert server.ready(__import__("threading").Event())
+        pool.close()  # a build is done with it: the server stays
+        assert server.proc.poll() is None
+        assert server.why_stale(racy_ns=0) is None
+        assert "changed within" in server.why_stale(racy_ns=10**12)  # too young to vouch for the import
+        assert "environment" not in (pool.why_stale({**env, "PWD": "/elsewhere"}) or "")  # quiet_env
+        assert "environment" in pool.why_stale({**env, "OMP_NUM_THREADS": "1"})
+        (tmp_path / "preloadme.py").write_text("VALUE = 22\n")
+        assert "preloadme.py changed since it was imported" in server.why_stale(racy_ns=0)
+    finally:
+        pool.shutdown()
+    assert server.proc.poll() is not None
+
+
+def test_a_fork_server_that_died_makes_a_served_pool_stale(tmp_path):
+    from optbuild.workerpool import ONNX_TOOLS, ServedPool
+
+    pool = ServedPool(tmp_path, env=dict(os.environ))
+    try:
+        pool.prewarm(ONNX_TOOLS)
+        [server] = pool._servers
+        assert server.ready(__import__("threading").Event())
+        server.proc.kill()
+        server.proc.wait()
+        assert pool.why_stale(dict(os.environ)) == "a fork server ended"
+    finally:
+        pool.shutdown()

@@ -28,6 +28,8 @@ SUBCOMMANDS = {
     "fingerprint": "print this host's fingerprint (GPU, CUDA, TensorRT, CPU, OS)",
     "kinds": "the step kinds, and each kind's parameters (types, defaults, descriptions)",
     "bench": "latency and throughput of built models on this host (onnxruntime CPU, PyTorch eager)",
+    "worker": "a build node for the dask executor: a Dask worker offering this host's fingerprint",
+    "server": "the project's build server (OPTBUILD_SERVER=1): status, stop",
 }
 
 
@@ -94,28 +96,49 @@ class _sigterm_as_interrupt:  # lower case: used as the function it replaced
             signal.signal(signal.SIGTERM, signal.SIG_DFL if self.previous is None else self.previous)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 done, 1 a step failed, 2 an error, 130 Ctrl-C, 143 SIGTERM (128 + the
+def main(argv: list[str] | None = None, *, fast_path: bool = True) -> int:
+    """``fast_path``: False in a build server, whose client tried the no-op fast path.
+
+    Exit status: 0 done, 1 a step failed, 2 an error, 130 Ctrl-C, 143 SIGTERM (128 + the
     signal, as a shell reports a command the signal killed), 141 stdout closed by its reader
     (as ``ls | head`` reports under ``set -o pipefail``: the output was cut short)."""
     try:
         try:
-            return _main(argv)
+            return _main(argv, fast_path)
         finally:
             sys.stdout.flush()  # a closed pipe shows here, not as a warning when Python exits
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for Python's exit flush
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())  # for Python's exit flush
+        os.close(null)
         return 141
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, fast_path: bool) -> int:
     from optbuild import noop
 
     arguments = sys.argv[1:] if argv is None else list(argv)
-    noop.mark_start(arguments)
-    if (code := noop.try_fast_path(arguments)) is not None:
-        return code
+    serve_root = None  # a project whose build server to start once this build has ended
+    if fast_path:
+        noop.mark_start(arguments)
+        if (code := noop.try_fast_path(arguments)) is not None:
+            return code
+        if (split := noop._split(arguments)) is not None:
+            from optbuild import buildserver
 
+            if buildserver.enabled():
+                code, serve_root = buildserver.try_build(arguments, split[0])
+                if code is not None:
+                    return code
+    code = _run_command(arguments)
+    if serve_root is not None:
+        from optbuild import buildserver
+
+        buildserver.spawn(serve_root)
+    return code
+
+
+def _run_command(arguments: list[str]) -> int:
     import importlib
 
     from optbuild.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full

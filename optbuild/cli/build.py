@@ -59,11 +59,14 @@ def report_remote(args: argparse.Namespace, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from optbuild.buildserver import served_pool
     from optbuild.projectroot import project_root
     from optbuild.workerpool import WorkerPool
 
-    # first: the fork server imports the steps' tools while optbuild loads the project and plans
-    workers = None if args.no_build else WorkerPool.speculative(project_root(args.directory))
+    # first: the fork server imports the steps' tools while optbuild loads the project and
+    # plans; in a build server, its fork servers are already warm (their close is a no-op)
+    root = project_root(args.directory)
+    workers = None if args.no_build else served_pool(root) or WorkerPool.speculative(root)
     try:
         return _build(args, workers)
     finally:

@@ -1,0 +1,378 @@
+"""The build server (optbuild.buildserver), on: a build after the first goes through it, with
+the client's environment, folder and terminal; Ctrl-C and a killed client cancel as locally;
+a changed module restarts it; it ends when idle; only its own user can talk to it. Every
+test stops the servers it started (and kills them if they do not stop)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+from plugins.projects import ProjectDir
+from test_signals import INTERRUPTED, alive, nap_project, wait_for_pids
+
+from optbuild import buildserver
+from optbuild.digest import FileHasher
+from optbuild.store.local import LocalStore
+
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: abstract sockets, /proc"),
+              pytest.mark.timeout(180)]
+
+SERVED = {"OPTBUILD_SERVER": "1", "OPTBUILD_DEBUG_SERVER": "1", "OPTBUILD_SERVER_IDLE_S": "120"}
+# Files a server loads must be older than this when it loads them (noop.RACY_NS) to vouch
+# for what it imported: a project written by a test waits that long before its server starts.
+RACY_S = 2.1
+
+PROBE_KINDS = '''
+import os
+from pathlib import Path
+
+from optbuild.steps.base import Step, StepParams
+
+
+class ProbeParams(StepParams):
+    tag: str = ""
+
+
+class Probe(Step):
+    """Writes what it sees: $PROBE, and the pids of its parents."""
+
+    Params = ProbeParams
+    primary_output = "data.txt"
+
+    def run(self, ctx):
+        (ctx.out_dir / "data.txt").write_text(f"{os.environ.get('PROBE')} {self.params.tag}")
+'''
+
+
+def probe_project(root: Path) -> ProjectDir:
+    proj = ProjectDir(root)
+    proj.root.mkdir(parents=True)
+    proj.write("probe.py", PROBE_KINDS)
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n\n[kinds]\nprobe = "probe.py:Probe"\n')
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "one"\n')
+    return proj
+
+
+def optbuild(cwd: Path, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "optbuild", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, check=False, env={**os.environ, **SERVED, **(env or {})})
+
+
+def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "optbuild", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **SERVED, **(env or {})})
+
+
+def status(root: Path) -> dict | None:
+    return buildserver.request(os.path.realpath(root), {"op": "status"})
+
+
+def wait_for_server(root: Path, not_pid: int | None = None, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = status(root)
+        if found is not None and found["pid"] != not_pid:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"no build server came up for {root}")
+
+
+def served_by(stderr: str) -> int | None:
+    for line in stderr.splitlines():
+        if "server: build served by pid " in line:
+            return int(line.rsplit(" ", 1)[1])
+    return None
+
+
+def fork_server_pids(found: dict) -> list[int]:
+    return [f["pid"] for f in found.get("fork_servers", [])]
+
+
+def wait_gone(pids: list[int], timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+def server_processes(root: Path) -> list[int]:
+    """The build servers of ``root``, found by their command line (one may be starting, or
+    ending: not yet, or no longer, answering on its socket)."""
+    wanted = os.path.realpath(root)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"optbuild.buildserver" in a for a in args) and wanted.encode() in args:
+            found.append(int(entry.name))
+    return [pid for pid in found if alive(pid)]
+
+
+@pytest.fixture
+def servers():
+    """Project roots whose servers the test may start: each ended after it (SIGTERM: it stops
+    as when idle; SIGKILL, its fork servers dying with it, if it does not)."""
+    roots: list[Path] = []
+    yield roots
+    stuck = []
+    for root in roots:
+        for pid in server_processes(root):
+            os.kill(pid, signal.SIGTERM)
+            if not wait_gone([pid], 20):
+                os.kill(pid, signal.SIGKILL)
+                stuck.append(root)
+    assert not stuck, f"build servers that did not stop: {stuck}"
+
+
+def test_the_second_build_goes_through_the_server_with_the_clients_env_and_folder(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    # from the parent folder, -C relative to the client's folder (python -m puts the current
+    # folder on sys.path: a client started from another folder is another interpreter setup)
+    first = optbuild(tmp_path, "-C", "proj", "build", env={"PROBE": "a"})
+    assert first.returncode == 0, first.stderr
+    assert "none runs: building in this process" in first.stderr and served_by(first.stderr) is None
+    server = wait_for_server(proj.root)
+    assert proj.read("build/r/p/data.txt") == "a one"
+
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    second = optbuild(tmp_path, "-C", "proj", "build", env={"PROBE": "b"})
+    assert second.returncode == 0, second.stderr
+    assert served_by(second.stderr) == server["pid"]
+    assert "built    r:p" in second.stderr and "ok: 1 built" in second.stderr  # the server wrote to our stderr
+    assert proj.read("build/r/p/data.txt") == "b two"
+    log = Path(server["log"]).read_text()
+    assert "build 1 for pid" in log and "(in " + str(tmp_path) + ")" in log
+
+    # an error is reported as locally, through the server
+    bad = optbuild(tmp_path, "-C", "proj", "build", "r:nothing")
+    assert served_by(bad.stderr) == server["pid"]
+    assert bad.returncode == 2 and "error:" in bad.stderr
+    assert status(proj.root)["builds"] == 2
+
+
+def test_ctrl_c_of_the_client_cancels_the_build_in_the_server(tmp_path, servers):
+    proj = nap_project(tmp_path / "proj", seconds=60)
+    servers.append(proj.root)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build", "naps:src").returncode == 0
+    server = wait_for_server(proj.root)
+    proc = popen(proj.root, "build", env={"NAP_PIDS": str(pids)})
+    try:
+        workers = wait_for_pids(pids, 2, proc)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        assert time.monotonic() - sent < 10
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, stderr
+    assert served_by(stderr) == server["pid"]
+    assert INTERRUPTED in stderr and "Traceback" not in stderr
+    assert wait_gone(workers, 10)
+    assert_left_clean(proj)
+    assert status(proj.root)["pid"] == server["pid"]  # the server lives on, and serves
+    again = optbuild(proj.root, "build", "naps:src")
+    assert again.returncode == 0 and served_by(again.stderr) == server["pid"]
+
+
+def test_a_killed_client_cancels_its_build_and_leaves_nothing_half_written(tmp_path, servers):
+    proj = nap_project(tmp_path / "proj", seconds=60)
+    servers.append(proj.root)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build", "naps:src").returncode == 0
+    server = wait_for_server(proj.root)
+    proc = popen(proj.root, "build", env={"NAP_PIDS": str(pids)})
+    try:
+        workers = wait_for_pids(pids, 2, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_gone(workers, 10), "the steps of a dead client's build still run"
+    found = status(proj.root)  # answered once the cancelled build is cleaned up
+    assert found is not None and found["pid"] == server["pid"] and found["builds"] == 1
+    assert_left_clean(proj)
+
+
+def assert_left_clean(proj: ProjectDir) -> None:
+    store = LocalStore(proj.root / "cache", FileHasher(None))
+    assert [e.step for _, e in store.iter_entries()] == ["naps:src"]
+    assert not any((proj.root / "cache/tmp").iterdir())
+    assert not (proj.root / "build/naps/a").exists() and not (proj.root / "build/naps/b").exists()
+
+
+def test_a_changed_module_restarts_the_server(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    served = optbuild(proj.root, "build")
+    assert served.returncode == 0 and served_by(served.stderr) == server["pid"]  # it loaded probe.py
+
+    proj.write("probe.py", PROBE_KINDS.replace("{os.environ.get('PROBE')} ", "changed "))
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "three"\n')
+    changed = optbuild(proj.root, "build")
+    assert changed.returncode == 0, changed.stderr
+    assert served_by(changed.stderr) is None and "probe.py changed" in changed.stderr
+    assert proj.read("build/r/p/data.txt") == "changed three"
+    assert wait_gone([server["pid"], *fork_server_pids(server)], 20)
+    assert wait_for_server(proj.root, not_pid=server["pid"])["pid"] != server["pid"]
+
+
+def test_an_idle_server_ends_and_its_fork_servers_with_it(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    assert optbuild(proj.root, "build", env={"OPTBUILD_SERVER_IDLE_S": "3"}).returncode == 0
+    server = wait_for_server(proj.root)
+    assert server["idle_limit_s"] == 3
+    pids = [server["pid"], *fork_server_pids(server)]
+    assert len(pids) == 2
+    assert wait_gone(pids, 30)
+    assert status(proj.root) is None
+    assert "stopping: idle for 3 s" in Path(server["log"]).read_text()
+
+
+def test_a_killed_server_takes_its_fork_servers_with_it_and_the_next_build_runs_locally(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    os.kill(server["pid"], signal.SIGKILL)
+    assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    again = optbuild(proj.root, "build")
+    assert again.returncode == 0 and "none runs" in again.stderr
+
+
+def test_server_status_and_stop(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    none = optbuild(proj.root, "server", "status")
+    assert none.returncode == 1 and "no build server runs" in none.stdout
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    shown = optbuild(proj.root, "server", "status")
+    assert shown.returncode == 0 and f"build server pid {server['pid']}" in shown.stdout
+    stop = optbuild(proj.root, "server", "stop")
+    assert stop.returncode == 0 and f"stopped the build server (pid {server['pid']})" in stop.stderr
+    assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
+
+
+def test_off_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPTBUILD_SERVER", raising=False)
+    assert not buildserver.enabled()
+    monkeypatch.setenv("OPTBUILD_SERVER", "0")
+    assert not buildserver.enabled()
+    monkeypatch.setenv("OPTBUILD_SERVER", "1")
+    assert buildserver.enabled()
+
+
+# --- the peer check ---------------------------------------------------------------------------
+def test_only_the_same_user_is_served(monkeypatch, tmp_path):
+    assert buildserver.same_user(os.getuid())
+    assert not buildserver.same_user(os.getuid() + 1)
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    assert buildserver.peer_uid(mine) == os.getuid()  # the real SO_PEERCRED answer
+    monkeypatch.setattr(buildserver, "peer_uid", lambda sock: os.getuid() + 1)
+    server = buildserver.Server.__new__(buildserver.Server)
+    with mine, theirs:
+        buildserver._send(theirs, {"op": "status"})
+        server.handle(mine)  # refused: nothing read, nothing answered
+        mine.close()
+        try:
+            answer = theirs.recv(100)
+        except ConnectionResetError:  # closed with the request unread
+            answer = b""
+        assert answer == b""
+
+
+def test_a_client_talks_only_to_a_server_of_its_own_user(monkeypatch, tmp_path, capsys):
+    proj = probe_project(tmp_path / "proj")
+    root = os.path.realpath(proj.root)
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with squatter:
+        squatter.bind(buildserver.address(root))
+        squatter.listen(1)
+        monkeypatch.setattr(buildserver, "peer_uid", lambda sock: os.getuid() + 1)
+        monkeypatch.chdir(proj.root)
+        assert buildserver.try_build(["build"], None) == (None, None)  # in-process, and no server started
+    assert "belongs to uid" in capsys.readouterr().err
+
+
+def test_the_address_is_abstract_and_per_user_and_project(tmp_path):
+    a, b = buildserver.address(str(tmp_path / "a")), buildserver.address(str(tmp_path / "b"))
+    assert a.startswith("\0") and a != b and len(a.encode()) < 108
+
+
+# --- staleness, caches --------------------------------------------------------------------------
+def test_a_server_declines_another_interpreter_a_changed_module_or_a_replaced_project(tmp_path, monkeypatch):
+    root = tmp_path / "proj"
+    root.mkdir()
+    module = tmp_path / "mods" / "served_probe_module.py"
+    module.parent.mkdir()
+    module.write_text("X = 1\n")
+    loaded = types.ModuleType("served_probe_module")
+    loaded.__file__ = str(module)
+    monkeypatch.setitem(sys.modules, "served_probe_module", loaded)  # as if the server had imported it
+    server = buildserver.Server(str(root), str(root / "build"), 10)
+    server.watch_modules(time.time_ns() + 3 * 10**9)  # as if loaded 3 s after its last change
+    assert server.stale is None
+    ours = {"identity": buildserver.identity()}
+    assert server.why_stale(ours) is None
+    other = {"identity": {**ours["identity"], "executable": "/usr/bin/python9"}}
+    assert server.why_stale(other) == "another interpreter setup (executable)"
+    module.write_text("X = 22\n")
+    assert server.why_stale(ours) == f"{module} changed since it was loaded"
+    module.write_text("X = 1\n")
+    fresh = buildserver.Server(str(root), str(root / "build"), 10)
+    fresh.watch_modules(time.time_ns())  # just written: cannot vouch for what was imported
+    assert fresh.stale.endswith("changed within 2 s of being loaded")
+    root.rename(tmp_path / "gone")
+    root.mkdir()
+    server.sigs.clear()
+    assert server.why_stale(ours) == "the project folder was removed or replaced"
+
+
+def test_no_optbuild_cache_outlives_a_build(tmp_path):
+    from optbuild import plugins, pyimports
+
+    source = tmp_path / "m.py"
+    source.write_text("import os\n")
+    pyimports.parsed(source, pyimports.file_signature(source))
+    plugins.declared("optbuild.test-nothing")
+    assert pyimports.parsed.cache_info().currsize and plugins.declared.cache_info().currsize
+    buildserver._fresh_caches()
+    assert pyimports.parsed.cache_info().currsize == 0 and plugins.declared.cache_info().currsize == 0
+
+
+def test_the_server_switches_do_not_change_the_no_op_stamp(monkeypatch):
+    from optbuild import noop
+
+    before = noop._env()
+    for name in ("OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER"):
+        monkeypatch.setenv(name, "1")
+    assert noop._env() == before
+    monkeypatch.setenv("OPTBUILD_REMOTE", "file:///x")
+    assert noop._env() != before
