@@ -36,6 +36,7 @@ from optbuild.errors import (
 from optbuild.fingerprint import Fingerprint
 from optbuild.graph import StepGraph
 from optbuild.keys import action_key, describe_changes, file_digests, step_ingredients
+from optbuild.outputs import store_outputs
 from optbuild.paths import confined
 from optbuild.recipe import Project, StepSpec
 from optbuild.report import Reporter
@@ -250,9 +251,9 @@ class Executor:
                 return False
             return not building or not self.project.steps[sid].step.exclusive
 
-        self.backend.start()
         with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
             try:
+                self.backend.start()  # closed below, whatever it got to
                 while ready or held or building:
                     while ready:
                         sid = ready.popleft()
@@ -627,17 +628,8 @@ class Executor:
 
     def _store_outputs(self, spec: StepSpec, key: str, ingredients: dict[str, Any], out_dir: Path,
                        log: bytes, result: WorkerResult, duration: float) -> ActionEntry:
-        files = sorted(p for p in out_dir.rglob("*") if p.is_file() or p.is_symlink())
-        if not files:
-            raise StepError(f"{spec.id} produced no output")
         primary = spec.step.primary_output
-        if primary is not None and not (out_dir / primary).is_file():
-            raise StepError(f"{spec.id} did not write its main output {primary}")
-        outputs = {}
-        for path in files:
-            if path.is_symlink():
-                raise StepError(f"{spec.id} wrote a symbolic link ({path.name}); outputs must be files")
-            outputs[path.relative_to(out_dir).as_posix()] = self.store.put_file(path, move=True)
+        outputs = store_outputs(out_dir, primary, spec.id, self.store)
         entry = ActionEntry(
             key=key, step=spec.id, kind=spec.kind, outputs=outputs, primary=primary,
             ingredients=ingredients, log=self.store.put_bytes(log), metrics=result.metrics,

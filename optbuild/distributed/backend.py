@@ -117,11 +117,7 @@ class DaskBackend(BuildBackend):
                 raise OptbuildError(message) from None
             ex.reporter.emit({"event": "warning", "message": message + "; planning for this host"})
             return
-        try:
-            self._discover()
-        except BaseException:
-            self.close()
-            raise
+        self._discover()
 
     def _discover(self) -> None:
         from optbuild.distributed.node import node_info

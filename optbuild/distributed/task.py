@@ -201,27 +201,18 @@ def _inside(root: Path, relative: str, what: str) -> Path:
 def _entry(doc: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: dict[str, Any],
            duration: float, node: str) -> Any:
     """The action entry of the outputs in ``out_dir``, under the rules of a local build."""
+    from optbuild.errors import StepError
+    from optbuild.outputs import store_outputs
     from optbuild.store.entry import ActionEntry
 
-    step_id = doc["step"]
-    files = sorted(p for p in out_dir.rglob("*") if p.is_file() or p.is_symlink())
-    if not files:
-        return _fail(f"{step_id} produced no output")
-    primary = doc.get("primary_output")
-    if primary is not None and not (out_dir / primary).is_file():
-        return _fail(f"{step_id} did not write its main output {primary}")
-    outputs = {}
-    for path in files:
-        if path.is_symlink():
-            return _fail(f"{step_id} wrote a symbolic link ({path.name}); outputs must be files")
-        outputs[path.relative_to(out_dir).as_posix()] = store.put_file(path, move=True)
+    step_id, primary = doc["step"], doc.get("primary_output")
+    try:
+        outputs = store_outputs(out_dir, primary, step_id, store)
+    except StepError as exc:
+        raise StepFailed(str(exc)) from None
     return ActionEntry(key=doc["key"], step=step_id, kind=doc["kind"], outputs=outputs, primary=primary,
                        ingredients=doc["ingredients"], log=store.put_bytes(log), metrics=metrics,
                        duration_s=duration, created_at=time.time(), built_on=node)
-
-
-def _fail(message: str) -> Any:
-    raise StepFailed(message)
 
 
 class StepFailed(TaskError):
