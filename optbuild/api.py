@@ -92,6 +92,8 @@ def build(
     fetch_only: bool = False,
     retry_failed: bool = False,
     workers: WorkerPool | None = None,
+    executor: str | None = None,
+    scheduler: str | None = None,
 ) -> BuildResult:
     """Build (or with ``dry_run``, plan) ``targets`` and their ancestors.
 
@@ -101,7 +103,8 @@ def build(
     ``retry_failed``.
     ``jobs``, ``keep_going`` and ``skip_unavailable`` left at None take optbuild.toml's [build].
     ``workers``: a pool already started for this project (``WorkerPool.speculative``); the
-    build closes it.
+    build closes it. ``executor`` ("local", "dask", "auto") and ``scheduler`` (a Dask
+    scheduler's address, which alone means "dask") override [build]'s.
     """
     config = ws.project.config.build
     options = Options(
@@ -112,6 +115,8 @@ def build(
         fetch_only=fetch_only,
         retry_failed=retry_failed,
         preload=config.preload,
+        executor=executor or ("dask" if scheduler else config.executor),
+        scheduler=scheduler or config.scheduler,
     )
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])

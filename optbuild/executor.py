@@ -62,6 +62,8 @@ class Options:
     fetch_only: bool = False  # build --no-build: take what the caches hold, build nothing
     retry_failed: bool = False  # run steps whose failure with the same key is remembered
     preload: bool = True  # steps fork from a server that has imported their tools (Linux)
+    executor: str = "local"  # where steps build: "local", "dask", "auto" (dask when it can)
+    scheduler: str = ""  # the Dask scheduler's address, for "dask" and "auto"
 
 
 @dataclass
@@ -97,6 +99,11 @@ class Placement:
 
     def missing(self) -> str | None:
         return self.why_not()
+
+
+class BackendUnavailable(OptbuildError):
+    """A build backend that cannot serve this build (its scheduler is unreachable, it has no
+    nodes or no remote cache): an error, or with executor "auto" a build on this host."""
 
 
 class BuildBackend:
@@ -194,8 +201,9 @@ class Executor:
         self.backend = self._backend()
 
     def _backend(self) -> BuildBackend:
-        """``[build] executor``'s backend; distributed is imported only for "dask"."""
-        if self.project.config.build.executor == "dask":
+        """The backend the options name ("auto" without a scheduler: local); distributed is
+        imported only for the dask one."""
+        if self.options.executor == "dask" or (self.options.executor == "auto" and self.options.scheduler):
             from optbuild.distributed.backend import DaskBackend
 
             return DaskBackend(self)
@@ -253,7 +261,7 @@ class Executor:
 
         with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
             try:
-                self.backend.start()  # closed below, whatever it got to
+                self._start_backend()  # closed below, whatever it got to
                 while ready or held or building:
                     while ready:
                         sid = ready.popleft()
@@ -311,6 +319,16 @@ class Executor:
                             "duration_s": time.perf_counter() - started,
                             "bytes_hashed": self.hasher.bytes_read})
         return self.outcomes
+
+    def _start_backend(self) -> None:
+        try:
+            self.backend.start()
+        except BackendUnavailable as exc:
+            if self.options.executor != "auto":
+                raise
+            self.reporter.emit({"event": "warning", "message": f"{exc}; building on this host (--executor auto)"})
+            self.backend.close()
+            self.backend = LocalBackend(self)
 
     def _plan_notes(self, would_stop: str | None) -> list[str]:
         """Where a build's counts may differ from a plan's: at the step that would stop it

@@ -67,17 +67,23 @@ class BuildSection(_Section):
     # Steps run in children forked from a server that has imported their tools once (Linux);
     # false: a fresh Python process per step, which imports them every time.
     preload: bool = True
-    # Where steps build: "local" (worker processes on this host) or "dask" (Dask workers that
-    # `optbuild worker` started; needs [remote] url, see docs/distributed.md).
-    executor: typing.Literal["local", "dask"] = "local"
+    # Where steps build: "local" (worker processes on this host), "dask" (Dask workers that
+    # `optbuild worker` started; needs [remote] url, see docs/distributed.md) or "auto"
+    # (dask when its scheduler answers, else local).
+    executor: typing.Literal["local", "dask", "auto"] = "local"
     scheduler: str = ""  # the Dask scheduler's address (tcp://HOST:PORT) for executor = "dask"
 
     @field_validator("scheduler")
     @classmethod
     def _scheduler(cls, value: str) -> str:
-        if value and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+", value):
-            raise ValueError(f"{value!r} is not a Dask scheduler address (expected tcp://HOST:PORT)")
-        return value
+        return check_scheduler(value)
+
+
+def check_scheduler(address: str) -> str:
+    """``address`` if it is empty or a Dask scheduler's address, else ValueError."""
+    if address and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+", address):
+        raise ValueError(f"{address!r} is not a Dask scheduler address (expected tcp://HOST:PORT)")
+    return address
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -35,6 +35,23 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                         help="set a parameter for this run, validated like the recipe and recorded "
                              "in optbuild.lock (repeatable; a matrix step's name sets all its instances)")
     add_remote_flags(parser)
+    parser.add_argument("--executor", choices=("local", "dask", "auto"), default=None,
+                        help="where steps build: this host, Dask workers (`optbuild worker`), or Dask "
+                             "when its scheduler answers, else this host (default: [build] executor)")
+    parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", default=None,
+                        help="the Dask scheduler for the dask executor (implies --executor dask; "
+                             "default: [build] scheduler)")
+
+
+def scheduler_override(args: argparse.Namespace) -> str | None:
+    """--scheduler, checked as [build] scheduler is."""
+    from optbuild.errors import OptbuildError
+    from optbuild.recipe import check_scheduler
+
+    try:
+        return check_scheduler(args.scheduler) if args.scheduler else None
+    except ValueError as exc:
+        raise OptbuildError(f"--scheduler: {exc}") from None
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +102,8 @@ def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,
                            skip_unavailable=args.skip_unavailable, fetch_only=args.no_build,
-                           retry_failed=args.retry_failed, workers=workers)
+                           retry_failed=args.retry_failed, workers=workers,
+                           executor=args.executor, scheduler=scheduler_override(args))
     finally:
         ws.close()
     report_remote(args, result)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from optbuild.cli.build import add_common, remote_override, report_remote
+from optbuild.cli.build import add_common, remote_override, report_remote, scheduler_override
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=1,
                            dry_run=True, skip_unavailable=args.skip_unavailable,
-                           retry_failed=args.retry_failed)
+                           retry_failed=args.retry_failed, executor=args.executor,
+                           scheduler=scheduler_override(args))
     finally:
         ws.close()
     report_remote(args, result)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.errors import OptbuildError, StepError
-from optbuild.executor import BuildBackend, Cancelled, Executor, Placement
+from optbuild.executor import BackendUnavailable, BuildBackend, Cancelled, Executor, Placement
 from optbuild.fingerprint import Fingerprint
 from optbuild.keys import _display_path, key_files
 from optbuild.recipe import StepSpec
@@ -80,7 +80,7 @@ class DaskBackend(BuildBackend):
 
     def __init__(self, executor: Executor):
         self.executor = executor
-        self.address = executor.project.config.build.scheduler
+        self.address = executor.options.scheduler
         self.client: Any = None
         self.classes: list[HostClass] = []
         self.nodes: list[Node] = []
@@ -93,15 +93,15 @@ class DaskBackend(BuildBackend):
         ex = self.executor
         config = ex.project.config_file
         if not self.address:
-            raise OptbuildError(f'{config}: [build] executor = "dask" needs [build] scheduler = '
-                                '"tcp://HOST:PORT", the Dask scheduler that `optbuild worker` nodes joined')
+            raise OptbuildError('the dask executor needs the address of a Dask scheduler that `optbuild worker` '
+                                f'nodes joined: --scheduler tcp://HOST:PORT, or [build] scheduler in {config}')
         if not ex.options.dry_run:
             if ex.remote is None:
-                raise OptbuildError(f'{config}: [build] executor = "dask" needs a remote cache ([remote] url, '
+                raise BackendUnavailable(f'{config}: the dask executor needs a remote cache ([remote] url, '
                                     "s3://... or file:// on a mount every node shares): artifacts travel "
                                     "through it, not through Dask")
             if not (ex.remote.store.read and ex.remote.store.write):
-                raise OptbuildError(f'{config}: [build] executor = "dask" needs a remote cache that this host '
+                raise BackendUnavailable(f'{config}: the dask executor needs a remote cache that this host '
                                     "can read and write ([remote] read and write = true)")
         from optbuild.distributed import require_distributed
 
@@ -111,10 +111,9 @@ class DaskBackend(BuildBackend):
         try:
             self.client = Client(self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
         except (OSError, TimeoutError) as exc:
-            message = (f"cannot reach the Dask scheduler at {self.address} ([build] scheduler in {config}): "
-                       f"{type(exc).__name__}: {exc}")
+            message = f"cannot reach the Dask scheduler at {self.address}: {type(exc).__name__}: {exc}"
             if not ex.options.dry_run:
-                raise OptbuildError(message) from None
+                raise BackendUnavailable(message) from None
             ex.reporter.emit({"event": "warning", "message": message + "; planning for this host"})
             return
         self._discover()
@@ -131,7 +130,7 @@ class DaskBackend(BuildBackend):
                 break
             time.sleep(0.25)
         if not self.nodes:
-            raise OptbuildError(f"no node has joined the Dask scheduler at {self.address}: start one on each "
+            raise BackendUnavailable(f"no node has joined the Dask scheduler at {self.address}: start one on each "
                                 f"build host with `optbuild worker --scheduler {self.address}`")
         by_fields: dict[bytes, HostClass] = {}
         for node in self.nodes:

@@ -39,13 +39,13 @@ def free_address() -> str:
 def test_executor_settings_are_validated_where_they_are_written(tmp_path):
     proj = make_project(tmp_path / "p", build='executor = "dusk"\nscheduler = "127.0.0.1:8786"\n', recipe=SMALL)
     problems = "\n".join(proj.problems())
-    assert "optbuild.toml:11: build.executor: Input should be 'local' or 'dask'" in problems
+    assert "optbuild.toml:11: build.executor: Input should be 'local', 'dask' or 'auto'" in problems
     assert "optbuild.toml:12: build.scheduler: '127.0.0.1:8786' is not a Dask scheduler address (expected tcp://HOST:PORT)" in problems
 
 
 def test_the_dask_executor_needs_a_scheduler_and_a_remote_cache(tmp_path, file_remote):
     proj = make_project(tmp_path / "p", build='executor = "dask"\n', remote=file_remote.section(), recipe=SMALL)
-    with pytest.raises(OptbuildError, match=r'needs \[build\] scheduler = "tcp://HOST:PORT"'):
+    with pytest.raises(OptbuildError, match=r"--scheduler tcp://HOST:PORT, or \[build\] scheduler in"):
         build(proj)
     proj = make_project(tmp_path / "q", build=f'executor = "dask"\nscheduler = "{free_address()}"\n', recipe=SMALL)
     with pytest.raises(OptbuildError, match=r"needs a remote cache \(\[remote\] url"):
@@ -70,6 +70,33 @@ def test_an_unreachable_scheduler_is_a_clear_error(tmp_path, file_remote, monkey
         ws.close()
     assert plan.steps("would-build") == ["farm:src"]
     assert any("cannot reach the Dask scheduler" in e.get("message", "") for e in plan.reporter.events)
+
+
+def test_with_executor_auto_an_unreachable_scheduler_means_a_build_on_this_host(tmp_path, file_remote, monkeypatch):
+    from optbuild.distributed import backend
+
+    monkeypatch.setattr(backend, "CONNECT_TIMEOUT_S", 1)
+    address = free_address()
+    proj = make_project(tmp_path / "p", build=f'executor = "auto"\nscheduler = "{address}"\n',
+                        remote=file_remote.section(), recipe=SMALL)
+    result = build(proj)
+    assert result.ok and result.steps("built") == ["farm:src"]
+    (warning,) = [e["message"] for e in result.reporter.events if e.get("event") == "warning"]
+    assert warning.startswith(f"cannot reach the Dask scheduler at {address}")
+    assert warning.endswith("building on this host (--executor auto)")
+
+
+def test_the_command_line_names_the_executor_and_the_scheduler(tmp_path, file_remote, monkeypatch):
+    from optbuild.cli import main
+    from optbuild.distributed import backend
+
+    monkeypatch.setattr(backend, "CONNECT_TIMEOUT_S", 1)
+    proj = make_project(tmp_path / "p", build="", remote=file_remote.section(), recipe=SMALL)
+    monkeypatch.chdir(proj.root)
+    assert main(["build", "--scheduler", "127.0.0.1:1"]) == 2  # checked as [build] scheduler is
+    assert main(["build", "--scheduler", free_address()]) == 2  # implies dask: unreachable is an error
+    assert not (proj.root / "build" / "farm").exists()
+    assert main(["build", "--executor", "auto", "--scheduler", free_address()]) == 0  # ... or local
 
 
 def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:Source", base_dir="recipes"):
