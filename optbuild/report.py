@@ -78,7 +78,7 @@ def _line(event: Event) -> str | None:
             return f"  build    {event['step']}" + (f"  ({why})" if why else "")
         text = f"  {status:<8} {event['step']}"
         if event.get("duration_s") is not None and status == Status.BUILT:
-            text += f"  {event['duration_s']:.1f}s"
+            text += f"  {event['duration_s']:.1f}s" + (f" on {event['node']}" if event.get("node") else "")
         if status in (Status.WOULD_BUILD, Status.SKIPPED) and event.get("reasons"):
             text += "  (" + "; ".join(event["reasons"]) + ")"
         if event.get("error"):

@@ -5,6 +5,7 @@ those of a local build; a second build is all cached."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from plugins.remote import outputs
 
 from optbuild import api, lockfile
 from optbuild.fingerprint import Fingerprint
-from optbuild.report import Reporter
+from optbuild.report import PlainReporter, Reporter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,6 +80,9 @@ def test_host_keyed_steps_land_on_their_node_and_match_a_local_build(tmp_path, f
     assert len({nodes[f"farm:j{i}"] for i in range(6)}) >= 2, nodes
     events = [e for e in result.reporter.events if e.get("event") == "step" and e["status"] == "built"]
     assert {e["step"]: e["node"] for e in events} == nodes
+    console = io.StringIO()
+    PlainReporter(console).show(next(e for e in events if e["step"] == "farm:ampere"))
+    assert console.getvalue().startswith("  built    farm:ampere  ") and console.getvalue().endswith("s on ampere\n")
     assert s3_remote.audit().ok
 
     # a local build of the same project, one recorded host at a time: the same keys and bytes
