@@ -1,4 +1,5 @@
-"""Faults of the dask executor: a node killed (SIGKILL) in the middle of a step."""
+"""Faults of the dask executor: a node, or the coordinator, killed (SIGKILL) in the middle
+of a step."""
 
 from __future__ import annotations
 
@@ -101,6 +102,34 @@ def test_the_only_matching_node_killed_mid_step_fails_the_step_instead_of_waitin
         error = result.outcomes["farm:engine"].error
         assert "no connected node can build it any more" in error and "gpu.0.compute_capability=9.0" in error
         assert file_remote.keys() == [result.outcomes["farm:src"].key]
+        assert file_remote.audit().ok
+    finally:
+        cluster.stop()
+
+
+def test_the_coordinator_killed_mid_step_leaves_nothing_corrupt_and_the_next_build_finishes(
+        tmp_path, file_remote):
+    marker = tmp_path / "started"
+    cluster = start_cluster(tmp_path / "farm", {"hopper": 1, "cpu": 1}, env={"OPTBUILD_TEST_STARTED": str(marker)})
+    try:
+        proj = make_project(tmp_path / "p", build=f'executor = "dask"\nscheduler = "{cluster.address}"\n',
+                            remote=file_remote.section(), recipe=RECIPE)
+        coordinator = proj.popen("build")
+        deadline = time.monotonic() + 30
+        while not (marker.exists() and marker.read_text().strip()):
+            assert time.monotonic() < deadline and coordinator.poll() is None, cluster.logs()
+            time.sleep(0.05)
+        coordinator.kill()
+        coordinator.communicate(timeout=10)
+        assert LocalStore(proj.root / "cache", FileHasher(None)).verify().ok
+        assert file_remote.audit().ok
+        builder, box = _build_in_thread(proj)
+        builder.join(45)
+        done = box["result"]
+        assert done.ok, (done.reporter.events, cluster.logs())
+        assert sorted(done.steps("cached") + done.steps("restored") + done.steps("built")) == ["farm:engine", "farm:src"]
+        assert (proj.root / "build/farm/engine/data.txt").read_text() == "hello@gpu.0.compute_capability=9.0"
+        assert LocalStore(proj.root / "cache", FileHasher(None)).verify().ok
         assert file_remote.audit().ok
     finally:
         cluster.stop()
