@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import runpy
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,14 @@ def artifact(model: Path, step: str = "r:export") -> Artifact:
 
 
 def recipe_step(recipe: str, step: str) -> dict[str, Any]:
-    """The parameters of ``[steps.<step>]`` in recipes/<recipe>.toml (without ``kind``)."""
-    with open(RECIPES / f"{recipe}.toml", "rb") as f:
-        table = tomllib.load(f)["steps"][step]
+    """The parameters of ``[steps.<step>]`` of recipes/<recipe>.toml, as written there or
+    in its template (without ``kind``)."""
+    from optbuild import template
+    from optbuild.tomlsource import load_toml
+
+    problems: list = []
+    table = template.instantiate(load_toml(RECIPES / f"{recipe}.toml"), problems)[0]["steps"][step]
+    assert not problems, problems
     return {k: v for k, v in table.items() if k != "kind"}
 
 
