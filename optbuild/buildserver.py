@@ -2,7 +2,8 @@
 (as Gradle's and Bazel's daemons), its fork servers warm, so that a changed build pays for
 the steps' own work and not for importing optbuild, pydantic and the steps' tools again.
 
-Opt-in (``OPTBUILD_SERVER=1``); off by default for now, see the README.
+Opt-in (``[build] server = true`` in optbuild.toml, or ``OPTBUILD_SERVER=1``, which also
+turns it off with 0); off by default for now, see the README.
 
 **Client** (``try_build``; standard library only, imported after the no-op fast path
 declined): connects to the project's server over a Unix socket and sends, in one message,
@@ -32,7 +33,8 @@ changed one, a dead one, or a client environment other than the one they were st
 (``PWD``, ``OLDPWD`` and ``_`` aside) restarts them. No optbuild cache outlives a build: every
 ``functools`` cache of an optbuild module and the warn-once sets are cleared before each.
 
-**Lifetime.** It ends after ``OPTBUILD_SERVER_IDLE_S`` seconds without a build (default 900),
+**Lifetime.** It ends after ``OPTBUILD_SERVER_IDLE_S`` (else ``[build] server_idle_s``)
+seconds without a build (default 900),
 when its project folder is removed or replaced, on ``optbuild server stop``, and on SIGTERM
 (cancelling a build as a local SIGTERM would). Its fork servers and their step children
 die with it (PR_SET_PDEATHSIG, tied to a thread that lives as long as the server). A client
@@ -65,10 +67,31 @@ def _debug(message: str) -> None:
         print(f"optbuild: server: {message}", file=sys.stderr, flush=True)
 
 
-def enabled() -> bool:
-    """Whether ``optbuild build`` uses a build server: ``OPTBUILD_SERVER=1`` (off by default)."""
-    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on") \
-        and sys.platform.startswith("linux")
+def enabled(root: str | None = None) -> bool:
+    """Whether ``optbuild build`` of the project at ``root`` uses a build server (Linux
+    only): ``OPTBUILD_SERVER`` when set (1 or 0), else ``[build] server`` of its
+    optbuild.toml; off by default."""
+    if not sys.platform.startswith("linux"):
+        return False
+    switch = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if switch:
+        return switch in ("1", "true", "yes", "on")
+    return root is not None and _setting(root, "server", False) is True
+
+
+def _setting(root: str, name: str, default: object) -> object:
+    """``[build] NAME`` of the project's optbuild.toml as written there (the build checks its
+    type: an unreadable or invalid file gives ``default`` here and its error there)."""
+    import tomllib
+
+    from optbuild.projectroot import CONFIG_NAME
+
+    try:
+        with open(os.path.join(root, CONFIG_NAME), "rb") as config:
+            build = tomllib.load(config).get("build", {})
+    except (OSError, ValueError):
+        return default
+    return build.get(name, default) if isinstance(build, dict) else default
 
 
 def address(root: str) -> str:
@@ -161,7 +184,7 @@ def try_build(argv: list[str], directory: str | None) -> tuple[int | None, str |
     from optbuild.projectroot import project_root
 
     root = project_root(directory)
-    if root is None:
+    if root is None or not enabled(root):
         return None, None
     try:
         sock = _connect(root)
@@ -258,12 +281,15 @@ def _recv_answer(sock) -> dict | None:
         return None
 
 
-def idle_limit() -> float:
-    """Seconds a server waits for its next build: $OPTBUILD_SERVER_IDLE_S, else 900."""
+def idle_limit(root: str) -> float:
+    """Seconds a server waits for its next build: $OPTBUILD_SERVER_IDLE_S, else
+    ``[build] server_idle_s``, else 900."""
+    given = os.environ.get(ENV_IDLE) or _setting(root, "server_idle_s", DEFAULT_IDLE_S)
     try:
-        value = float(os.environ.get(ENV_IDLE) or DEFAULT_IDLE_S)
-    except ValueError:
-        print(f"warning: {ENV_IDLE} is not a number of seconds; using {DEFAULT_IDLE_S:g}", file=sys.stderr)
+        value = float(given)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        print(f"warning: the build server's idle time {given!r} is not a number of seconds; using "
+              f"{DEFAULT_IDLE_S:g}", file=sys.stderr)
         return DEFAULT_IDLE_S
     return value if value > 0 else DEFAULT_IDLE_S
 
@@ -281,7 +307,7 @@ def spawn(root: str, build_dir: str | None = None) -> None:
             build_dir = noop.build_dir_of(root)
         log_path = os.path.join(build_dir, LOG)
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        idle = idle_limit()
+        idle = idle_limit(root)
         code = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
                 "from optbuild.buildserver import serve; serve(sys.argv[2], sys.argv[3], float(sys.argv[4]))")
         try:

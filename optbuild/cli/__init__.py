@@ -29,7 +29,7 @@ SUBCOMMANDS = {
     "kinds": "the step kinds, and each kind's parameters (types, defaults, descriptions)",
     "bench": "latency and throughput of built models on this host (onnxruntime CPU, PyTorch eager)",
     "worker": "a build node for the dask executor: a Dask worker offering this host's fingerprint",
-    "server": "the project's build server (OPTBUILD_SERVER=1): status, stop",
+    "server": "the project's build server ([build] server = true): status, stop",
 }
 
 
@@ -126,10 +126,9 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
         if (split := noop._split(arguments)) is not None:
             from optbuild import buildserver
 
-            if buildserver.enabled():
-                code, serve_root = buildserver.try_build(arguments, split[0])
-                if code is not None:
-                    return code
+            code, serve_root = buildserver.try_build(arguments, split[0])
+            if code is not None:
+                return code
     code = _run_command(arguments)
     if serve_root is not None:
         from optbuild import buildserver

@@ -280,13 +280,25 @@ def test_server_status_and_stop(tmp_path, servers):
     assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
 
 
-def test_off_unless_asked(tmp_path, monkeypatch):
+def test_off_unless_asked_by_the_environment_or_the_project(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    config = tmp_path / "optbuild.toml"
+    config.write_text("[build]\njobs = 2\n")
     monkeypatch.delenv("OPTBUILD_SERVER", raising=False)
-    assert not buildserver.enabled()
-    monkeypatch.setenv("OPTBUILD_SERVER", "0")
-    assert not buildserver.enabled()
+    assert not buildserver.enabled(root)
     monkeypatch.setenv("OPTBUILD_SERVER", "1")
-    assert buildserver.enabled()
+    assert buildserver.enabled(root)
+    config.write_text("[build]\nserver = true\nserver_idle_s = 60\n")
+    monkeypatch.setenv("OPTBUILD_SERVER", "0")  # the environment wins, either way
+    assert not buildserver.enabled(root)
+    monkeypatch.delenv("OPTBUILD_SERVER")
+    assert buildserver.enabled(root) and buildserver.idle_limit(root) == 60
+    monkeypatch.setenv("OPTBUILD_SERVER_IDLE_S", "5")
+    assert buildserver.idle_limit(root) == 5
+    config.write_text('[build]\nserver = "yes"\n')  # not a boolean: off here, an error in the build
+    assert not buildserver.enabled(root)
+    config.write_text("[build\nserver = true\n")
+    assert not buildserver.enabled(root)
 
 
 # --- the peer check ---------------------------------------------------------------------------
@@ -316,6 +328,7 @@ def test_a_client_talks_only_to_a_server_of_its_own_user(monkeypatch, tmp_path, 
         squatter.bind(buildserver.address(root))
         squatter.listen(1)
         monkeypatch.setattr(buildserver, "peer_uid", lambda sock: os.getuid() + 1)
+        monkeypatch.setenv("OPTBUILD_SERVER", "1")
         monkeypatch.chdir(proj.root)
         assert buildserver.try_build(["build"], None) == (None, None)  # in-process, and no server started
     assert "belongs to uid" in capsys.readouterr().err
