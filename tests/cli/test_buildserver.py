@@ -164,17 +164,22 @@ def test_the_second_build_goes_through_the_server_with_the_clients_env_and_folde
     assert status(proj.root)["builds"] == 2
 
 
-def test_ctrl_c_of_the_client_cancels_the_build_in_the_server(tmp_path, servers):
+def napping_through_a_server(tmp_path: Path, servers: list[Path]) -> tuple[ProjectDir, dict, subprocess.Popen]:
+    """A project whose server built its source, and a client whose build of two 60 s naps
+    runs in that server; the naps' pids go to tmp_path / "pids"."""
     proj = nap_project(tmp_path / "proj", seconds=60)
     servers.append(proj.root)
-    pids = tmp_path / "pids"
-    pids.mkdir()
+    (tmp_path / "pids").mkdir()
     time.sleep(RACY_S)
     assert optbuild(proj.root, "build", "naps:src").returncode == 0
     server = wait_for_server(proj.root)
-    proc = popen(proj.root, "build", env={"NAP_PIDS": str(pids)})
+    return proj, server, popen(proj.root, "build", env={"NAP_PIDS": str(tmp_path / "pids")})
+
+
+def test_ctrl_c_of_the_client_cancels_the_build_in_the_server(tmp_path, servers):
+    proj, server, proc = napping_through_a_server(tmp_path, servers)
     try:
-        workers = wait_for_pids(pids, 2, proc)
+        workers = wait_for_pids(tmp_path / "pids", 2, proc)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
@@ -193,16 +198,9 @@ def test_ctrl_c_of_the_client_cancels_the_build_in_the_server(tmp_path, servers)
 
 
 def test_a_killed_client_cancels_its_build_and_leaves_nothing_half_written(tmp_path, servers):
-    proj = nap_project(tmp_path / "proj", seconds=60)
-    servers.append(proj.root)
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    time.sleep(RACY_S)
-    assert optbuild(proj.root, "build", "naps:src").returncode == 0
-    server = wait_for_server(proj.root)
-    proc = popen(proj.root, "build", env={"NAP_PIDS": str(pids)})
+    proj, server, proc = napping_through_a_server(tmp_path, servers)
     try:
-        workers = wait_for_pids(pids, 2, proc)
+        workers = wait_for_pids(tmp_path / "pids", 2, proc)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
     finally:
