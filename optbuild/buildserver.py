@@ -244,7 +244,10 @@ def _build_through(sock, argv: list[str]) -> int:
         except OSError:
             pass
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    forwarded = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # not under nohup: the terminal closing ends it
+        forwarded.append(signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in forwarded}
     try:
         sock.settimeout(WAIT_NOTE_S)
         try:
@@ -578,7 +581,7 @@ class Server:
         except KeyboardInterrupt as exc:  # a cancel that came as the build was ending
             from optbuild.cli import Terminated
 
-            code = 143 if isinstance(exc, Terminated) else 130
+            code = 128 + exc.signum if isinstance(exc, Terminated) else 130
         except BaseException as exc:
             _log(f"build failed in the server: {type(exc).__name__}: {exc}")
             if not isinstance(exc, Exception):
@@ -640,6 +643,8 @@ def _watch(conn, main_thread: int, state: _State, build_id: int) -> None:
             signum = int(json.loads(data)["signal"]) if data else signal.SIGTERM
         except (ValueError, KeyError, TypeError):
             continue
+        if signum == signal.SIGHUP:  # the client's terminal closed; the server ignores SIGHUP itself
+            signum = signal.SIGTERM
         if signum not in (signal.SIGINT, signal.SIGTERM):
             continue
         with state.lock:

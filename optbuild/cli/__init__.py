@@ -63,44 +63,56 @@ def _show_warnings() -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread: a KeyboardInterrupt, so that it takes the path of
-    Ctrl-C (workers killed, scratch space removed, finished steps kept)."""
+    """SIGTERM (or SIGHUP: the terminal closed), raised in the main thread: a
+    KeyboardInterrupt, so that it takes the path of Ctrl-C (workers killed, scratch space
+    removed, finished steps kept). ``signum``: the signal, for the exit status."""
+
+    def __init__(self, signum: int = 15):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_ENDING = (15, 1)  # SIGTERM, SIGHUP (numbers: the signal module is imported only when used)
 
 
 def _terminate(signum: int, frame: object) -> None:
-    """Further SIGTERMs are ignored: they must not cut short the cleanup the first began
-    (SIGKILL still ends it)."""
+    """Further SIGTERMs and SIGHUPs are ignored: they must not cut short the cleanup the
+    first began (SIGKILL still ends it)."""
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated
+    for ending in _ENDING:
+        signal.signal(ending, signal.SIG_IGN)
+    raise Terminated(signum)
 
 
 class _sigterm_as_interrupt:  # lower case: used as the function it replaced
-    """SIGTERM raises Terminated while the command runs; the handler found is put back
-    after (main() may run more than once in a process). Only the main thread can do so."""
+    """SIGTERM and SIGHUP raise Terminated while the command runs (a SIGHUP that was ignored,
+    as under nohup, stays ignored); the handlers found are put back after (main() may run
+    more than once in a process). Only the main thread can do so."""
 
     def __enter__(self) -> None:
         import signal
         import threading
 
-        self.previous: object = None
-        self.installed = threading.current_thread() is threading.main_thread()
-        if self.installed:
-            self.previous = signal.signal(signal.SIGTERM, _terminate)
+        self.previous: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in _ENDING:
+                if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+                    continue
+                self.previous[signum] = signal.signal(signum, _terminate)
 
     def __exit__(self, *exc: object) -> None:
         import signal
 
-        if self.installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if self.previous is None else self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
 
 
 def main(argv: list[str] | None = None, *, fast_path: bool = True) -> int:
     """``fast_path``: False in a build server, whose client tried the no-op fast path.
 
-    Exit status: 0 done, 1 a step failed, 2 an error, 130 Ctrl-C, 143 SIGTERM (128 + the
-    signal, as a shell reports a command the signal killed), 141 stdout closed by its reader
+    Exit status: 0 done, 1 a step failed, 2 an error, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
+    (128 + the signal, as a shell reports a command the signal killed), 141 stdout closed by its reader
     (as ``ls | head`` reports under ``set -o pipefail``: the output was cut short)."""
     try:
         try:
@@ -160,4 +172,4 @@ def _run_command(arguments: list[str]) -> int:
         except KeyboardInterrupt as exc:
             print("interrupted: the steps that had finished are kept (in the cache and the build "
                   "folder); the steps that were running left nothing behind", file=sys.stderr)
-            return 143 if isinstance(exc, Terminated) else 130
+            return 128 + exc.signum if isinstance(exc, Terminated) else 130

@@ -88,7 +88,9 @@ def assert_left_clean(proj: ProjectDir) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_half_done(tmp_path):
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["SIGTERM", "SIGHUP (its terminal closed)"])
+def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_half_done(tmp_path, signum, status):
     proj = nap_project(tmp_path / "proj", seconds=60)
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -96,13 +98,13 @@ def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_ha
     try:
         workers = wait_for_pids(pids, 2, proc)
         sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=30)
         assert time.monotonic() - sent < 10
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == 143, stderr
+    assert proc.returncode == status, stderr
     assert INTERRUPTED in stderr and "Traceback" not in stderr
     assert not any(alive(pid) for pid in workers)
     assert_left_clean(proj)
