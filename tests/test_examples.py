@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -31,6 +32,10 @@ DIFFERENT = {
     # bench[int8]... now, not bench_int8... (their own keys, and so their figures, are equal)
     "encoder:best",
 }
+# The one line the template adds to what was written by hand: the CPU variants' verify
+# steps record a failure (fail = false) for best to drop the variant, where they stopped
+# the build. The hand-written recipes are compared with that line added.
+CPU_VERIFY = re.compile(r"^(\[steps\.verify_(?!rtx_)\w+\]\n)", re.MULTILINE)
 # What the template gives models that had no such steps: a select step per model.
 ADDED = {f"{model}:{step}" for model, variants in (("cnn", ("int8", "ov_fp32", "ov_int8")),
                                                    ("transformer", ("int8", "dynamic")))
@@ -83,7 +88,8 @@ def test_the_template_gives_the_hand_written_steps_with_the_same_keys(examples, 
     shutil.copytree(examples.root / "recipes/models", old_project.root / "recipes/models",
                     ignore=shutil.ignore_patterns("__pycache__"))
     for recipe in HANDWRITTEN.glob("*.toml"):
-        shutil.copy(recipe, old_project.root / "recipes")
+        text = CPU_VERIFY.sub(r"\1fail = false\n", recipe.read_text())
+        (old_project.root / "recipes" / recipe.name).write_text(text)
     old_project.write("optbuild.toml", f'[cache]\ndir = "{examples.root / "cache"}"\n\n'
                                        "[build]\nskip_unavailable = true\n")
     old = planned_keys(old_project)
