@@ -102,7 +102,7 @@ def test_plan_shows_remote_hits_and_build_no_build_fetches_only(machines, s3_rem
 # --- faults: never fail a build -------------------------------------------------------------
 def test_server_stopped_mid_build_builds_the_rest_locally(machines, s3_remote, tmp_path):
     server = start_s3_server()  # a second server on the same data, stopped during B's build
-    extra = SLOW.format(sleep=0.5) + AFTER
+    extra = SLOW.format(sleep=2.0) + AFTER
     a = machines("a", s3_remote.section(), extra)
     b = machines("b", s3_remote.section(max_errors=2).replace(s3_remote.endpoint, server.endpoint), extra)
     assert a.build().ok
@@ -111,9 +111,10 @@ def test_server_stopped_mid_build_builds_the_rest_locally(machines, s3_remote, t
     marker = tmp_path / "started"
     proc = b.popen("build", "--json", env={"OPTBUILD_TEST_STARTED": str(marker)})
     deadline = time.time() + 60
-    while not marker.exists() and time.time() < deadline:
+    restored = b.root / "build/chain/out/data.txt"  # the steps beside `slow` came from the remote
+    while not (marker.exists() and restored.exists()) and time.time() < deadline:
         time.sleep(0.02)
-    server.stop()
+    server.stop()  # while `slow` sleeps: `after` finds the remote gone
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     events = [json.loads(line) for line in out.splitlines()]
