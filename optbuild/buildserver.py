@@ -107,14 +107,13 @@ def address(root: str) -> str:
 def identity() -> dict[str, object]:
     """What a server must share with its client: the interpreter, its path and flags,
     optbuild's version, and the variables that change what gets loaded."""
-    from optbuild import __version__
+    from optbuild import __version__, noop
 
-    cwd = os.getcwd()
     env = {name: value for name, value in os.environ.items()
            if name.startswith(_IDENTITY_PREFIXES) or name in _IDENTITY_NAMES}
     return {"protocol": PROTOCOL, "executable": sys.executable, "version": sys.version,
             "optbuild": __version__, "flags": repr(sys.flags), "uid": os.getuid(),
-            "path": [os.path.abspath(os.path.join(cwd, p)) for p in sys.path], "env": env}
+            "path": noop.python_path(), "env": env}
 
 
 def peer_uid(sock) -> int:
@@ -303,10 +302,10 @@ def spawn(root: str, build_dir: str | None = None) -> None:
     import json
     import subprocess
 
+    from optbuild import noop
+
     try:
         if build_dir is None:
-            from optbuild import noop
-
             build_dir = noop.build_dir_of(root)
         log_path = os.path.join(build_dir, LOG)
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -317,10 +316,9 @@ def spawn(root: str, build_dir: str | None = None) -> None:
             flags = subprocess._args_from_interpreter_flags()
         except Exception:
             flags = []
-        cwd = os.getcwd()
-        path = [os.path.abspath(os.path.join(cwd, p)) for p in sys.path]
         with open(log_path, "ab") as log:
-            subprocess.Popen([sys.executable, *flags, "-c", code, json.dumps(path), root, build_dir, str(idle)],
+            subprocess.Popen([sys.executable, *flags, "-c", code, json.dumps(noop.python_path()), root, build_dir,
+                              str(idle)],
                              cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                              start_new_session=True, close_fds=True)
         _debug(f"started one for {root}")
@@ -402,7 +400,7 @@ class Server:
         self.pool = None
         from optbuild import noop
 
-        self.host = noop._host()
+        self.host = noop.host_facts()
 
     # --- staleness ---
     def watch_modules(self, since_ns: int) -> None:
@@ -410,11 +408,11 @@ class Server:
         that changed too recently to vouch for what was imported makes the server stale."""
         from optbuild import noop
 
-        for path in _watched_files():
+        for path in noop.module_files(stdlib=True):
             if path in self.sigs:
                 continue
-            sig = self.sigs[path] = noop._sig(path)
-            if sig != "absent" and max(sig[0], sig[1]) >= since_ns - noop.RACY_NS and self.stale is None:
+            sig = self.sigs[path] = noop.signature(path)
+            if noop.changed_within(sig, since_ns) and self.stale is None:
                 self.stale = f"{path} changed within {noop.RACY_NS / 1e9:g} s of being loaded"
 
     def why_stale(self, client: dict) -> str | None:
@@ -428,10 +426,10 @@ class Server:
             return f"another interpreter setup ({', '.join(what)})"
         if _file_id(self.root) != self.root_id:
             return "the project folder was removed or replaced"
-        if noop._host() != self.host:
+        if noop.host_facts() != self.host:
             return "the host changed (reboot, GPU devices or driver)"
         for path, sig in self.sigs.items():
-            if noop._sig(path) != sig:
+            if noop.signature(path) != sig:
                 return f"{path} changed since it was loaded"
         return None
 
@@ -760,16 +758,6 @@ def _file_id(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _watched_files() -> list[str]:
-    """Every loaded module's file."""
-    files = []
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and os.path.isabs(path):
-            files.append(path)
-    return files
 
 
 def _fresh_caches() -> None:

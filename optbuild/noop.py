@@ -94,7 +94,7 @@ def mark_start(argv: list[str], *, started_ns: int | None = None, sys_path: list
     global _started_ns, _argv, _sys_path
     _started_ns = time.time_ns() if started_ns is None else started_ns
     _argv = list(argv)
-    _sys_path = _python_path() if sys_path is None else list(sys_path)
+    _sys_path = python_path() if sys_path is None else list(sys_path)
 
 
 def started_ns() -> int:
@@ -102,12 +102,13 @@ def started_ns() -> int:
     return time.time_ns() if _started_ns is None else _started_ns
 
 
-def _python_path() -> list[str]:
+def python_path() -> list[str]:
+    """sys.path with its entries made absolute (as the imports will resolve them here)."""
     cwd = os.getcwd()
     return [os.path.abspath(os.path.join(cwd, p)) for p in sys.path]
 
 
-def _split(argv: list[str]) -> tuple[str | None, list[str]] | None:
+def split_build_args(argv: list[str]) -> tuple[str | None, list[str]] | None:
     """(-C folder or None, the arguments after ``build``); None for any other command."""
     directory, i = None, 0
     while i < len(argv):
@@ -155,7 +156,15 @@ def build_dir_of(root: str) -> str:
     return os.path.abspath(os.path.join(root, setting))
 
 
-def _sig(path: str) -> list[int] | str:
+def changed_within(sig: list[int] | str, ref_ns: int, margin_ns: int | None = None) -> bool:
+    """Whether a file of signature ``sig`` was modified less than ``margin_ns`` (RACY_NS)
+    before ``ref_ns`` (or after): too recent for its signature to vouch for what was read then."""
+    margin = RACY_NS if margin_ns is None else margin_ns
+    return sig != "absent" and max(sig[0], sig[1]) >= ref_ns - margin
+
+
+def signature(path: str) -> list[int] | str:
+    """A file's stat signature (mtime, ctime, size, inode), or "absent"."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -186,7 +195,9 @@ def _env() -> dict[str, str]:
             if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and name not in _ENV_IGNORED}
 
 
-def _host() -> dict[str, object]:
+def host_facts() -> dict[str, object]:
+    """What tells this boot and its GPUs apart: the boot id, /dev/nvidia*, the driver."""
+
     def read(path: str) -> str | None:
         try:
             with open(path, "rb") as f:
@@ -204,7 +215,7 @@ def _host() -> dict[str, object]:
 
 def _python() -> dict[str, object]:
     return {"executable": sys.executable, "version": sys.version,
-            "path": _sys_path if _sys_path is not None else _python_path()}
+            "path": _sys_path if _sys_path is not None else python_path()}
 
 
 def _shown(path: str, root: str) -> str:
@@ -255,14 +266,15 @@ def _glob_folders(root: str, pattern: str) -> list[str]:
     return folders
 
 
-def _module_files() -> list[str]:
-    stdlib = os.path.dirname(os.__file__) + os.sep
+def module_files(*, stdlib: bool = False) -> list[str]:
+    """The files of the modules loaded now; the standard library's only with ``stdlib``."""
+    prefix = os.path.dirname(os.__file__) + os.sep
     files = []
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not isinstance(path, str) or not os.path.isabs(path):
             continue
-        if path.startswith(stdlib) and "-packages" not in path[len(stdlib):]:
+        if not stdlib and path.startswith(prefix) and "-packages" not in path[len(prefix):]:
             continue
         files.append(path)
     return files
@@ -273,7 +285,7 @@ def _record(ws, result) -> str | None:
 
     from optbuild.status import Status
 
-    if _argv is None or _started_ns is None or (split := _split(_argv)) is None:
+    if _argv is None or _started_ns is None or (split := split_build_args(_argv)) is None:
         return "not run as `optbuild build`"
     build_args = split[1]
     if flag := next((a for a in build_args for f in NOT_RECORDED if a == f or a.startswith(f + "=")), None):
@@ -297,7 +309,7 @@ def _record(ws, result) -> str | None:
     for path in getattr(ws.hasher, "consulted", ()):
         (products if path.startswith(product_roots) else inputs).add(path)
     inputs.update({os.path.dirname(p) for p in inputs if os.path.isfile(p)})
-    inputs.update(_module_files())
+    inputs.update(module_files())
 
     lines, counts = [], {}
     local = {"hits": 0, "misses": 0, "unavailable": 0}
@@ -339,8 +351,8 @@ def _record(ws, result) -> str | None:
     sigs: dict[str, list[int] | str] = {}
     racy = []
     for path in sorted(inputs):
-        sig = sigs[path] = _sig(path)
-        if sig != "absent" and max(sig[0], sig[1]) >= _started_ns - RACY_NS:
+        sig = sigs[path] = signature(path)
+        if changed_within(sig, _started_ns):
             racy.append(_shown(path, root))
     unusable = None
     if racy:
@@ -349,17 +361,17 @@ def _record(ws, result) -> str | None:
     recorded_ns = time.time_ns()
     digests: dict[str, str] = {}
     for path in sorted(products):
-        sig = sigs[path] = _sig(path)
-        if unusable is not None or sig == "absent" or max(sig[0], sig[1]) < recorded_ns - RACY_NS:
+        sig = sigs[path] = signature(path)
+        if unusable is not None or not changed_within(sig, recorded_ns):
             continue
         if os.path.isfile(path) and sig[2] <= HASH_MAX:
             digests[path] = _content_digest(path)
-            if _sig(path) == sig:
+            if signature(path) == sig:
                 continue
         unusable = f"{_shown(path, root)} was written within {RACY_NS / 1e9:g} s of recording"
     stamp = {
         "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
-        "env": _env(), "python": _python(), "host": _host(), "unusable": unusable,
+        "env": _env(), "python": _python(), "host": host_facts(), "unusable": unusable,
         "sigs": sigs, "digests": digests, "lines": lines, "counts": counts,
         "cache_dir": os.path.abspath(project.cache_dir),
         "stats": {"command": "build", "ok": True, "counts": counts, "local": local, "remote": None,
@@ -403,7 +415,7 @@ def try_fast_path(argv: list[str]) -> int | None:
 
 def _check(argv: list[str]) -> dict | str | None:
     """The stamp when it holds; else why not (a string), or None when not a build at all."""
-    split = _split(argv)
+    split = split_build_args(argv)
     if split is None:
         return None
     directory, build_args = split
@@ -440,11 +452,11 @@ def _check(argv: list[str]) -> dict | str | None:
         old = stamp.get("env") or {}
         changed = sorted(n for n in set(env) | set(old) if env.get(n) != old.get(n))
         return f"environment variable {', '.join(changed)} changed"
-    if stamp.get("host") != _host():
+    if stamp.get("host") != host_facts():
         return "the host changed (reboot, GPU devices or driver)"
     sigs = stamp["sigs"]
     for path, sig in sigs.items():
-        if _sig(path) != sig:
+        if signature(path) != sig:
             return f"{_shown(path, root)} changed"
     for path, digest in stamp["digests"].items():
         try:

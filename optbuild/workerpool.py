@@ -188,7 +188,7 @@ class ForkServer:
             return "a fork server ended"
         if self.watched is None:
             return None
-        from optbuild.noop import _sig
+        from optbuild.noop import changed_within, signature
 
         self.watched.seek(0)
         for line in self.watched.read().decode(errors="replace").splitlines():
@@ -197,9 +197,9 @@ class ForkServer:
             except ValueError:
                 return "a fork server's record of its modules is damaged"
             for path, sig in batch["sigs"].items():
-                if sig != "absent" and max(sig[0], sig[1]) >= batch["ref"] - racy_ns:
+                if changed_within(sig, batch["ref"], racy_ns):
                     return f"{path} changed within {racy_ns / 1e9:g} s of being imported"
-                if _sig(path) != sig:
+                if signature(path) != sig:
                     return f"{path} changed since it was imported"
         return None
 

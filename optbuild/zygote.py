@@ -110,17 +110,16 @@ class ModuleWatch:
         self.seen: set[str] = set()
 
     def record(self, ref_ns: int) -> None:
+        from optbuild.noop import module_files, signature
+
         sigs = {}
-        for module in list(sys.modules.values()):
-            path = getattr(module, "__file__", None)
-            if isinstance(path, str) and os.path.isabs(path) and path not in self.seen:
+        for path in module_files(stdlib=True):
+            if path not in self.seen:
                 self.seen.add(path)
                 try:
-                    st = os.stat(path)
-                except OSError:
+                    sigs[path] = signature(path)
+                except OSError:  # unreadable: as gone, so that it restarts the server
                     sigs[path] = "absent"
-                    continue
-                sigs[path] = [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
         if sigs:
             self.out.write(json.dumps({"ref": ref_ns, "sigs": sigs}) + "\n")
             self.out.flush()

@@ -135,7 +135,7 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
         noop.mark_start(arguments)
         if (code := noop.try_fast_path(arguments)) is not None:
             return code
-        if (split := noop._split(arguments)) is not None:
+        if (split := noop.split_build_args(arguments)) is not None:
             from optbuild import buildserver
 
             code, serve_root = buildserver.try_build(arguments, split[0])
