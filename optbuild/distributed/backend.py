@@ -287,19 +287,19 @@ class DaskBackend(BuildBackend):
 
     def _connect(self) -> None:
         """The remote cache, usable for reading and writing: StepError saying why not."""
-        from optbuild.distributed.cas import CasError, require_usable
+        from optbuild.store.remote import TransferError
 
         if self._connected:
             return
         try:
-            require_usable(self.executor.remote)
-        except CasError as exc:
+            self.executor.remote.require_read_write()
+        except TransferError as exc:
             raise StepError(str(exc)) from None
         self._connected = True
 
     def _ensure(self, digest: str, size: int, label: str) -> None:
         """The remote CAS holds blob ``digest`` (from the local store) once this returns."""
-        from optbuild.distributed.cas import CasError, ensure_blob
+        from optbuild.store.remote import TransferError
 
         with self._lock:
             if digest in self._present:
@@ -308,8 +308,8 @@ class DaskBackend(BuildBackend):
         if not ex.store.blob_ok(digest, size):
             raise StepError(f"{label} is missing from the local cache {ex.store.root} (run the build again)")
         try:
-            ensure_blob(ex.remote, ex.store.blob_path(digest), digest, size, label)
-        except CasError as exc:
+            ex.remote.ensure_blob(ex.store.blob_path(digest), digest, size, label)
+        except TransferError as exc:
             raise StepError(f"{exc} (the dask executor needs it there)") from None
         with self._lock:
             self._present.add(digest)
@@ -330,7 +330,7 @@ class DaskBackend(BuildBackend):
 
     def _accept(self, spec: StepSpec, key: str, ingredients: dict[str, Any], result: dict[str, Any]) -> ActionEntry:
         """The node's entry, validated as a fetched remote entry is, its blobs fetched here."""
-        from optbuild.store.remote import _Rejected, decode_entry
+        from optbuild.store.remote import Rejected, decode_entry
 
         ex = self.executor
         assert ex.remote is not None
@@ -341,7 +341,7 @@ class DaskBackend(BuildBackend):
             raise StepError(f"node {node} returned no entry for {spec.id}")
         try:
             entry = decode_entry(data.encode(), key, ex.remote.store.signing_key)
-        except _Rejected as exc:
+        except Rejected as exc:
             raise StepError(f"the entry that node {node} returned for {spec.id} was rejected: {exc}") from None
         wrong = [what for what, ok in (("key material", entry.ingredients == ingredients),
                                        ("step", entry.step == spec.id), ("kind", entry.kind == spec.kind),
@@ -349,9 +349,7 @@ class DaskBackend(BuildBackend):
         if wrong:
             raise StepError(f"the entry that node {node} returned for {spec.id} was rejected: its "
                             f"{', '.join(wrong)} differ from what was asked")
-        fetched = ex.remote.fetch(entry, ex.store, spec.id)
-        if fetched is not None:
-            ex.remote._count(hits=-1)  # built for this run, not a hit: the run's cache figures stay true
+        fetched = ex.remote.fetch(entry, ex.store, spec.id, hit=False)  # built for this run, not a hit
         if fetched is None:
             raise StepError(f"the outputs that node {node} built for {spec.id} could not be fetched: "
                             f"{ex.remote.miss_reason(key) or 'see the warnings'}")

@@ -105,9 +105,8 @@ def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
 
 def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
     from optbuild.digest import FileHasher
-    from optbuild.distributed.cas import CasError, download, require_usable
     from optbuild.store.local import LocalStore
-    from optbuild.store.remote import RemoteStore
+    from optbuild.store.remote import RemoteStore, TransferError
     from optbuild.workerspec import ArtifactSpec, WorkerSpec
 
     _check_tools(doc, node)
@@ -118,9 +117,9 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
     project.mkdir()
     step_id = str(doc["step"])
     try:
-        require_usable(session)
+        session.require_read_write()
         for name, blob in sorted(doc["files"].items()):
-            path = download(session, blob["digest"], blob["size"], store, f"{step_id} input {name}")
+            path = session.download_blob(blob["digest"], blob["size"], store, f"{step_id} input {name}")
             _place(path, project, name, "the input file")
         inputs = {}
         for number, (field, upstream) in enumerate(sorted(doc["inputs"].items())):
@@ -128,12 +127,12 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
             folder.mkdir(parents=True)
             files = {}
             for name, blob in sorted(upstream["outputs"].items()):
-                path = download(session, blob["digest"], blob["size"], store, f"{upstream['step']} {name}")
+                path = session.download_blob(blob["digest"], blob["size"], store, f"{upstream['step']} {name}")
                 files[name] = str(_place(path, folder, name, f"the output of {upstream['step']}"))
             primary = upstream.get("primary")
             inputs[field] = ArtifactSpec(step=str(upstream["step"]), dir=str(folder), files=files,
                                          primary=files.get(primary) if primary else None)
-    except CasError as exc:
+    except TransferError as exc:
         raise TaskError(_with_warnings(str(exc), warnings)) from None
     implementation = str(doc["implementation"])
     if implementation.startswith(PROJECT_KIND):

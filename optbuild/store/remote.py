@@ -80,8 +80,13 @@ class _Failed(Exception):
     """A remote operation failed; it has been counted and reported. The message says how."""
 
 
-class _Rejected(Exception):
+class Rejected(Exception):
     """What the remote sent is not acceptable (corrupt, unsigned, unsafe)."""
+
+
+class TransferError(Exception):
+    """A blob could not be checked, uploaded or downloaded (``RemoteSession``'s blob
+    methods, which the dask executor uses); the message says why."""
 
 
 class EventSink(Protocol):
@@ -139,25 +144,25 @@ def encode_entry(entry: ActionEntry, key: bytes | None) -> bytes:
 def decode_entry(data: bytes, expected_key: str, signing_key: bytes | None) -> ActionEntry:
     """The entry in ``data`` if it is safe to use as the entry of ``expected_key``.
 
-    Raises _Rejected saying why not: too large or too deep, unsigned or wrongly signed (when
+    Raises Rejected saying why not: too large or too deep, unsigned or wrongly signed (when
     a key is configured; checked before the bytes are parsed), not an entry, filed under
     another key, or any rule of ``store.entry`` broken (digests, output names).
     """
     if len(data) > MAX_ENTRY_BYTES + _SIGNATURE_LINE:
-        raise _Rejected(f"it is larger than {MAX_ENTRY_BYTES} bytes")
+        raise Rejected(f"it is larger than {MAX_ENTRY_BYTES} bytes")
     signature = None
     if data.startswith(SIGNATURE_PREFIX):
         line, _, data = data.partition(b"\n")
         signature = line[len(SIGNATURE_PREFIX):]
     if signing_key is not None:
         if signature is None:
-            raise _Rejected("it is not signed, and a signing key is configured")
+            raise Rejected("it is not signed, and a signing key is configured")
         if not hmac.compare_digest(signature, sign(data, signing_key).encode()):
-            raise _Rejected("its signature does not match (written without the signing key, or altered)")
+            raise Rejected("its signature does not match (written without the signing key, or altered)")
     try:
         return parse_entry(data, expected_key)
     except EntryError as exc:
-        raise _Rejected(str(exc)) from None
+        raise Rejected(str(exc)) from None
 
 
 def signed_by_another(data: bytes, expected_key: str, signing_key: bytes | None) -> bool:
@@ -259,7 +264,7 @@ class RemoteStore:
         return f"{self._root}/ac/{key[:2]}/{key[2:]}.json"
 
     def _inside(self, path: str) -> str:
-        """``path``, if it resolves to a place under the remote's root; else _Rejected.
+        """``path``, if it resolves to a place under the remote's root; else Rejected.
 
         Checked before every read, write and rename on a local file system, so a symbolic
         link planted in the remote cannot send a download's source or an upload's bytes
@@ -270,7 +275,7 @@ class RemoteStore:
         real = os.path.realpath(path)
         if real != self._real_root and not real.startswith(self._real_root.rstrip(os.sep) + os.sep):
             shown = path[len(self._root) + 1:] if path.startswith(self._root + "/") else path
-            raise _Rejected(f"{shown} leads outside the remote's folder (to {real}) through a symbolic link")
+            raise Rejected(f"{shown} leads outside the remote's folder (to {real}) through a symbolic link")
         return path
 
     # --- raw operations (run under RemoteSession._call) --------------------------------
@@ -294,7 +299,7 @@ class RemoteStore:
                     dst.write(chunk)
                     touch(len(chunk))
                     if expected is not None and dst.tell() > expected:
-                        raise _Rejected(f"it is larger than the {expected} bytes recorded")
+                        raise Rejected(f"it is larger than the {expected} bytes recorded")
             return
         fs.get_file(remote, str(local), callback=_callback(touch, expected))
 
@@ -307,7 +312,7 @@ class RemoteStore:
             while chunk := src.read(_CHUNK):
                 seen += len(chunk)
                 if seen > size:
-                    raise _Rejected(f"it is larger than the {size} bytes listed")
+                    raise Rejected(f"it is larger than the {size} bytes listed")
                 hasher.update(chunk)
                 touch(len(chunk))
         return hasher.hexdigest()
@@ -377,13 +382,13 @@ def _callback(touch: Callable[[int], None], expected: int | None) -> Any:
         def set_size(self, size: int | None) -> None:
             super().set_size(size)
             if expected is not None and size is not None and size != expected:
-                raise _Rejected(f"it has {size} bytes where {expected} were recorded")
+                raise Rejected(f"it has {size} bytes where {expected} were recorded")
             touch(0)
 
         def relative_update(self, inc: int = 1) -> None:
             super().relative_update(inc)
             if expected is not None and self.value > expected:
-                raise _Rejected(f"it is larger than the {expected} bytes recorded")
+                raise Rejected(f"it is larger than the {expected} bytes recorded")
             touch(inc)
 
     return _Progress()
@@ -436,8 +441,9 @@ class RemoteStats:
 class RemoteSession:
     """The remote as one build (or push, or pull) uses it: counters and circuit breaker.
 
-    Every method is safe to call from the executor's threads and never raises for a
-    remote fault: it warns, counts, and answers "miss" / "not uploaded".
+    Every method is safe to call from the executor's threads and, but for the single-blob
+    ones (TransferError), never raises for a remote fault: it warns, counts, and answers
+    "miss" / "not uploaded".
     """
 
     store: RemoteStore
@@ -509,7 +515,7 @@ class RemoteSession:
         stalls must not hold a build). Only an upload, whose size is this host's own file
         and whose driver may report progress once a whole part is sent, gets until its
         first report the time to send ``upload_size`` bytes at 1 MiB/s besides.
-        FileNotFoundError passes through when ``missing_ok``; _Rejected passes through;
+        FileNotFoundError passes through when ``missing_ok``; Rejected passes through;
         anything else is a fault.
         """
         if self.stats.disabled:  # tripped while a multi-call operation was under way
@@ -547,7 +553,7 @@ class RemoteSession:
             return box.get("value")
         if isinstance(error, FileNotFoundError) and missing_ok:
             raise error
-        if isinstance(error, _Rejected):
+        if isinstance(error, Rejected):
             raise error
         if isinstance(error, KeyboardInterrupt):
             raise error
@@ -594,7 +600,7 @@ class RemoteSession:
         except _Failed as exc:
             self._remember_miss(key, f"the remote cache could not be reached ({exc})")
             return None
-        except _Rejected as exc:
+        except Rejected as exc:
             self._count(misses=1, rejected=1)
             self.warn(f"entry of {step or key} rejected: {exc}", step=step, key=key)
             self._remember_miss(key, f"its remote entry was rejected ({exc})")
@@ -603,8 +609,10 @@ class RemoteSession:
             self._count(hits=1)
         return entry
 
-    def fetch(self, entry: ActionEntry, local: LocalStore, step: str = "") -> ActionEntry | None:
-        """Download what ``entry`` names into ``local``, verified, then store the entry there.
+    def fetch(self, entry: ActionEntry, local: LocalStore, step: str = "", *,
+              hit: bool = True) -> ActionEntry | None:
+        """Download what ``entry`` names into ``local``, verified, then store the entry there
+        (a cache hit, unless not ``hit``: the outputs of a step built for this run).
 
         Returns the entry (now a local hit), or None when anything was missing, corrupt or
         failed; nothing unverified is left in the local store. The caller holds the local
@@ -627,7 +635,7 @@ class RemoteSession:
                 self._download_blob(digest, size, scratch / digest, local,
                                     f"{label} {names.get(digest, 'log')}")
             local.put_action(entry)
-        except _Rejected as exc:
+        except Rejected as exc:
             self._count(misses=1, rejected=1)
             self.warn(f"entry of {label} not used: {exc}; building it locally", step=step, key=entry.key)
             self._remember_miss(entry.key, f"its remote copy was unusable ({exc})")
@@ -642,9 +650,47 @@ class RemoteSession:
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-        if not self.dry_run:
+        if hit and not self.dry_run:
             self._count(hits=1)
         return entry
+
+    # --- single blobs (the dask executor: inputs sent to its nodes, outputs fetched back) --
+    def require_read_write(self) -> None:
+        """TransferError unless the remote can be read and written now (and is connected:
+        its paths are known only then)."""
+        if not (self._usable() and self._usable(writing=True)):
+            raise TransferError(f"the remote cache {self.url} is needed by the dask executor, but it is not "
+                                f"usable: {self._off_reason()}")
+        try:
+            self._call("connecting", lambda touch: self.store.filesystem())
+        except (_Failed, Rejected) as exc:
+            raise TransferError(f"cannot use the remote cache {self.url}: {exc}") from None
+
+    def ensure_blob(self, source: Path, digest: str, size: int, label: str) -> bool:
+        """Upload ``source`` (a verified blob of this host, ``digest``) unless the remote
+        holds a blob of that size already. True when it was uploaded."""
+        try:
+            if self._call(f"checking blob {digest[:8]}", self.store._blob_size, digest) == size:
+                return False
+            self._upload_blob(source, digest, size, label)
+            return True
+        except (_Failed, Rejected) as exc:
+            raise TransferError(f"could not upload {label} to {self.url}: {exc}") from None
+        except OSError as exc:
+            raise TransferError(f"could not upload {label}: {exc}") from None
+
+    def download_blob(self, digest: str, size: int | None, local: LocalStore, label: str) -> Path:
+        """Fetch blob ``digest`` into ``local`` (checked against its digest and size); its path."""
+        if local.blob_ok(digest, size):
+            return local.blob_path(digest)
+        scratch = local.new_tmp_dir("fetch")
+        try:
+            self._download_blob(digest, size, scratch / digest, local, label)
+        except (_Failed, Rejected) as exc:
+            raise TransferError(f"could not download {label} from {self.url}: {exc}") from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return local.blob_path(digest)
 
     def _download_blob(self, digest: str, size: int | None, tmp: Path, local: LocalStore,
                        label: str) -> None:
@@ -655,16 +701,16 @@ class RemoteSession:
             try:
                 self._call(f"downloading blob {digest[:8]} of {label}", fn, missing_ok=True)
             except FileNotFoundError:
-                raise _Rejected(f"it names blob {digest[:8]}…, which the remote lacks") from None
+                raise Rejected(f"it names blob {digest[:8]}…, which the remote lacks") from None
             got, nbytes = hash_file(tmp)
             self._count(bytes_down=nbytes, blobs_down=1)
             if got != digest or (size is not None and nbytes != size):
                 with self._lock:
                     self._suspect.add(digest)
-                raise _Rejected(f"remote blob {digest[:8]}… is corrupt ({nbytes} bytes hashing to "
+                raise Rejected(f"remote blob {digest[:8]}… is corrupt ({nbytes} bytes hashing to "
                                 f"{got[:8]}…)")
             if local.put_file(tmp, move=True).digest != digest:  # changed under us: never file it
-                raise _Rejected(f"blob {digest[:8]}… changed while it was stored")
+                raise Rejected(f"blob {digest[:8]}… changed while it was stored")
 
     @contextmanager
     def _progress(self, direction: str, label: str, size: int | None) -> Iterator[Callable[..., Any]]:
@@ -738,7 +784,7 @@ class RemoteSession:
             return "uploaded"
         except _Failed:
             return "failed"
-        except _Rejected as exc:
+        except Rejected as exc:
             self._count(rejected=1)
             self.warn(f"not pushing {label}: {exc}", step=step, key=entry.key)
             return "failed"
@@ -796,7 +842,7 @@ class RemoteSession:
         try:
             decode_entry(data, key, self.store.signing_key)
             acceptable = True
-        except _Rejected:
+        except Rejected:
             acceptable = False
         return acceptable, signed_by_another(data, key, self.store.signing_key)
 
@@ -837,7 +883,7 @@ class RemoteSession:
             except _Failed as exc:
                 report.problems.append(f"entry {key}: could not be read ({exc})")
                 continue
-            except _Rejected as exc:
+            except Rejected as exc:
                 report.problems.append(f"entry {key}: {exc}")
                 continue
             recorded = {o.digest: o.size for o in entry.outputs.values()}
@@ -852,7 +898,7 @@ class RemoteSession:
                 try:
                     got = self._call(f"hashing blob {digest[:8]}", self.store._hash_blob, digest,
                                      sizes[digest], missing_ok=True)
-                except (FileNotFoundError, _Failed, _Rejected) as exc:
+                except (FileNotFoundError, _Failed, Rejected) as exc:
                     report.problems.append(f"blob {digest}: could not be read ({exc})")
                     continue
                 if got != digest:

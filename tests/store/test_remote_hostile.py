@@ -27,7 +27,7 @@ from optbuild import api
 from optbuild.report import Reporter
 from optbuild.runstats import describe_stats
 from optbuild.store.entry import MAX_JSON_DEPTH
-from optbuild.store.remote import SIGNATURE_PREFIX, _callback, _Rejected, sign
+from optbuild.store.remote import SIGNATURE_PREFIX, Rejected, _callback, sign
 
 ALL = ["chain:mid", "chain:out", "chain:side", "chain:src"]
 KEY_ENV = "OPTBUILD_TEST_SIGNING_KEY"
@@ -174,7 +174,7 @@ def test_a_download_growing_past_its_recorded_size_is_stopped_as_bytes_arrive():
     callback = _callback(seen.append, expected=10)
     callback.set_size(None)
     callback.relative_update(8)
-    with pytest.raises(_Rejected, match="larger than the 10 bytes recorded"):
+    with pytest.raises(Rejected, match="larger than the 10 bytes recorded"):
         callback.relative_update(8)
     assert seen == [0, 8]
 
