@@ -94,11 +94,13 @@ class Placement:
     host: Fingerprint
     # why no node can build it, in words (None: it can be built); a callable, as a step's
     # ``unavailable`` may be costly and is asked only when the step must build
-    why_not: Callable[[], str | None] = lambda: None
+    missing: Callable[[], str | None] = lambda: None
     route: Any = None  # the backend's own routing (Dask: the resources to ask for)
 
-    def missing(self) -> str | None:
-        return self.why_not()
+    @classmethod
+    def on(cls, host: Fingerprint, spec: StepSpec) -> Placement:
+        """On ``host``, where ``spec`` can build unless its step says why not."""
+        return cls(host, lambda: spec.step.unavailable(host))
 
 
 class BackendUnavailable(OptbuildError):
@@ -136,8 +138,7 @@ class LocalBackend(BuildBackend):
         self.executor = executor
 
     def place(self, spec: StepSpec) -> Placement:
-        host = self.executor.host
-        return Placement(host, lambda: spec.step.unavailable(host))
+        return Placement.on(self.executor.host, spec)
 
     def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
         return self.executor._build(spec, key, ingredients)

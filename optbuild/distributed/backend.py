@@ -150,7 +150,7 @@ class DaskBackend(BuildBackend):
     def place(self, spec: StepSpec) -> Placement:
         ex = self.executor
         if not self.classes:  # a plan with no scheduler reachable: for this host
-            return Placement(ex.host, lambda: spec.step.unavailable(ex.host))
+            return Placement.on(ex.host, spec)
         eligible, refusals = [], []
         for cls in self.classes:
             why = spec.step.unavailable(cls.host)
