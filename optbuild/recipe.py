@@ -69,8 +69,8 @@ class BuildSection(_Section):
     preload: bool = True
     # `optbuild build` hands changed builds to a build server that stays loaded between them
     # (optbuild.buildserver; Linux; $OPTBUILD_SERVER overrides), ended after server_idle_s
-    # seconds without a build.
-    server: bool = False
+    # seconds without a build. Unset: on, unless $CI is set.
+    server: bool | None = None
     server_idle_s: float = Field(900.0, gt=0)
     # Where steps build: "local" (worker processes on this host), "dask" (Dask workers that
     # `optbuild worker` started; needs [remote] url, see docs/distributed.md) or "auto"

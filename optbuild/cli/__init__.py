@@ -29,7 +29,7 @@ SUBCOMMANDS = {
     "kinds": "the step kinds, and each kind's parameters (types, defaults, descriptions)",
     "bench": "latency and throughput of built models on this host (onnxruntime CPU, PyTorch eager)",
     "worker": "a build node for the dask executor: a Dask worker offering this host's fingerprint",
-    "server": "the project's build server ([build] server = true): status, stop",
+    "server": "the project's build server: status, stop",
 }
 
 
@@ -136,16 +136,16 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
         if (code := noop.try_fast_path(arguments)) is not None:
             return code
         if (split := noop.split_build_args(arguments)) is not None:
-            from optbuild import buildserver
+            from optbuild.buildserver import client
 
-            code, serve_root = buildserver.try_build(arguments, split[0])
+            code, serve_root = client.try_build(arguments, split[0])
             if code is not None:
                 return code
     code = _run_command(arguments)
     if serve_root is not None:
-        from optbuild import buildserver
+        from optbuild.buildserver import client
 
-        buildserver.spawn(serve_root)
+        client.spawn(serve_root)
     return code
 
 

@@ -76,7 +76,7 @@ def report_remote(args: argparse.Namespace, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild.buildserver import served_pool
+    from optbuild.buildserver.server import served_pool
     from optbuild.projectroot import project_root
     from optbuild.workerpool import WorkerPool
 

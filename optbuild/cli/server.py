@@ -18,7 +18,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0: it runs (status), or it was stopped / none ran (stop); 1: none runs (status)."""
-    from optbuild import buildserver
+    from optbuild.buildserver import protocol
     from optbuild.errors import OptbuildError
     from optbuild.projectroot import CONFIG_NAME, project_root
 
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if root is None:
         raise OptbuildError(f"no {CONFIG_NAME} here or in any parent folder")
     try:
-        answer = buildserver.request(root, {"op": args.action}, timeout=None if args.action == "stop" else 10)
+        answer = protocol.request(root, {"op": args.action}, timeout=None if args.action == "stop" else 10)
     except (PermissionError, OSError, ValueError) as exc:
         raise OptbuildError(f"the build server did not answer: {exc}") from None
     if args.action == "status":

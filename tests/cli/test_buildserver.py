@@ -18,7 +18,8 @@ import pytest
 from plugins.projects import ProjectDir
 from test_signals import INTERRUPTED, alive, nap_project, wait_for_pids
 
-from optbuild import buildserver
+from optbuild.buildserver import client, protocol, session
+from optbuild.buildserver import server as served
 from optbuild.digest import FileHasher
 from optbuild.store.local import LocalStore
 
@@ -72,7 +73,7 @@ def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 def status(root: Path) -> dict | None:
-    return buildserver.request(os.path.realpath(root), {"op": "status"})
+    return protocol.request(os.path.realpath(root), {"op": "status"})
 
 
 def wait_for_server(root: Path, not_pid: int | None = None, timeout: float = 60) -> dict:
@@ -145,6 +146,7 @@ def test_the_second_build_goes_through_the_server_with_the_clients_env_and_folde
     first = optbuild(tmp_path, "-C", "proj", "build", env={"PROBE": "a"})
     assert first.returncode == 0, first.stderr
     assert "none runs: building in this process" in first.stderr and served_by(first.stderr) is None
+    assert "started a build server for this project's next builds" in first.stderr
     server = wait_for_server(proj.root)
     assert proj.read("build/r/p/data.txt") == "a one"
 
@@ -210,6 +212,96 @@ def test_a_killed_client_cancels_its_build_and_leaves_nothing_half_written(tmp_p
     found = status(proj.root)  # answered once the cancelled build is cleaned up
     assert found is not None and found["pid"] == server["pid"] and found["builds"] == 1
     assert_left_clean(proj)
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat: S sleeping, T stopped..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def parents(pids: list[int]) -> list[int]:
+    return sorted({int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in pids})
+
+
+def wait_state(pids: list[int], wanted: str, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(process_state(p) == wanted for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_z_stops_the_build_in_the_server_and_fg_resumes_it(tmp_path, servers):
+    proj, server, proc = napping_through_a_server(tmp_path, servers)
+    try:
+        workers = wait_for_pids(tmp_path / "pids", 2, proc)
+        forks = parents(workers)  # the fork servers of this build's environment
+        proc.send_signal(signal.SIGTSTP)  # what the terminal sends on Ctrl-Z
+        assert wait_state([proc.pid], "T"), "the client did not stop"
+        assert wait_state(workers + forks, "T"), "the build's processes run on"
+        assert process_state(server["pid"]) != "T"  # its threads wait on; they notice a client gone
+        proc.send_signal(signal.SIGCONT)  # fg
+        assert wait_state(workers, "S") and wait_state(forks, "S"), "the build did not resume"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and INTERRUPTED in stderr, stderr
+    assert_left_clean(proj)
+    again = optbuild(proj.root, "build", "naps:src")  # its fork servers run again
+    assert again.returncode == 0 and served_by(again.stderr) == server["pid"]
+
+
+def test_a_stopped_client_killed_resumes_and_cancels_its_build(tmp_path, servers):
+    proj, _, proc = napping_through_a_server(tmp_path, servers)
+    try:
+        workers = wait_for_pids(tmp_path / "pids", 2, proc)
+        forks = parents(workers)  # the fork servers of this build's environment
+        proc.send_signal(signal.SIGTSTP)
+        assert wait_state(workers + forks, "T")
+        proc.send_signal(signal.SIGKILL)  # kill -9 %1: it never says SIGCONT
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_gone(workers, 10)
+    assert wait_state(forks, "S"), "the fork servers were left stopped"
+    assert status(proj.root)["builds"] == 1
+    assert_left_clean(proj)
+
+
+def test_ctrl_backslash_kills_the_client_as_a_local_build_and_the_server_cancels_its_build(tmp_path, servers):
+    proj, server, proc = napping_through_a_server(tmp_path, servers)
+    try:
+        workers = wait_for_pids(tmp_path / "pids", 2, proc)
+        proc.send_signal(signal.SIGQUIT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGQUIT  # as Python's default: the shell says "Quit"
+    assert wait_gone(workers, 10)
+    assert status(proj.root)["pid"] == server["pid"]
+    assert_left_clean(proj)
+
+
+def test_a_client_under_another_nice_level_is_served_by_a_server_started_under_it(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    niced = subprocess.run([sys.executable, "-m", "optbuild", "build"], cwd=proj.root, capture_output=True,
+                           text=True, timeout=120, check=False, env={**os.environ, **SERVED},
+                           preexec_fn=lambda: os.nice(5))
+    assert niced.returncode == 0, niced.stderr
+    assert served_by(niced.stderr) is None and "another interpreter setup (limits)" in niced.stderr
+    assert wait_gone([server["pid"]], 20)
+    restarted = wait_for_server(proj.root, not_pid=server["pid"])
+    assert os.getpriority(os.PRIO_PROCESS, restarted["pid"]) == os.getpriority(os.PRIO_PROCESS, 0) + 5
 
 
 def assert_left_clean(proj: ProjectDir) -> None:
@@ -278,37 +370,44 @@ def test_server_status_and_stop(tmp_path, servers):
     assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
 
 
-def test_off_unless_asked_by_the_environment_or_the_project(tmp_path, monkeypatch):
+def test_on_by_default_off_under_ci_and_the_environment_or_the_project_decides(tmp_path, monkeypatch):
     root = str(tmp_path)
     config = tmp_path / "optbuild.toml"
     config.write_text("[build]\njobs = 2\n")
     monkeypatch.delenv("OPTBUILD_SERVER", raising=False)
-    assert not buildserver.enabled(root)
+    monkeypatch.delenv("CI", raising=False)
+    assert protocol.enabled(root)
+    assert not protocol.enabled(None)  # no project: nothing to serve
+    monkeypatch.setenv("CI", "true")  # a CI machine is thrown away after one build
+    assert not protocol.enabled(root)
     monkeypatch.setenv("OPTBUILD_SERVER", "1")
-    assert buildserver.enabled(root)
+    assert protocol.enabled(root)
     config.write_text("[build]\nserver = true\nserver_idle_s = 60\n")
     monkeypatch.setenv("OPTBUILD_SERVER", "0")  # the environment wins, either way
-    assert not buildserver.enabled(root)
+    assert not protocol.enabled(root)
     monkeypatch.delenv("OPTBUILD_SERVER")
-    assert buildserver.enabled(root) and buildserver.idle_limit(root) == 60
+    assert protocol.enabled(root) and protocol.idle_limit(root) == 60  # the project wins over $CI
+    monkeypatch.delenv("CI")
+    config.write_text("[build]\nserver = false\n")
+    assert not protocol.enabled(root)
     monkeypatch.setenv("OPTBUILD_SERVER_IDLE_S", "5")
-    assert buildserver.idle_limit(root) == 5
-    config.write_text('[build]\nserver = "yes"\n')  # not a boolean: off here, an error in the build
-    assert not buildserver.enabled(root)
-    config.write_text("[build\nserver = true\n")
-    assert not buildserver.enabled(root)
+    assert protocol.idle_limit(root) == 5
+    config.write_text('[build]\nserver = "yes"\n')  # not a boolean: the default here, an error in the build
+    assert protocol.enabled(root)
+    config.write_text("[build\nserver = false\n")
+    assert protocol.enabled(root)
 
 
 # --- the peer check ---------------------------------------------------------------------------
 def test_only_the_same_user_is_served(monkeypatch, tmp_path):
-    assert buildserver.same_user(os.getuid())
-    assert not buildserver.same_user(os.getuid() + 1)
+    assert protocol.same_user(os.getuid())
+    assert not protocol.same_user(os.getuid() + 1)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    assert buildserver.peer_uid(mine) == os.getuid()  # the real SO_PEERCRED answer
-    monkeypatch.setattr(buildserver, "peer_uid", lambda sock: os.getuid() + 1)
-    server = buildserver.Server.__new__(buildserver.Server)
+    assert protocol.peer_uid(mine) == os.getuid()  # the real SO_PEERCRED answer
+    monkeypatch.setattr(served, "peer_uid", lambda sock: os.getuid() + 1)
+    server = served.Server.__new__(served.Server)
     with mine, theirs:
-        buildserver._send(theirs, {"op": "status"})
+        protocol.send(theirs, {"op": "status"})
         server.handle(mine)  # refused: nothing read, nothing answered
         mine.close()
         try:
@@ -323,17 +422,17 @@ def test_a_client_talks_only_to_a_server_of_its_own_user(monkeypatch, tmp_path, 
     root = os.path.realpath(proj.root)
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with squatter:
-        squatter.bind(buildserver.address(root))
+        squatter.bind(protocol.address(root))
         squatter.listen(1)
-        monkeypatch.setattr(buildserver, "peer_uid", lambda sock: os.getuid() + 1)
+        monkeypatch.setattr(protocol, "peer_uid", lambda sock: os.getuid() + 1)
         monkeypatch.setenv("OPTBUILD_SERVER", "1")
         monkeypatch.chdir(proj.root)
-        assert buildserver.try_build(["build"], None) == (None, None)  # in-process, and no server started
+        assert client.try_build(["build"], None) == (None, None)  # in-process, and no server started
     assert "belongs to uid" in capsys.readouterr().err
 
 
 def test_the_address_is_abstract_and_per_user_and_project(tmp_path):
-    a, b = buildserver.address(str(tmp_path / "a")), buildserver.address(str(tmp_path / "b"))
+    a, b = protocol.address(str(tmp_path / "a")), protocol.address(str(tmp_path / "b"))
     assert a.startswith("\0") and a != b and len(a.encode()) < 108
 
 
@@ -347,17 +446,17 @@ def test_a_server_declines_another_interpreter_a_changed_module_or_a_replaced_pr
     loaded = types.ModuleType("served_probe_module")
     loaded.__file__ = str(module)
     monkeypatch.setitem(sys.modules, "served_probe_module", loaded)  # as if the server had imported it
-    server = buildserver.Server(str(root), str(root / "build"), 10)
+    server = served.Server(str(root), str(root / "build"), 10)
     server.watch_modules(time.time_ns() + 3 * 10**9)  # as if loaded 3 s after its last change
     assert server.stale is None
-    ours = {"identity": buildserver.identity()}
+    ours = {"identity": protocol.identity()}
     assert server.why_stale(ours) is None
     other = {"identity": {**ours["identity"], "executable": "/usr/bin/python9"}}
     assert server.why_stale(other) == "another interpreter setup (executable)"
     module.write_text("X = 22\n")
     assert server.why_stale(ours) == f"{module} changed since it was loaded"
     module.write_text("X = 1\n")
-    fresh = buildserver.Server(str(root), str(root / "build"), 10)
+    fresh = served.Server(str(root), str(root / "build"), 10)
     fresh.watch_modules(time.time_ns())  # just written: cannot vouch for what was imported
     assert fresh.stale.endswith("changed within 2 s of being loaded")
     root.rename(tmp_path / "gone")
@@ -374,7 +473,7 @@ def test_no_optbuild_cache_outlives_a_build(tmp_path):
     pyimports.parsed(source, pyimports.file_signature(source))
     plugins.declared("optbuild.test-nothing")
     assert pyimports.parsed.cache_info().currsize and plugins.declared.cache_info().currsize
-    buildserver._fresh_caches()
+    session.fresh_caches()
     assert pyimports.parsed.cache_info().currsize == 0 and plugins.declared.cache_info().currsize == 0
 
 

@@ -1,0 +1,188 @@
+"""The client: ``optbuild build`` handing its build to the project's server, and starting one.
+Standard library only; imported after the no-op fast path declined."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from optbuild.buildserver.protocol import LOG, connect, debug, enabled, identity, idle_limit, recv, send
+
+WAIT_NOTE_S = 3.0  # a client waiting longer than this for its build to start says so
+
+
+class _Declined(Exception):
+    pass
+
+
+def try_build(argv: list[str], directory: str | None) -> tuple[int | None, str | None]:
+    """(the build's exit code from the project's server, None); or (None, the project root
+    whose server to start after an in-process build, or None to start none)."""
+    from optbuild.projectroot import project_root
+
+    root = project_root(directory)
+    if root is None or not enabled(root):
+        return None, None
+    try:
+        sock = connect(root)
+    except PermissionError as exc:
+        print(f"warning: {exc}; building in this process", file=sys.stderr)
+        return None, None
+    if sock is None:
+        debug("none runs: building in this process, then starting one")
+        return None, root
+    try:
+        return _build_through(sock, argv), None
+    except _Declined as exc:
+        debug(f"declined: {exc}; building in this process, then starting another")
+        return None, root
+    finally:
+        sock.close()
+
+
+def _stdio() -> tuple[list[int], dict[str, list]]:
+    """The client's fds 0, 1 and 2 (/dev/null for a closed one) and how Python wraps them."""
+    fds, wrap = [], {}
+    for fd, stream in ((0, sys.stdin), (1, sys.stdout), (2, sys.stderr)):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            fds.append(os.open(os.devnull, os.O_RDWR))
+        wrap[str(fd)] = [getattr(stream, "encoding", None), getattr(stream, "errors", None)]
+    return fds, wrap
+
+
+class _Signals:
+    """The client's signals while a server builds for it, as they would act on a local build:
+
+    - Ctrl-C, SIGTERM and SIGHUP (the terminal closed; not under nohup) cancel the build:
+      forwarded once it started, an exit at once before;
+    - Ctrl-Z (SIGTSTP) stops the build's processes in the server, then this client; the
+      shell's ``fg`` or ``bg`` (SIGCONT) resumes them;
+    - Ctrl-\\ (SIGQUIT) keeps its default, as in a local build: the client dies at once
+      (with a core dump where allowed), and the server cancels the build of a client gone.
+    """
+
+    def __init__(self, sock) -> None:
+        import signal
+
+        self.sock = sock
+        self.accepted = False
+        ending = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            ending.append(signal.SIGHUP)
+        self.previous = {s: signal.signal(s, self.cancel) for s in ending}
+        if signal.getsignal(signal.SIGTSTP) == signal.SIG_DFL:  # a shell with job control
+            self.previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self.suspend)
+
+    def cancel(self, signum: int, frame: object) -> None:
+        if not self.accepted:  # nothing started yet: end as the build would have at once
+            raise SystemExit(128 + signum)
+        self._tell(signum)
+
+    def suspend(self, signum: int, frame: object) -> None:
+        """Stop the build, then this process as SIGTSTP would have; once continued, resume it."""
+        import signal
+
+        self._tell(signal.SIGTSTP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here until SIGCONT
+        signal.signal(signal.SIGTSTP, self.suspend)
+        self._tell(signal.SIGCONT)
+
+    def _tell(self, signum: int) -> None:
+        try:
+            send(self.sock, {"signal": int(signum)})
+        except OSError:  # the server ended: the answer says so
+            pass
+
+    def restore(self) -> None:
+        import signal
+
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def _build_through(sock, argv: list[str]) -> int:
+    from optbuild import noop
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    fds, wrap = _stdio()
+    doc = {"op": "build", "identity": identity(), "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
+           "umask": umask, "started_ns": noop.started_ns(), "stdio": wrap, "pid": os.getpid()}
+    try:
+        send(sock, doc, fds)
+    except OSError as exc:  # the server ended meanwhile, or the request is too large
+        raise _Declined(f"the request could not be sent ({exc})") from None
+    finally:
+        for fd in fds[:]:
+            if fd > 2:
+                os.close(fd)
+    signals = _Signals(sock)
+    try:
+        sock.settimeout(WAIT_NOTE_S)
+        try:
+            answer = recv(sock)
+        except TimeoutError:
+            print("optbuild: waiting for the build server (it is starting, or building this project "
+                  "for another client)", file=sys.stderr, flush=True)
+            sock.settimeout(None)
+            answer = _recv_answer(sock)
+        except (OSError, ValueError):
+            answer = None
+        sock.settimeout(None)
+        if answer is None or "declined" in answer:
+            raise _Declined(answer["declined"] if answer else "the server ended before answering")
+        if "exit" in answer:  # it failed to start the build
+            return int(answer["exit"])
+        signals.accepted = True
+        debug(f"build served by pid {answer['pid']}")
+        answer = _recv_answer(sock)
+        if answer is None or "exit" not in answer:
+            print("error: the build server ended during the build (see build/.optbuild/server.log); "
+                  "run the build again", file=sys.stderr)
+            return 2
+        return int(answer["exit"])
+    finally:
+        signals.restore()
+
+
+def _recv_answer(sock) -> dict | None:
+    try:
+        return recv(sock)
+    except (ConnectionError, OSError, ValueError):
+        return None
+
+
+def spawn(root: str, build_dir: str | None = None) -> None:
+    """Start the server of the project at ``root``, detached (its own session), its output
+    going to build/.optbuild/server.log; best effort."""
+    import json
+    import subprocess
+
+    from optbuild import noop
+
+    try:
+        if build_dir is None:
+            build_dir = noop.build_dir_of(root)
+        log_path = os.path.join(build_dir, LOG)
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        idle = idle_limit(root)
+        code = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+                "from optbuild.buildserver.server import serve; "
+                "serve(sys.argv[2], sys.argv[3], float(sys.argv[4]))")
+        try:
+            flags = subprocess._args_from_interpreter_flags()
+        except Exception:
+            flags = []
+        with open(log_path, "ab") as log:
+            subprocess.Popen([sys.executable, *flags, "-c", code, json.dumps(noop.python_path()), root, build_dir,
+                              str(idle)],
+                             cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True, close_fds=True)
+        print("optbuild: started a build server for this project's next builds (`optbuild server stop` ends "
+              "it; `[build] server = false` in optbuild.toml: none)", file=sys.stderr)
+    except Exception as exc:  # a server not started only costs speed
+        debug(f"could not start one: {type(exc).__name__}: {exc}")
