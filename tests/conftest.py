@@ -8,4 +8,4 @@ import os
 # before any test runs, so that every `optbuild` a test starts inherits it.
 os.environ["OPTBUILD_SERVER"] = "0"
 
-pytest_plugins = ["plugins.projects", "plugins.remote", "plugins.store"]
+pytest_plugins = ["plugins.processes", "plugins.projects", "plugins.remote", "plugins.store"]

@@ -15,8 +15,9 @@ import types
 from pathlib import Path
 
 import pytest
+from plugins.processes import process_state, wait_gone
 from plugins.projects import ProjectDir
-from test_signals import INTERRUPTED, alive, nap_project, wait_for_pids
+from test_signals import INTERRUPTED, nap_project, wait_for_pids
 
 from optbuild.buildserver import client, protocol, session
 from optbuild.buildserver import server as served
@@ -97,46 +98,6 @@ def fork_server_pids(found: dict) -> list[int]:
     return [f["pid"] for f in found.get("fork_servers", [])]
 
 
-def wait_gone(pids: list[int], timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(alive(p) for p in pids)
-
-
-def server_processes(root: Path) -> list[int]:
-    """The build servers of ``root``, found by their command line (one may be starting, or
-    ending: not yet, or no longer, answering on its socket)."""
-    wanted = os.path.realpath(root)
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(b"optbuild.buildserver" in a for a in args) and wanted.encode() in args:
-            found.append(int(entry.name))
-    return [pid for pid in found if alive(pid)]
-
-
-@pytest.fixture
-def servers():
-    """Project roots whose servers the test may start: each ended after it (SIGTERM: it stops
-    as when idle; SIGKILL, its fork servers dying with it, if it does not)."""
-    roots: list[Path] = []
-    yield roots
-    stuck = []
-    for root in roots:
-        for pid in server_processes(root):
-            os.kill(pid, signal.SIGTERM)
-            if not wait_gone([pid], 20):
-                os.kill(pid, signal.SIGKILL)
-                stuck.append(root)
-    assert not stuck, f"build servers that did not stop: {stuck}"
-
-
 def test_the_second_build_goes_through_the_server_with_the_clients_env_and_folder(tmp_path, servers):
     proj = probe_project(tmp_path / "proj")
     servers.append(proj.root)
@@ -212,11 +173,6 @@ def test_a_killed_client_cancels_its_build_and_leaves_nothing_half_written(tmp_p
     found = status(proj.root)  # answered once the cancelled build is cleaned up
     assert found is not None and found["pid"] == server["pid"] and found["builds"] == 1
     assert_left_clean(proj)
-
-
-def process_state(pid: int) -> str:
-    """The state letter of /proc/PID/stat: S sleeping, T stopped..."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def parents(pids: list[int]) -> list[int]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from plugins.processes import alive
 from plugins.projects import CONFIG, ProjectDir
 
 from optbuild.cli import main
@@ -67,15 +68,6 @@ def wait_for_pids(folder: Path, count: int, proc: subprocess.Popen | None = None
     pids = [int(p.name) for p in folder.iterdir()]
     assert len(pids) == count, "the naps did not start"
     return pids
-
-
-def alive(pid: int) -> bool:
-    """Running, neither gone nor a zombie waiting to be reaped."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def assert_left_clean(proj: ProjectDir) -> None:

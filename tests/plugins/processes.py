@@ -1,0 +1,81 @@
+"""Processes in tests (a pytest plugin): their state read from /proc, and the build servers
+(optbuild.buildserver) a test starts, each ended after it; none outlives the session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (S sleeping, T stopped, Z zombie...); "X" if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "X"
+
+
+def alive(pid: int) -> bool:
+    """Running, neither gone nor a zombie waiting to be reaped."""
+    return process_state(pid) not in ("Z", "X")
+
+
+def wait_gone(pids: list[int], timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+def server_processes(root: Path, *, below: bool = False) -> list[int]:
+    """The build servers of the project at ``root`` (``below``: of any project under it),
+    found by their command line: one may be starting, or ending, and not answer."""
+    wanted = os.path.realpath(root).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"optbuild.buildserver" in a for a in args) and any(
+                a == wanted or (below and a.startswith(wanted + b"/")) for a in args):
+            found.append(int(entry.name))
+    return [pid for pid in found if alive(pid)]
+
+
+def end(pids: list[int]) -> list[int]:
+    """SIGTERM (a server stops as when idle), then SIGKILL for those still there after 20 s
+    (their fork servers die with them); the pids that needed it."""
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    stuck = [pid for pid in pids if not wait_gone([pid], 20)]
+    for pid in stuck:
+        os.kill(pid, signal.SIGKILL)
+    return stuck
+
+
+@pytest.fixture
+def servers():
+    """Project roots whose servers the test may start: each ended after it."""
+    roots: list[Path] = []
+    yield roots
+    stuck = [root for root in roots if end(server_processes(root))]
+    assert not stuck, f"build servers that did not stop: {stuck}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_build_server_outlives_the_tests(tmp_path_factory):
+    """A server started where a test did not ask for one (conftest turns them off) would
+    wait 15 minutes for its next build: found, ended, and reported."""
+    yield
+    if sys.platform.startswith("linux"):
+        left = server_processes(tmp_path_factory.getbasetemp(), below=True)
+        end(left)
+        assert not left, f"build servers left running by the tests: pids {left}"
