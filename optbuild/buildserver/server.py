@@ -52,8 +52,8 @@ def _log(message: str) -> None:
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    """SIGINT, SIGTERM outside a build's own handlers: cancel the build if one runs (SIGINT),
-    else stop the server."""
+    """SIGINT, SIGTERM, SIGHUP outside a build's own handlers: cancel the build if one runs,
+    else stop the server (SIGTERM; it has no terminal whose closing a SIGHUP would mean)."""
     import signal
 
     state = _STATE
@@ -64,7 +64,7 @@ def _on_signal(signum: int, frame: object) -> None:
             raise KeyboardInterrupt
         from optbuild.cli import Terminated
 
-        raise Terminated
+        raise Terminated(signum)
     if state.forwarded:  # a client's cancel that came as its build was ending
         return
     if signum == signal.SIGTERM:
@@ -340,9 +340,7 @@ def _watch(conn, main_thread: int, state: _State, build_id: int) -> None:
             suspension.stop()
             continue
         suspension.resume()  # SIGCONT; and a cancelled build must be able to end
-        if signum == signal.SIGHUP:  # the client's terminal closed; the server ignores SIGHUP itself
-            signum = signal.SIGTERM
-        if signum in (signal.SIGINT, signal.SIGTERM):
+        if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the client's terminal closed
             with state.lock:
                 if state.building and not state.cancelled and state.build_id == build_id:
                     state.cancelled = state.forwarded = True
@@ -385,7 +383,7 @@ def serve(root: str, build_dir: str, idle_s: float) -> None:
     _STATE = _State()
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, _on_signal)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     deadline = time.monotonic() + 3
     while True:

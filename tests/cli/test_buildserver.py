@@ -139,18 +139,21 @@ def napping_through_a_server(tmp_path: Path, servers: list[Path]) -> tuple[Proje
     return proj, server, popen(proj.root, "build", env={"NAP_PIDS": str(tmp_path / "pids")})
 
 
-def test_ctrl_c_of_the_client_cancels_the_build_in_the_server(tmp_path, servers):
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["Ctrl-C", "SIGTERM", "SIGHUP (its terminal closed)"])
+def test_a_signal_to_the_client_cancels_the_build_in_the_server_with_the_local_exit_status(
+        tmp_path, servers, signum, code):
     proj, server, proc = napping_through_a_server(tmp_path, servers)
     try:
         workers = wait_for_pids(tmp_path / "pids", 2, proc)
         sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=30)
         assert time.monotonic() - sent < 10
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == code, stderr
     assert served_by(stderr) == server["pid"]
     assert INTERRUPTED in stderr and "Traceback" not in stderr
     assert wait_gone(workers, 10)
