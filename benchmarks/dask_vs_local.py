@@ -7,8 +7,8 @@ Prints, each a cold build (fresh caches, fresh remote):
   1. --sleepy steps that each sleep 1 s (so that 2 cores do not cap them): local -j 2
      against the dask executor with -j 12 (the farm's slots);
   2. --instant steps that do nothing: local -j 2 against dask -j 12, and the dask
-     executor's overhead per step (wall time over the steps; its CPU cost is a fresh
-     `python -m optbuild.worker` on the node per step, plus the transfers).
+     executor's overhead per step (wall time over the steps: a fork from the node's
+     fork server per step, plus the transfers).
 All nodes share this host, so the figures show the executor's overhead and its parallelism,
 not a farm's network.
 """

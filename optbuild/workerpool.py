@@ -161,11 +161,11 @@ class ForkServer:
         else:
             self._give_up(hello["unsafe"])
 
-    def fork(self, spec: Path, log_path: Path, implementation: str) -> ForkedChild | None:
-        """A child running ``spec``; None if the server cannot fork (it died, or found
-        itself unsafe): the caller starts a fresh process."""
+    def fork(self, spec: Path, log_path: Path, implementation: str, cwd: Path) -> ForkedChild | None:
+        """A child running ``spec`` in ``cwd``; None if the server cannot fork (it died, or
+        found itself unsafe): the caller starts a fresh process."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = {"spec": str(spec), "log": str(log_path), "cwd": str(self.cwd), "env": dict(os.environ),
+        request = {"spec": str(spec), "log": str(log_path), "cwd": str(cwd), "env": dict(os.environ),
                    "implementation": implementation}
         try:
             with theirs:
@@ -267,17 +267,19 @@ class WorkerPool:
             self._server_for(frozenset(modules))
 
     def start(self, spec: Path, log_path: Path, implementation: str, modules: tuple[str, ...],
-              cancel: threading.Event) -> WorkerProcess | None:
+              cancel: threading.Event, cwd: Path | None = None) -> WorkerProcess | None:
         """A process running the step ``spec`` describes (of the kind ``implementation``,
-        preloading ``modules``); None if ``cancel`` was set first."""
+        preloading ``modules``) in ``cwd`` (default: the pool's); None if ``cancel`` was set
+        first."""
+        cwd = self.cwd if cwd is None else cwd
         if self.preload:
             server = self._server_for(frozenset(modules))
             ready = server.ready(cancel)
             if ready is None:
                 return None
-            if ready and (child := server.fork(spec, log_path, implementation)) is not None:
+            if ready and (child := server.fork(spec, log_path, implementation, cwd)) is not None:
                 return child
-        return FreshProcess(spec, log_path, self.cwd)
+        return FreshProcess(spec, log_path, cwd)
 
     def _server_for(self, modules: frozenset[str]) -> ForkServer:
         """The smallest running server that preloads all of ``modules``; a new one if none."""
@@ -304,19 +306,23 @@ class WorkerPool:
 
 
 class ServedPool(WorkerPool):
-    """A pool that outlives the builds of a build server (``optbuild.buildserver``)."""
+    """A pool that outlives builds: a build server's (``optbuild.buildserver``), whose fork
+    servers report the files of the modules they import (``watch``), and a Dask node's
+    (``optbuild.distributed.task``), restarted with the node when its code changes."""
 
-    def __init__(self, cwd: str | Path, *, env: dict[str, str], quiet_env: tuple[str, ...] = ()):
+    def __init__(self, cwd: str | Path, *, env: dict[str, str], quiet_env: tuple[str, ...] = (),
+                 watch: bool = True):
         from concurrent.futures import ThreadPoolExecutor
 
         super().__init__(Path(cwd))
         self.env = dict(env)
         self.quiet_env = quiet_env
+        self.watch = watch
         # one long-lived thread starts every fork server: they die with it (PR_SET_PDEATHSIG)
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="optbuild-spawner")
 
     def _new_server(self, modules: frozenset[str]) -> ForkServer:
-        return self._spawner.submit(ForkServer, modules, self.cwd, env=self.env, watch=True).result()
+        return self._spawner.submit(ForkServer, modules, self.cwd, env=self.env, watch=self.watch).result()
 
     def close(self) -> None:
         """A build is done with the pool; its servers stay (``shutdown`` ends them)."""

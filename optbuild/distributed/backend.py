@@ -280,6 +280,7 @@ class DaskBackend(BuildBackend):
             "key": key, "step": spec.id, "kind": spec.kind, "implementation": implementation,
             "params": spec.step.params.model_dump(mode="json"), "base_dir": base, "files": files,
             "inputs": inputs, "primary_output": spec.step.primary_output, "ingredients": ingredients,
+            "preload": list(spec.step.preload),
             "remote": {"url": store.url, "timeout_s": store.timeout_s, "max_errors": store.max_errors,
                        "signing_key_env": store.signing_key_env, "endpoint_url": store.endpoint_url,
                        "options": store.options},

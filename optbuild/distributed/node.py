@@ -40,8 +40,12 @@ def make_worker(scheduler: str, fields: dict[str, Any], *, nthreads: int = 1, na
 async def serve(scheduler: str, fields: dict[str, Any], *, nthreads: int = 1, name: str | None = None,
                 host: str | None = None, started: Any = None) -> None:
     """Run a node until it is closed (by the scheduler, or a signal)."""
+    from optbuild.distributed.task import node_pool
+    from optbuild.workerpool import ONNX_TOOLS
+
     worker = make_worker(scheduler, fields, nthreads=nthreads, name=name, host=host)
     async with worker:
+        node_pool().prewarm(ONNX_TOOLS)  # importing while the first steps are sent
         if started is not None:
             started(worker)
         await worker.finished()

@@ -9,8 +9,10 @@ of its upstream outputs, its key and key material, and the remote cache to use. 
    mirror of the project's input files, one folder per upstream output). Every name in
    ``doc`` must be a safe relative path (``store.entry.check_relative_path``) and every
    file is written through ``paths.confined``: nothing lands outside the scratch folder;
-2. runs the step in its own process (``python -m optbuild.worker``), as a local build does:
-   a native crash kills that process, not the node;
+2. runs the step in its own process, as a local build does: a child of one of the node's
+   fork servers, which have imported the step's tools once (``node_pool``; a fresh
+   ``python -m optbuild.worker`` where they cannot); a native crash kills that process,
+   not the node;
 3. stores the outputs and the log in the remote CAS, then the action entry (blobs first,
    so the remote never names a blob it lacks; a node killed half-way leaves no entry), and
    returns the entry's bytes (signed when a signing key is configured).
@@ -24,15 +26,35 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 LOG_LIMIT = 256 << 10  # bytes of a failed step's log sent back (its tail)
 PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: project:<path>:<Class>
+
+
+_POOL: Any = None
+_POOL_LOCK = threading.Lock()
+
+
+def node_pool() -> Any:
+    """The node's fork servers (a ``workerpool.ServedPool``), shared by its task threads and
+    kept for the node's life (they die with it); a fresh pool when one of them ended. Not
+    watched for changed modules: a node runs the optbuild it was started with, and is
+    restarted to run another."""
+    global _POOL
+    from optbuild.workerpool import ServedPool
+
+    with _POOL_LOCK:
+        if _POOL is not None and _POOL.why_stale(_POOL.env) is not None:
+            _POOL.shutdown()
+            _POOL = None
+        if _POOL is None:
+            _POOL = ServedPool(_scratch_root() or tempfile.gettempdir(), env=dict(os.environ), watch=False)
+        return _POOL
 
 
 class TaskError(Exception):
@@ -149,14 +171,14 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
     (tmp / "spec.json").write_text(spec.to_json())
     log_path = tmp / "step.log"
     started = time.perf_counter()
-    with open(log_path, "wb") as log:
-        proc = subprocess.run([sys.executable, "-m", "optbuild.worker", str(tmp / "spec.json")],
-                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
-                              check=False)
+    proc = node_pool().start(tmp / "spec.json", log_path, implementation, tuple(doc.get("preload", ())),
+                             threading.Event(), cwd=tmp)
+    assert proc is not None  # None only when cancelled before it started
+    code = proc.poll(None)
     duration = time.perf_counter() - started
     from optbuild.executor import read_result
 
-    result = read_result(tmp / "result.json", proc.returncode, tmp)
+    result = read_result(tmp / "result.json", code, tmp)
     log_bytes = log_path.read_bytes()
     if not result.ok:
         return {"ok": False, "error": result.error or "step failed", "expected": result.expected,

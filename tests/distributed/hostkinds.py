@@ -32,9 +32,26 @@ class Bound(Step):
     def run(self, ctx: StepContext) -> None:
         if marker := os.environ.get("OPTBUILD_TEST_STARTED"):  # the node's pid: a test may kill it
             with open(marker, "a") as out:
-                out.write(f"{os.getppid()}\n")
+                out.write(f"{_node_pid()}\n")
         time.sleep(self.params.sleep)
         text = ctx.inputs["input"].primary.read_text()
         (ctx.out_dir / "data.txt").write_text(f"{text}@{self.params.field}={self.params.value}")
         (ctx.out_dir / "sub").mkdir()
         (ctx.out_dir / "sub" / "note.txt").write_text("built for " + self.params.value)
+        ctx.metrics["forked"] = _forked()
+
+
+def _forked() -> bool:
+    """Whether this step runs in a child of a fork server (else in a fresh process)."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+        return b"optbuild.zygote" in cmdline.read()
+
+
+def _node_pid() -> int:
+    """The node that runs this step: its parent, or its parent's parent when it was forked
+    from one of the node's fork servers."""
+    parent = os.getppid()
+    if not _forked():
+        return parent
+    with open(f"/proc/{parent}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])

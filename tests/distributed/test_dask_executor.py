@@ -74,6 +74,8 @@ def test_host_keyed_steps_land_on_their_node_and_match_a_local_build(tmp_path, f
     nodes = {sid: record["node"] for sid, record in lock.items()}
     # each host-keyed step ran on the only node whose fingerprint its key was computed for
     assert nodes["farm:ampere"] == "ampere" and nodes["farm:hopper"] == "hopper" and nodes["farm:cpu"] == "cpu"
+    # each forked from a node's fork server, which imported optbuild and the tools once
+    assert all(lock[s]["metrics"]["forked"] for s in ("farm:ampere", "farm:hopper", "farm:cpu"))
     assert lock["farm:ampere"]["host"] == {"gpu.0.compute_capability": "8.0"}
     assert lock["farm:cpu"]["host"] == {"gpu.count": 0}
     # the rest spread over the nodes

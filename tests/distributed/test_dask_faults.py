@@ -54,7 +54,7 @@ def test_a_node_killed_mid_step_the_step_is_retried_on_another_matching_node(tmp
         assert sorted(result.steps("built")) == ["farm:engine", "farm:src"]
         lock = lockfile.read(proj.root / "optbuild.lock")
         assert lock["farm:engine"]["node"] == ({"h1", "h2"} - {killed}).pop()
-        assert len(marker.read_text().split()) == 2  # started twice: once on each node
+        assert len(marker.read_text().splitlines()) == 2  # started twice: once on each node
         # nothing partial, nothing corrupt: the remote holds the two entries, every blob intact
         assert len(s3_remote.keys()) == 2
         assert s3_remote.audit().ok
