@@ -389,11 +389,11 @@ def _resolve_refs(steps: dict[str, StepSpec], problems: list[Problem], invalid: 
         resolved: list[tuple[str, str]] = []  # (field, step id), a list field's items in order
         for field_name, ref in spec.step.step_refs().items():
             target = ref if ":" in ref else f"{spec.recipe}:{ref}"
+            if target in invalid or matrix.base_name(target) in invalid:
+                continue  # already reported (the step, or its matrix); a second message would be noise
             if target.endswith("[*]"):
                 resolved.extend((field_name, t) for t in _all_instances(spec, field_name, target, steps, problems))
                 continue
-            if target in invalid or matrix.base_name(target) in invalid:
-                continue  # already reported (the step, or its matrix); a second message would be noise
             if target == spec.id:
                 problems.append(spec.problem("a step cannot take its own output", field_name))
             elif target not in steps:

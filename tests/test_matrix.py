@@ -88,7 +88,8 @@ def test_graph_and_explain_show_instances(tmp_path):
 
 
 def test_an_unknown_axis_is_named_with_the_line_of_the_matrix_step_and_nothing_else(tmp_path):
-    proj = matrix_project(tmp_path / "p", MATRIX.replace("-${matrix.tag}", "-${matrix.colour}"))
+    every = '\n[steps.all]\nkind = "join"\ninput = "up[false]"\nother = "j[*]"\n'  # its instances: unknown too
+    proj = matrix_project(tmp_path / "p", MATRIX.replace("-${matrix.tag}", "-${matrix.colour}") + every)
     expected = f"{proj.root / 'recipes/m.toml'}:7: steps.j: ${{matrix.colour}}: no such axis (axes: upper, tag)"
     assert proj.problems() == [expected]
 
