@@ -6,7 +6,6 @@ optbuild in-process with the same code paths.
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +107,7 @@ def build(
     """
     config = ws.project.config.build
     options = Options(
-        jobs=jobs or config.jobs or os.cpu_count() or 1,
+        jobs=jobs or config.jobs,  # 0: the backend's (a CPU each here, a farm's slots on Dask)
         keep_going=config.keep_going if keep_going is None else keep_going,
         dry_run=dry_run,
         skip_unavailable=config.skip_unavailable if skip_unavailable is None else skip_unavailable,

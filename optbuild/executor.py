@@ -55,7 +55,7 @@ LOG_TAIL_LINES = 25
 
 @dataclass
 class Options:
-    jobs: int = 1
+    jobs: int = 1  # 0: as many as the backend builds at once (BuildBackend.slots)
     keep_going: bool = False
     dry_run: bool = False
     skip_unavailable: bool = False
@@ -120,6 +120,11 @@ class BuildBackend:
 
     def start(self) -> None:
         """Called once, before the first step is placed."""
+
+    def slots(self) -> int:
+        """How many steps it builds at once when the user named no number (``-j``,
+        ``[build] jobs``): one per CPU here."""
+        return os.cpu_count() or 1
 
     def place(self, spec: StepSpec) -> Placement:
         raise NotImplementedError
@@ -216,8 +221,6 @@ class Executor:
         the steps that must build to the pool (a cache hit is cheaper than a thread hop)."""
         started = time.perf_counter()
         self.store.clean_stale_tmp()
-        self.reporter.emit({"event": "start", "steps": selected, "jobs": self.options.jobs,
-                            "dry_run": self.options.dry_run})
         chosen = set(selected)
         waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
         ready = deque(sid for sid in selected if waiting[sid] == 0)
@@ -260,9 +263,17 @@ class Executor:
                 return False
             return not building or not self.project.steps[sid].step.exclusive
 
-        with ThreadPoolExecutor(max_workers=max(1, self.options.jobs)) as pool:
+        try:
+            self._start_backend()
+        except BaseException:
+            self.hasher.flush()
+            self.workers.close()
+            self.backend.close()  # whatever it got to
+            raise
+        jobs = self.options.jobs or self.backend.slots()
+        self.reporter.emit({"event": "start", "steps": selected, "jobs": jobs, "dry_run": self.options.dry_run})
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             try:
-                self._start_backend()  # closed below, whatever it got to
                 while ready or held or building:
                     while ready:
                         sid = ready.popleft()

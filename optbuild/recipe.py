@@ -59,7 +59,7 @@ class CacheSection(_Section):
 
 
 class BuildSection(_Section):
-    jobs: int = Field(0, ge=0, description="parallel steps; 0 = number of CPUs")
+    jobs: int = Field(0, ge=0, description="parallel steps; 0 = one per CPU (on Dask: the farm's slots)")
     keep_going: bool = False
     # Default of build / plan --skip-unavailable: steps this host cannot run (a GPU step on a
     # CPU host) are reported unavailable, with what they need, and the rest builds green.

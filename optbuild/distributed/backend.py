@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbuild.distributed.resources import MARKER, requested, satisfies
 from optbuild.errors import OptbuildError, StepError
 from optbuild.executor import BackendUnavailable, BuildBackend, Cancelled, Executor, Placement
 from optbuild.fingerprint import Fingerprint
@@ -140,6 +141,11 @@ class DaskBackend(BuildBackend):
             by_fields[canon].nodes.append(node)
         self.classes = [by_fields[c] for c in sorted(by_fields)]
 
+    def slots(self) -> int:
+        """The farm's: every node's task threads (a dry run that reached no node: this
+        host's CPUs)."""
+        return int(sum(node.resources.get(MARKER, 0) for node in self.nodes)) or super().slots()
+
     def close(self) -> None:
         client, self.client = self.client, None
         if client is not None:
@@ -172,8 +178,6 @@ class DaskBackend(BuildBackend):
         return Placement(chosen[0].host, route=self._route(spec, chosen))
 
     def _route(self, spec: StepSpec, chosen: list[HostClass]) -> Route:
-        from optbuild.distributed.resources import requested, satisfies
-
         wanted = requested(spec.step.host_key(chosen[0].host))
         members = {n.address for c in chosen for n in c.nodes}
         matching = {n.address for n in self.nodes if satisfies(n.resources, wanted)}
@@ -234,8 +238,6 @@ class DaskBackend(BuildBackend):
 
     def _placeable(self, route: Route) -> bool:
         """Whether a node connected now can run a task routed so (Dask would wait for one forever)."""
-        from optbuild.distributed.resources import satisfies
-
         try:
             workers = self.client.scheduler_info(n_workers=-1)["workers"]
         except Exception:  # the scheduler is gone: the future fails on its own

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pytest
 from daskfarm import FINGERPRINTS, Cluster, make_project
@@ -157,3 +158,17 @@ def test_a_node_with_other_tool_versions_than_the_key_says_builds_nothing(tmp_pa
     error = result.outcomes["farm:mid"].error
     assert "has other tool versions than the coordinator (pydantic" in error and "0.0.1 in its key" in error
     assert file_remote.keys() == [result.outcomes["farm:src"].key]
+
+
+def test_with_no_jobs_given_a_dask_build_runs_as_many_steps_at_once_as_the_farm_has_slots(tmp_path, farm, file_remote):
+    recipe = '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n'
+    proj = dask_project(tmp_path, farm, file_remote, recipe=recipe)
+    proj.write("optbuild.toml", proj.read("optbuild.toml").replace("jobs = 6", "jobs = 0"))
+
+    def jobs(result: api.BuildResult) -> int:
+        assert result.ok, result.reporter.events
+        return next(e["jobs"] for e in result.reporter.events if e.get("event") == "start")
+
+    assert jobs(build(proj)) == 6  # 3 nodes x 2 threads, not this host's CPUs
+    assert jobs(build(proj, executor="local")) == os.cpu_count()
+    assert jobs(build(proj, jobs=3)) == 3
