@@ -3,10 +3,21 @@ Standard library only; imported after the no-op fast path declined."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
-from optbuild.buildserver.protocol import LOG, connect, debug, enabled, identity, idle_limit, recv, send
+from optbuild.buildserver.protocol import (
+    LOG,
+    LOG_KEPT_BYTES,
+    connect,
+    debug,
+    enabled,
+    identity,
+    idle_limit,
+    recv,
+    send,
+)
 
 WAIT_NOTE_S = 3.0  # a client waiting longer than this for its build to start says so
 
@@ -158,7 +169,8 @@ def _recv_answer(sock) -> dict | None:
 
 def spawn(root: str, build_dir: str | None = None) -> None:
     """Start the server of the project at ``root``, detached (its own session), its output
-    going to build/.optbuild/server.log; best effort."""
+    going to build/.optbuild/server.log (the one before moved to server.log.1 when over
+    LOG_KEPT_BYTES); best effort."""
     import json
     import subprocess
 
@@ -169,6 +181,9 @@ def spawn(root: str, build_dir: str | None = None) -> None:
             build_dir = noop.build_dir_of(root)
         log_path = os.path.join(build_dir, LOG)
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        with contextlib.suppress(OSError):  # every server appends: keep the last two megabytes or so
+            if os.path.getsize(log_path) > LOG_KEPT_BYTES:
+                os.replace(log_path, log_path + ".1")
         idle = idle_limit(root)
         code = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
                 "from optbuild.buildserver.server import serve; "

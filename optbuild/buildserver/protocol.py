@@ -12,6 +12,7 @@ ENV_IDLE = "OPTBUILD_SERVER_IDLE_S"
 ENV_DEBUG = "OPTBUILD_DEBUG_SERVER"
 DEFAULT_IDLE_S = 900.0
 LOG = os.path.join(".optbuild", "server.log")  # under the build folder
+LOG_KEPT_BYTES = 1 << 20  # a server starting beside a larger log moves it to server.log.1
 MAX_REQUEST = 1 << 20
 PROTOCOL = 2
 # Variables that change what the interpreter or native libraries load: a server started

@@ -315,6 +315,17 @@ def test_a_killed_server_takes_its_fork_servers_with_it_and_the_next_build_runs_
     assert again.returncode == 0 and "none runs" in again.stderr
 
 
+def test_a_long_server_log_is_moved_aside_when_the_next_server_starts(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    old = proj.write("build/.optbuild/server.log", "x" * (protocol.LOG_KEPT_BYTES + 1))
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    assert (proj.root / "build/.optbuild/server.log.1").stat().st_size == protocol.LOG_KEPT_BYTES + 1
+    assert "x" * 100 not in old.read_text() and "serving " in old.read_text()
+    assert str(old) == server["log"]
+
+
 def test_server_status_and_stop(tmp_path, servers):
     proj = probe_project(tmp_path / "proj")
     servers.append(proj.root)
