@@ -86,6 +86,7 @@ class DaskBackend(BuildBackend):
         self.classes: list[HostClass] = []
         self.nodes: list[Node] = []
         self._present: set[str] = set()  # blobs known to be in the remote CAS this run
+        self._sending: dict[str, threading.Lock] = {}  # per blob: held while one thread uploads it
         self._connected = False
         self._lock = threading.Lock()
 
@@ -307,15 +308,20 @@ class DaskBackend(BuildBackend):
         with self._lock:
             if digest in self._present:
                 return
-        ex = self.executor
-        if not ex.store.blob_ok(digest, size):
-            raise StepError(f"{label} is missing from the local cache {ex.store.root} (run the build again)")
-        try:
-            ex.remote.ensure_blob(ex.store.blob_path(digest), digest, size, label)
-        except TransferError as exc:
-            raise StepError(f"{exc} (the dask executor needs it there)") from None
-        with self._lock:
-            self._present.add(digest)
+            gate = self._sending.setdefault(digest, threading.Lock())
+        with gate:  # one upload per blob: steps sharing an input (a model, several engines) wait for it
+            with self._lock:
+                if digest in self._present:
+                    return
+            ex = self.executor
+            if not ex.store.blob_ok(digest, size):
+                raise StepError(f"{label} is missing from the local cache {ex.store.root} (run the build again)")
+            try:
+                ex.remote.ensure_blob(ex.store.blob_path(digest), digest, size, label)
+            except TransferError as exc:
+                raise StepError(f"{exc} (the dask executor needs it there)") from None
+            with self._lock:
+                self._present.add(digest)
 
     def _failed(self, spec: StepSpec, key: str, result: dict[str, Any]) -> None:
         ex = self.executor

@@ -206,3 +206,33 @@ def test_worker_refuses_an_unreadable_fingerprint(tmp_path, capsys):
     assert "cannot read the fingerprint" in capsys.readouterr().err
     assert main(["worker", "--scheduler", free_address(), "--nthreads", "0"]) == 2
     assert "--nthreads must be at least 1" in capsys.readouterr().err
+
+
+def test_steps_sharing_an_input_send_it_to_the_remote_once(tmp_path, file_remote):
+    """Several engine steps of one model start together: one upload of the model, not one each."""
+    import threading
+    from types import SimpleNamespace
+
+    from optbuild.digest import FileHasher
+    from optbuild.distributed.backend import DaskBackend
+    from optbuild.store.local import LocalStore
+    from optbuild.store.remote import RemoteStore
+
+    store = LocalStore(tmp_path / "cache", FileHasher(None))
+    remote = RemoteStore(file_remote.url).session()
+    backend = DaskBackend(SimpleNamespace(options=SimpleNamespace(scheduler=""), store=store, remote=remote))
+    model = b"m" * (1 << 20)
+    digest = store.put_bytes(model)
+    start = threading.Barrier(8)
+
+    def send() -> None:
+        start.wait()
+        backend._ensure(digest, len(model), "r:engine input model.onnx")
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert remote.stats.blobs_up == 1
+    assert file_remote.read(file_remote.blob_path(digest)) == model
