@@ -1,8 +1,10 @@
 """optbuild worker --scheduler tcp://HOST:PORT [--fingerprint FILE] [--nthreads N] [--name NAME] [--host HOST]
+[--cache DIR] [--cache-max-gb GB]
 
 A build node for the dask executor: a Dask worker that offers this host's fingerprint (or
 the one recorded in FILE) as resources, so that steps keyed by host fields run only where
-their key holds. Runs until interrupted. See docs/distributed.md.
+their key holds. It keeps the blobs it fetched and built in a cache of its own. Runs until
+interrupted. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         help="the node's name, recorded with what it builds (default: the host name)")
     parser.add_argument("--host", default=None,
                         help="the address to listen on (default: the one that reaches the scheduler)")
+    parser.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                        help="where the node keeps the blobs it fetched and built, for the next tasks "
+                             "(default: $XDG_CACHE_HOME/optbuild/node, else ~/.cache/optbuild/node)")
+    parser.add_argument("--cache-max-gb", type=float, default=20.0, metavar="GB",
+                        help="trim that cache to this size, least recently used first (default 20; "
+                             "0: keep nothing, fetch every input of every task)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     require_distributed()
     if args.nthreads < 1:
         raise OptbuildError("--nthreads must be at least 1")
+    if args.cache_max_gb < 0:
+        raise OptbuildError("--cache-max-gb cannot be negative")
     if args.fingerprint is not None:
         try:
             fields = Fingerprint.load(args.fingerprint).as_dict()
@@ -43,12 +53,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         fields = Fingerprint().as_dict()
     json.dumps(fields)  # offered to the coordinator as JSON
-    from optbuild.distributed.node import run_node
+    from optbuild.distributed.node import NodeCache, run_node
 
-    print(f"optbuild worker {args.name or ''}: joining {args.scheduler} with {args.nthreads} thread(s)",
-          file=sys.stderr, flush=True)
+    cache = NodeCache.at(args.cache, int(args.cache_max_gb * 1e9))
+    print(f"optbuild worker {args.name or ''}: joining {args.scheduler} with {args.nthreads} thread(s); "
+          f"{cache.describe()}", file=sys.stderr, flush=True)
     try:
-        run_node(args.scheduler, fields, nthreads=args.nthreads, name=args.name, host=args.host)
+        run_node(args.scheduler, fields, nthreads=args.nthreads, name=args.name, host=args.host, cache=cache)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the steps it was building are retried elsewhere
         print(f"optbuild worker {args.name or ''}: stopped", file=sys.stderr)
     return 0

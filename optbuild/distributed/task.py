@@ -4,8 +4,9 @@
 implementation, parameters), the digests of its input files (by project-relative path) and
 of its upstream outputs, its key and key material, and the remote cache to use. The task:
 
-1. fetches every blob from the remote CAS into a throw-away store in a private scratch
-   folder, each checked against its digest and size, and lays the files out there (a
+1. fetches every blob it lacks from the remote CAS into the node's blob cache (``optbuild
+   worker --cache``, trimmed after each task; with none, a throw-away store), each checked
+   against its digest and size, and lays the files out in a private scratch folder (a
    mirror of the project's input files, one folder per upstream output). Every name in
    ``doc`` must be a safe relative path (``store.entry.check_relative_path``) and every
    file is written through ``paths.confined``: nothing lands outside the scratch folder;
@@ -13,7 +14,7 @@ of its upstream outputs, its key and key material, and the remote cache to use. 
    fork servers, which have imported the step's tools once (``node_pool``; a fresh
    ``python -m optbuild.worker`` where they cannot); a native crash kills that process,
    not the node;
-3. stores the outputs and the log in the remote CAS, then the action entry (blobs first,
+3. stores the outputs and the log in the node's cache and the remote CAS, then the action entry (blobs first,
    so the remote never names a blob it lacks; a node killed half-way leaves no entry), and
    returns the entry's bytes (signed when a signing key is configured).
 
@@ -37,6 +38,7 @@ PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: proj
 
 
 _POOL: Any = None
+_STORES: dict[Path, Any] = {}  # the node's blob cache, by folder
 _POOL_LOCK = threading.Lock()
 
 
@@ -126,36 +128,17 @@ def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
 
 
 def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
-    from optbuild.digest import FileHasher
-    from optbuild.store.local import LocalStore
-    from optbuild.store.remote import RemoteStore, TransferError
-    from optbuild.workerspec import ArtifactSpec, WorkerSpec
+    from optbuild.store.remote import RemoteStore, encode_entry
 
     _check_tools(doc, node)
     warnings = _Warnings()
     session = RemoteStore(**doc["remote"]).session(warnings)
-    store = LocalStore(tmp / "cas", FileHasher(None))
+    store, cache = _store(tmp)
     project = tmp / "project"
     project.mkdir()
     step_id = str(doc["step"])
-    try:
-        session.require_read_write()
-        for name, blob in sorted(doc["files"].items()):
-            path = session.download_blob(blob["digest"], blob["size"], store, f"{step_id} input {name}")
-            _place(path, project, name, "the input file")
-        inputs = {}
-        for number, (field, upstream) in enumerate(sorted(doc["inputs"].items())):
-            folder = tmp / "inputs" / str(number)
-            folder.mkdir(parents=True)
-            files = {}
-            for name, blob in sorted(upstream["outputs"].items()):
-                path = session.download_blob(blob["digest"], blob["size"], store, f"{upstream['step']} {name}")
-                files[name] = str(_place(path, folder, name, f"the output of {upstream['step']}"))
-            primary = upstream.get("primary")
-            inputs[field] = ArtifactSpec(step=str(upstream["step"]), dir=str(folder), files=files,
-                                         primary=files.get(primary) if primary else None)
-    except TransferError as exc:
-        raise TaskError(_with_warnings(str(exc), warnings)) from None
+    with store.shared_gc_lock():  # a trim by another task waits: the blobs are linked here first
+        inputs = _fetch(doc, session, store, tmp, project, warnings)
     implementation = str(doc["implementation"])
     if implementation.startswith(PROJECT_KIND):
         relative, _, cls = implementation[len(PROJECT_KIND):].rpartition(":")
@@ -164,6 +147,8 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
     out_dir, state = tmp / "out", tmp / "state"
     out_dir.mkdir()
     state.mkdir()
+    from optbuild.workerspec import WorkerSpec
+
     spec = WorkerSpec(implementation=implementation, step_id=step_id, params=doc["params"],
                       base_dir=str(base_dir), project_root=str(project), inputs=inputs,
                       out_dir=str(out_dir), state_dir=str(state), result=str(tmp / "result.json"),
@@ -183,14 +168,70 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
     if not result.ok:
         return {"ok": False, "error": result.error or "step failed", "expected": result.expected,
                 "repeats": result.repeats, "log": log_bytes[-LOG_LIMIT:].decode(errors="replace")}
-    entry = _entry(doc, out_dir, store, log_bytes, result.metrics, duration, node)
-    status = session.push(entry, store, step_id)
+    with store.shared_gc_lock():
+        entry = _entry(doc, out_dir, store, log_bytes, result.metrics, duration, node)
+        status = session.push(entry, store, step_id)
     if status != "uploaded":
         raise TaskError(_with_warnings(f"the outputs of {step_id} could not be stored in the remote "
                                        f"cache {session.url} ({status})", warnings))
-    from optbuild.store.remote import encode_entry
-
+    if cache is not None and store.size_bytes() > cache.max_bytes:
+        store.trim_blobs(cache.max_bytes)
     return {"ok": True, "entry": encode_entry(entry, session.store.signing_key).decode("ascii")}
+
+
+def _store(tmp: Path) -> tuple[Any, Any]:
+    """(the store the task fetches into and stores in, the node's cache settings): the
+    node's blob cache, shared by its tasks and kept between them, where it has one
+    (``optbuild worker --cache``); else a throw-away store in the scratch folder."""
+    from optbuild.digest import FileHasher
+    from optbuild.store.local import LocalStore
+
+    try:
+        from distributed import get_worker
+
+        cache = getattr(get_worker(), "optbuild_cache", None)
+    except (ImportError, ValueError):  # not on a node (a test calling run_task)
+        cache = None
+    if cache is None or not cache.max_bytes:
+        return LocalStore(tmp / "cas", FileHasher(None)), None
+    with _POOL_LOCK:
+        store = _STORES.get(cache.root)
+        if store is None:
+            store = _STORES[cache.root] = LocalStore(cache.root, FileHasher(cache.root / "statcache.sqlite"))
+    return store, cache
+
+
+def _fetch(doc: dict[str, Any], session: Any, store: Any, tmp: Path, project: Path,
+           warnings: _Warnings) -> dict[str, Any]:
+    """Every input file into ``project`` and every upstream output into a folder of its own,
+    from ``store`` where it holds them, else from the remote; the inputs' ArtifactSpecs."""
+    from optbuild.store.remote import TransferError
+    from optbuild.workerspec import ArtifactSpec
+
+    def blob(digest: str, size: int, label: str) -> Path:
+        path = session.download_blob(digest, size, store, label)
+        store.mark_used(digest)
+        return path
+
+    step_id = str(doc["step"])
+    try:
+        session.require_read_write()
+        for name, entry in sorted(doc["files"].items()):
+            _place(blob(entry["digest"], entry["size"], f"{step_id} input {name}"), project, name, "the input file")
+        inputs = {}
+        for number, (field, upstream) in enumerate(sorted(doc["inputs"].items())):
+            folder = tmp / "inputs" / str(number)
+            folder.mkdir(parents=True)
+            files = {}
+            for name, entry in sorted(upstream["outputs"].items()):
+                path = blob(entry["digest"], entry["size"], f"{upstream['step']} {name}")
+                files[name] = str(_place(path, folder, name, f"the output of {upstream['step']}"))
+            primary = upstream.get("primary")
+            inputs[field] = ArtifactSpec(step=str(upstream["step"]), dir=str(folder), files=files,
+                                         primary=files.get(primary) if primary else None)
+    except TransferError as exc:
+        raise TaskError(_with_warnings(str(exc), warnings)) from None
+    return inputs
 
 
 def _check_tools(doc: dict[str, Any], node: str) -> None:

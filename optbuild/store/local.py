@@ -297,6 +297,41 @@ class LocalStore:
         self._drop_blob(digest)
         return "corrupt (removed)", actual
 
+    def mark_used(self, digest: str) -> None:
+        """Note that blob ``digest``, just verified, was used now (its mtime): what
+        ``trim_blobs`` keeps longest. The stat cache is told, so that the touch costs no
+        re-read."""
+        path = self.blob_path(digest)
+        with suppress(OSError):
+            os.utime(path)
+            self.hasher.record(path, digest)
+
+    def trim_blobs(self, max_bytes: int, min_age_s: float = GC_GRACE_S) -> int:
+        """For a store of blobs only (a build node's, ``optbuild worker --cache``): delete the
+        least recently used blobs (``mark_used``) until the rest fit ``max_bytes``, and the
+        scratch space of dead processes. A blob used in the last ``min_age_s`` seconds stays,
+        even past the bound: a task may be about to link it. Under the exclusive gc lock, as
+        ``gc``; returns how many blobs went."""
+        self._require_writable("trim the cache")
+        recent = time.time_ns() - int(min_age_s * 1e9)
+        deleted = 0
+        with self._flock(_GC_LOCK):
+            blobs = []
+            for digest, path, size in self._scan_blobs():
+                with suppress(FileNotFoundError):
+                    blobs.append((path.stat().st_mtime_ns, digest, path, size))
+            total = sum(size for *_, size in blobs)
+            for mtime, _digest, path, size in sorted(blobs, key=lambda blob: blob[:2]):
+                if total <= max_bytes or mtime >= recent:
+                    break
+                self.hasher.forget(path)
+                with suppress(OSError):
+                    _remove(path)
+                    total -= size
+                    deleted += 1
+            self.clean_stale_tmp()
+        return deleted
+
     def _drop_blob(self, digest: str) -> None:
         path = self.blob_path(digest)
         self.hasher.forget(path)

@@ -49,7 +49,8 @@ class Cluster:
         log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 (the node's for its life)
         proc = subprocess.Popen(
             [sys.executable, "-m", "optbuild", "worker", "--scheduler", self.address, "--fingerprint",
-             str(self.fingerprint_file(fingerprint or name)), "--nthreads", str(nthreads), "--name", name, "--host", "127.0.0.1"],
+             str(self.fingerprint_file(fingerprint or name)), "--nthreads", str(nthreads), "--name", name, "--host", "127.0.0.1",
+             "--cache", str(self.folder / f"cache-{name}")],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=self.folder)
         log.close()
         self.nodes[name] = proc

@@ -172,3 +172,20 @@ def test_with_no_jobs_given_a_dask_build_runs_as_many_steps_at_once_as_the_farm_
     assert jobs(build(proj)) == 6  # 3 nodes x 2 threads, not this host's CPUs
     assert jobs(build(proj, executor="local")) == os.cpu_count()
     assert jobs(build(proj, jobs=3)) == 3
+
+
+def test_a_node_uses_the_blobs_it_holds_instead_of_fetching_them_again(tmp_path, farm, file_remote):
+    from optbuild.digest import digest_bytes
+
+    first = ('[steps.src]\nkind = "text"\npath = "../data/input.txt"\n\n'
+             '[steps.first]\nkind = "bound"\ninput = "src"\nfield = "gpu.count"\nvalue = "0"\n')
+    proj = dask_project(tmp_path, farm, file_remote, recipe=first)
+    assert build(proj).ok
+    hello = digest_bytes(b"hello")  # src's output, which the cpu node fetched to build `first`
+    assert (farm.folder / "cache-cpu" / "cas" / hello[:2] / hello[2:]).is_file()
+    file_remote.write(file_remote.blob_path(hello), b"HELLO")  # the remote's copy now fails its check
+    proj.write("recipes/farm.toml", first + first.split("\n\n")[1].replace("first", "second") + "sleep = 0.01\n")
+    result = build(proj)
+    assert result.ok, result.reporter.events  # a node without it would refuse the corrupt blob
+    assert result.steps("built") == ["farm:second"]
+    assert lockfile.read(proj.root / "optbuild.lock")["farm:second"]["node"] == "cpu"

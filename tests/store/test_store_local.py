@@ -463,6 +463,20 @@ def test_gc_evicts_least_recently_used_entries_to_the_bound(store):
     assert report.within_limit == Kept(entries=2, bytes=2100)  # b and c: the cache fit once a went
 
 
+def test_trim_blobs_deletes_the_least_recently_used_blobs_to_the_bound_and_keeps_recent_ones(store):
+    """A build node's cache holds blobs only: used ones are marked, the oldest go first."""
+    a, b, c = (store.put_bytes(name * 1000) for name in (b"a", b"b", b"c"))
+    for age, digest in enumerate((a, b, c)):
+        os.utime(store.blob_path(digest), (HOUR_AGO + age, HOUR_AGO + age))
+    hashed = store.hasher.files_hashed
+    store.mark_used(a)  # a task linked it just now: the most recently used
+    assert store.blob_ok(a) and store.hasher.files_hashed == hashed  # the touch cost no re-read
+    assert store.trim_blobs(2000) == 1
+    assert not store.blob_path(b).exists() and store.blob_ok(a) and store.blob_ok(c)
+    assert store.trim_blobs(0) == 1  # c, an hour old, goes; a was used within the grace time
+    assert store.blob_ok(a) and not store.blob_path(c).exists() and store.size_bytes() == 1000
+
+
 def test_gc_keeps_what_it_is_told_to_and_a_hit_counts_as_use(store):
     made = _aged_entries(store)
     assert store.get_action(made["a"].key) is not None  # a is now the most recently used
