@@ -28,7 +28,8 @@ KINDS = REPO / "tests" / "fixtures" / "kinds.py"
 
 # As on a user's machine: bytecode cached (some sandboxes set PYTHONDONTWRITEBYTECODE, which
 # recompiles optbuild's modules on every start: about 0.09 s of a no-op build).
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+       "OPTBUILD_SERVER": "0"}  # every build in this process: no build server left in the temporary projects
 
 
 def optbuild(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = REPO / "tests" / "fixtures" / "kinds.py"
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+       "OPTBUILD_SERVER": "0"}  # cold builds in-process: no build server left in the temporary projects
 NODES, THREADS = 3, 4
 
 
@@ -62,7 +63,8 @@ def start_nodes(address: str, folder: Path) -> list[subprocess.Popen]:
         log = open(folder / f"node{i}.log", "wb")  # noqa: SIM115 (the node's, for its life)
         nodes.append(subprocess.Popen(
             [sys.executable, "-m", "optbuild", "worker", "--scheduler", address, "--nthreads", str(THREADS),
-             "--name", f"node{i}", "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT, env=ENV))
+             "--name", f"node{i}", "--host", "127.0.0.1", "--cache", str(folder / f"cache{i}")],  # cold
+            stdout=log, stderr=subprocess.STDOUT, env=ENV))
         log.close()
     from distributed import Client
 

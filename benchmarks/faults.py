@@ -50,7 +50,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 KINDS = REPO / "tests" / "fixtures" / "kinds.py"
 # As on a user's machine: bytecode cached (see bench.py).
-ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "OPTBUILD_REMOTE")}
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "OPTBUILD_REMOTE")},
+       "OPTBUILD_SERVER": "0"}  # no build server left in the temporary projects
 SIGNING_ENV = "FAULTS_SIGNING_KEY"
 SIGNING_KEY = "faults-suite-signing-key"
 BUILD_TIMEOUT = 120.0  # a follow-up build slower than this is taken to wait on a stale lock

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 KINDS = REPO / "tests" / "fixtures" / "kinds.py"
 ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-       "AWS_EC2_METADATA_DISABLED": "true"}
+       "AWS_EC2_METADATA_DISABLED": "true", "OPTBUILD_SERVER": "0"}  # builds in-process, none left behind
 
 BIG_KIND = '''
 import numpy as np
