@@ -22,7 +22,6 @@ class _State:
         self.building = False  # a client's signal now cancels the build (see _on_signal)
         self.build_id = 0
         self.cancelled = False  # this build's client sent its one signal
-        self.forwarded = False  # a client's signal may still reach a handler: not the server's to obey
         self.stop: str | None = None
 
 
@@ -53,7 +52,10 @@ def _log(message: str) -> None:
 
 def _on_signal(signum: int, frame: object) -> None:
     """SIGINT, SIGTERM, SIGHUP outside a build's own handlers: cancel the build if one runs,
-    else stop the server (SIGTERM; it has no terminal whose closing a SIGHUP would mean)."""
+    else stop the server (SIGTERM; it has no terminal whose closing a SIGHUP would mean).
+    A client's cancel forwarded just as its build ended lands here too, and stops the
+    server: the next build starts a fresh one, which is better than ignoring a real SIGTERM
+    that came then."""
     import signal
 
     state = _STATE
@@ -65,8 +67,6 @@ def _on_signal(signum: int, frame: object) -> None:
         from optbuild.cli import Terminated
 
         raise Terminated(signum)
-    if state.forwarded:  # a client's cancel that came as its build was ending
-        return
     if signum == signal.SIGTERM:
         state.stop = "SIGTERM"
 
@@ -150,7 +150,6 @@ class Server:
             if _file_id(self.root) != self.root_id or not os.path.isdir(self.build_dir):
                 _log("stopping: the project folder or its build folder is gone or replaced")
                 return
-            _STATE.forwarded = False  # any handler of a signal forwarded before has run by now
             try:
                 readable = select.select([listener], [], [], 0.5)[0]
             except InterruptedError:
@@ -343,7 +342,7 @@ def _watch(conn, main_thread: int, state: _State, build_id: int) -> None:
         if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the client's terminal closed
             with state.lock:
                 if state.building and not state.cancelled and state.build_id == build_id:
-                    state.cancelled = state.forwarded = True
+                    state.cancelled = True
                     signal.pthread_kill(main_thread, signum)
         if not data:
             return

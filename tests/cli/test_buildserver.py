@@ -73,6 +73,16 @@ def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **SERVED, **(env or {})})
 
 
+@pytest.fixture(autouse=True)
+def job_control():
+    """Clients start as a shell with job control starts them, SIGTSTP at its default: the test
+    runner may run with it ignored, which they would inherit (and Ctrl-Z would not stop a
+    local build either)."""
+    previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTSTP, previous)
+
+
 def status(root: Path) -> dict | None:
     return protocol.request(os.path.realpath(root), {"op": "status"})
 
