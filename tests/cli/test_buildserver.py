@@ -69,15 +69,18 @@ def optbuild(cwd: Path, *args: str, env: dict | None = None, timeout: float = 12
 
 
 def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """A client as a shell with job control starts one: in a process group of its own, whose
+    parent (this process) is in another group of the session. SIGTSTP would not stop a
+    process of an orphaned group (this runner's may be one: started by a shell gone since)."""
     return subprocess.Popen([sys.executable, "-m", "optbuild", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **SERVED, **(env or {})})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **SERVED, **(env or {})},
+                            process_group=0)
 
 
 @pytest.fixture(autouse=True)
 def job_control():
-    """Clients start as a shell with job control starts them, SIGTSTP at its default: the test
-    runner may run with it ignored, which they would inherit (and Ctrl-Z would not stop a
-    local build either)."""
+    """Clients start with SIGTSTP at its default, as a shell with job control starts them: the
+    test runner may run with it ignored, which they would inherit."""
     previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
     yield
     signal.signal(signal.SIGTSTP, previous)
