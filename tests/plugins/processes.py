@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -51,13 +52,19 @@ def server_processes(root: Path, *, below: bool = False) -> list[int]:
 
 
 def end(pids: list[int]) -> list[int]:
-    """SIGTERM (a server stops as when idle), then SIGKILL for those still there after 20 s
-    (their fork servers die with them); the pids that needed it."""
-    for pid in pids:
-        os.kill(pid, signal.SIGTERM)
-    stuck = [pid for pid in pids if not wait_gone([pid], 20)]
+    """SIGTERM every 2 s (a server stops as when idle; one still cleaning up a cancelled build
+    ignores it until that is done), then SIGKILL for those still there after 20 s (their
+    fork servers die with them); the pids that needed it."""
+    deadline = time.monotonic() + 20
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        wait_gone(left, 2)
+    stuck = [pid for pid in pids if alive(pid)]
     for pid in stuck:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return stuck
 
 
