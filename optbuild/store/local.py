@@ -316,12 +316,12 @@ class LocalStore:
         recent = time.time_ns() - int(min_age_s * 1e9)
         deleted = 0
         with self._flock(_GC_LOCK):
-            blobs = []
-            for digest, path, size in self._scan_blobs():
+            blobs = []  # and anything else under cas/ (digest None), which goes as a blob would
+            for _digest, path, size in self._scan_blobs():
                 with suppress(FileNotFoundError):
-                    blobs.append((path.stat().st_mtime_ns, digest, path, size))
+                    blobs.append((path.stat().st_mtime_ns, str(path), path, size))
             total = sum(size for *_, size in blobs)
-            for mtime, _digest, path, size in sorted(blobs, key=lambda blob: blob[:2]):
+            for mtime, _name, path, size in sorted(blobs, key=lambda blob: blob[:2]):
                 if total <= max_bytes or mtime >= recent:
                     break
                 self.hasher.forget(path)

@@ -477,6 +477,16 @@ def test_trim_blobs_deletes_the_least_recently_used_blobs_to_the_bound_and_keeps
     assert store.blob_ok(a) and not store.blob_path(c).exists() and store.size_bytes() == 1000
 
 
+def test_trim_blobs_takes_a_stray_file_in_the_blob_folders_as_an_unused_blob(store):
+    blob = store.put_bytes(b"b" * 1000)
+    stray = store.blob_path(blob).parent / "not-a-blob"
+    stray.write_bytes(b"x" * 10)
+    for path in (store.blob_path(blob), stray):  # the same age: ordered by name, not by digest
+        os.utime(path, (HOUR_AGO, HOUR_AGO))
+    assert store.trim_blobs(0) == 2
+    assert not stray.exists() and store.size_bytes() == 0
+
+
 def test_gc_keeps_what_it_is_told_to_and_a_hit_counts_as_use(store):
     made = _aged_entries(store)
     assert store.get_action(made["a"].key) is not None  # a is now the most recently used
