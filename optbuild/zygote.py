@@ -228,7 +228,7 @@ class Zygote:
                                     (signal.SIGINT, signal.default_int_handler)):
                 signal.signal(signum, handler)
             _redirect_output(request["log"])
-            _set_environment(request["env"])
+            set_environment(request["env"])
             os.chdir(request["cwd"])
             _fresh_random_state()
             from optbuild import worker
@@ -259,9 +259,10 @@ def _redirect_output(log: str) -> None:
                                   errors="backslashreplace")
 
 
-def _set_environment(env: dict[str, str]) -> None:
-    """The builder's environment as it is now (it may have changed since the zygote
-    started); only what differs is set, each change being a putenv."""
+def set_environment(env: dict[str, str]) -> None:
+    """``os.environ`` made equal to ``env`` (a child's: the builder's as it is now, which may
+    have changed since the zygote started; a build server's: its client's, then its own
+    again); only what differs is set, each change being a putenv."""
     for name in set(os.environ) - set(env):
         del os.environ[name]
     for name, value in env.items():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 
+from optbuild.zygote import set_environment
+
 
 class client_context:
     """The client's environment, folder, umask, argv and stdio for the build's duration;
@@ -37,7 +39,7 @@ class client_context:
             os.dup2(fd, target)
             os.close(fd)
         self.fds.clear()
-        _replace_env(doc["env"])
+        set_environment(doc["env"])
         self.saved_umask = os.umask(int(doc["umask"]))
         os.chdir(doc["cwd"])
         sys.argv = ["optbuild", *doc["argv"]]
@@ -75,19 +77,11 @@ class client_context:
         if self.saved_umask is not None:
             os.umask(self.saved_umask)
         if self.saved_env is not None:
-            _replace_env(self.saved_env)
+            set_environment(self.saved_env)
         try:
             os.chdir(self.home)
         except OSError:
             os.chdir("/")
-
-
-def _replace_env(env: dict[str, str]) -> None:
-    for name in set(os.environ) - set(env):
-        del os.environ[name]
-    for name, value in env.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
 
 
 def fresh_caches() -> None:
