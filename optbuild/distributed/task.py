@@ -39,7 +39,7 @@ PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: proj
 
 _POOL: Any = None
 _STORES: dict[Path, Any] = {}  # the node's blob cache, by folder
-_POOL_LOCK = threading.Lock()
+_NODE_LOCK = threading.Lock()  # the task threads share the pool and the stores
 
 
 def node_pool() -> Any:
@@ -50,7 +50,7 @@ def node_pool() -> Any:
     global _POOL
     from optbuild.workerpool import ServedPool
 
-    with _POOL_LOCK:
+    with _NODE_LOCK:
         if _POOL is not None and _POOL.why_stale(_POOL.env) is not None:
             _POOL.shutdown()
             _POOL = None
@@ -63,23 +63,23 @@ class TaskError(Exception):
     """The node could not run the step (a transfer, a bad spec): not the step's own failure."""
 
 
-def node_name() -> str:
-    """The name of the node running this task: ``optbuild worker --name``, else the host name."""
+def _this_worker() -> Any:
+    """The Dask worker running this task; None outside one (a test calling ``run_task``)."""
     try:
         from distributed import get_worker
 
-        return str(getattr(get_worker(), "optbuild_name", None) or socket.gethostname())
+        return get_worker()
     except (ImportError, ValueError):
-        return socket.gethostname()
+        return None
+
+
+def node_name() -> str:
+    """The name of the node running this task: ``optbuild worker --name``, else the host name."""
+    return str(getattr(_this_worker(), "optbuild_name", None) or socket.gethostname())
 
 
 def _scratch_root() -> str | None:
-    try:
-        from distributed import get_worker
-
-        return get_worker().local_directory
-    except (ImportError, ValueError):
-        return None
+    return getattr(_this_worker(), "local_directory", None)
 
 
 def run_task(doc: dict[str, Any]) -> dict[str, Any]:
@@ -186,15 +186,10 @@ def _store(tmp: Path) -> tuple[Any, Any]:
     from optbuild.digest import FileHasher
     from optbuild.store.local import LocalStore
 
-    try:
-        from distributed import get_worker
-
-        cache = getattr(get_worker(), "optbuild_cache", None)
-    except (ImportError, ValueError):  # not on a node (a test calling run_task)
-        cache = None
+    cache = getattr(_this_worker(), "optbuild_cache", None)
     if cache is None or not cache.max_bytes:
         return LocalStore(tmp / "cas", FileHasher(None)), None
-    with _POOL_LOCK:
+    with _NODE_LOCK:
         store = _STORES.get(cache.root)
         if store is None:
             store = _STORES[cache.root] = LocalStore(cache.root, FileHasher(cache.root / "statcache.sqlite"))
