@@ -266,9 +266,7 @@ class Executor:
         try:
             self._start_backend()
         except BaseException:
-            self.hasher.flush()
-            self.workers.close()
-            self.backend.close()  # whatever it got to
+            self._end_run()  # the backend: whatever it got to
             raise
         jobs = self.options.jobs or self.backend.slots()
         self.reporter.emit({"event": "start", "steps": selected, "jobs": jobs, "dry_run": self.options.dry_run})
@@ -306,9 +304,7 @@ class Executor:
                 self._kill_workers()
                 raise
             finally:
-                self.hasher.flush()
-                self.workers.close()
-                self.backend.close()
+                self._end_run()
         self._clean_logs()
         self._write_lock()
         counts: dict[str, int] = {}
@@ -331,6 +327,13 @@ class Executor:
                             "duration_s": time.perf_counter() - started,
                             "bytes_hashed": self.hasher.bytes_read})
         return self.outcomes
+
+    def _end_run(self) -> None:
+        """What a run ends with, however it ends: the stat cache written, the fork servers
+        and the backend closed."""
+        self.hasher.flush()
+        self.workers.close()
+        self.backend.close()
 
     def _start_backend(self) -> None:
         try:
