@@ -15,14 +15,12 @@ import types
 from pathlib import Path
 
 import pytest
-from plugins.processes import process_state, wait_gone
+from plugins.processes import parents, process_state, reaped, wait_gone, wait_state
 from plugins.projects import ProjectDir
-from test_signals import INTERRUPTED, nap_project, wait_for_pids
+from test_signals import INTERRUPTED, assert_left_clean, nap_project, wait_for_pids
 
 from optbuild.buildserver import client, protocol, session
 from optbuild.buildserver import server as served
-from optbuild.digest import FileHasher
-from optbuild.store.local import LocalStore
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: abstract sockets, /proc"),
               pytest.mark.timeout(180)]
@@ -156,16 +154,13 @@ def napping_through_a_server(tmp_path: Path, servers: list[Path]) -> tuple[Proje
                          ids=["Ctrl-C", "SIGTERM", "SIGHUP (its terminal closed)"])
 def test_a_signal_to_the_client_cancels_the_build_in_the_server_with_the_local_exit_status(
         tmp_path, servers, signum, code):
-    proj, server, proc = napping_through_a_server(tmp_path, servers)
-    try:
+    proj, server, started = napping_through_a_server(tmp_path, servers)
+    with reaped(started) as proc:
         workers = wait_for_pids(tmp_path / "pids", 2, proc)
         sent = time.monotonic()
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=30)
         assert time.monotonic() - sent < 10
-    finally:
-        proc.kill()
-        proc.wait()
     assert proc.returncode == code, stderr
     assert served_by(stderr) == server["pid"]
     assert INTERRUPTED in stderr and "Traceback" not in stderr
@@ -176,37 +171,24 @@ def test_a_signal_to_the_client_cancels_the_build_in_the_server_with_the_local_e
     assert again.returncode == 0 and served_by(again.stderr) == server["pid"]
 
 
-def test_a_killed_client_cancels_its_build_and_leaves_nothing_half_written(tmp_path, servers):
-    proj, server, proc = napping_through_a_server(tmp_path, servers)
-    try:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT], ids=["killed", "Ctrl-backslash"])
+def test_a_client_that_dies_cancels_its_build_and_leaves_nothing_half_written(tmp_path, servers, signum):
+    """Ctrl-\\ (SIGQUIT) keeps its default in the client, as in a local build: it dies at once."""
+    proj, server, started = napping_through_a_server(tmp_path, servers)
+    with reaped(started) as proc:
         workers = wait_for_pids(tmp_path / "pids", 2, proc)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(signum)
         proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait()
+    assert proc.returncode == -signum  # as the shell reports it: "Killed", "Quit"
     assert wait_gone(workers, 10), "the steps of a dead client's build still run"
     found = status(proj.root)  # answered once the cancelled build is cleaned up
     assert found is not None and found["pid"] == server["pid"] and found["builds"] == 1
     assert_left_clean(proj)
 
 
-def parents(pids: list[int]) -> list[int]:
-    return sorted({int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in pids})
-
-
-def wait_state(pids: list[int], wanted: str, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(process_state(p) == wanted for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_ctrl_z_stops_the_build_in_the_server_and_fg_resumes_it(tmp_path, servers):
-    proj, server, proc = napping_through_a_server(tmp_path, servers)
-    try:
+    proj, server, started = napping_through_a_server(tmp_path, servers)
+    with reaped(started) as proc:
         workers = wait_for_pids(tmp_path / "pids", 2, proc)
         forks = parents(workers)  # the fork servers of this build's environment
         proc.send_signal(signal.SIGTSTP)  # what the terminal sends on Ctrl-Z
@@ -217,9 +199,6 @@ def test_ctrl_z_stops_the_build_in_the_server_and_fg_resumes_it(tmp_path, server
         assert wait_state(workers, "S") and wait_state(forks, "S"), "the build did not resume"
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait()
     assert proc.returncode == 130 and INTERRUPTED in stderr, stderr
     assert_left_clean(proj)
     again = optbuild(proj.root, "build", "naps:src")  # its fork servers run again
@@ -227,35 +206,17 @@ def test_ctrl_z_stops_the_build_in_the_server_and_fg_resumes_it(tmp_path, server
 
 
 def test_a_stopped_client_killed_resumes_and_cancels_its_build(tmp_path, servers):
-    proj, _, proc = napping_through_a_server(tmp_path, servers)
-    try:
+    proj, _, started = napping_through_a_server(tmp_path, servers)
+    with reaped(started) as proc:
         workers = wait_for_pids(tmp_path / "pids", 2, proc)
         forks = parents(workers)  # the fork servers of this build's environment
         proc.send_signal(signal.SIGTSTP)
         assert wait_state(workers + forks, "T")
         proc.send_signal(signal.SIGKILL)  # kill -9 %1: it never says SIGCONT
         proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait()
     assert wait_gone(workers, 10)
     assert wait_state(forks, "S"), "the fork servers were left stopped"
     assert status(proj.root)["builds"] == 1
-    assert_left_clean(proj)
-
-
-def test_ctrl_backslash_kills_the_client_as_a_local_build_and_the_server_cancels_its_build(tmp_path, servers):
-    proj, server, proc = napping_through_a_server(tmp_path, servers)
-    try:
-        workers = wait_for_pids(tmp_path / "pids", 2, proc)
-        proc.send_signal(signal.SIGQUIT)
-        proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGQUIT  # as Python's default: the shell says "Quit"
-    assert wait_gone(workers, 10)
-    assert status(proj.root)["pid"] == server["pid"]
     assert_left_clean(proj)
 
 
@@ -274,13 +235,6 @@ def test_a_client_under_another_nice_level_is_served_by_a_server_started_under_i
     assert wait_gone([server["pid"]], 20)
     restarted = wait_for_server(proj.root, not_pid=server["pid"])
     assert os.getpriority(os.PRIO_PROCESS, restarted["pid"]) == os.getpriority(os.PRIO_PROCESS, 0) + 5
-
-
-def assert_left_clean(proj: ProjectDir) -> None:
-    store = LocalStore(proj.root / "cache", FileHasher(None))
-    assert [e.step for _, e in store.iter_entries()] == ["naps:src"]
-    assert not any((proj.root / "cache/tmp").iterdir())
-    assert not (proj.root / "build/naps/a").exists() and not (proj.root / "build/naps/b").exists()
 
 
 def test_a_changed_module_restarts_the_server(tmp_path, servers):

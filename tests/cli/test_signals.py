@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from plugins.processes import alive
+from plugins.processes import alive, reaped
 from plugins.projects import CONFIG, ProjectDir
 
 from optbuild.cli import main
@@ -86,16 +86,12 @@ def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_ha
     proj = nap_project(tmp_path / "proj", seconds=60)
     pids = tmp_path / "pids"
     pids.mkdir()
-    proc = proj.popen("build", env={"NAP_PIDS": str(pids)})
-    try:
+    with reaped(proj.popen("build", env={"NAP_PIDS": str(pids)})) as proc:
         workers = wait_for_pids(pids, 2, proc)
         sent = time.monotonic()
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=30)
         assert time.monotonic() - sent < 10
-    finally:
-        proc.kill()
-        proc.wait()
     assert proc.returncode == status, stderr
     assert INTERRUPTED in stderr and "Traceback" not in stderr
     assert not any(alive(pid) for pid in workers)
@@ -146,16 +142,12 @@ def test_a_worker_ends_at_once_on_sigterm_even_when_its_builder_ignores_it(tmp_p
     proj.write("recipes/naps.toml", proj.read("recipes/naps.toml").split("\n[steps.b]")[0])
     pids = tmp_path / "pids"
     pids.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", BUILD_IGNORING_SIGTERM], cwd=proj.root,
-                            env={**os.environ, "NAP_PIDS": str(pids)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
+    with reaped(subprocess.Popen([sys.executable, "-c", BUILD_IGNORING_SIGTERM], cwd=proj.root,
+                                 env={**os.environ, "NAP_PIDS": str(pids)}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)) as proc:
         [worker] = wait_for_pids(pids, 1, proc)
         os.kill(worker, signal.SIGTERM)
         output, _ = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-        proc.wait()
     assert proc.returncode == 1, output
     assert "worker process died (signal 15)" in output
     assert (proj.root / "build/.logs/naps/a.log").exists()

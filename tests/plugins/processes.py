@@ -6,19 +6,41 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces and ")")."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def process_state(pid: int) -> str:
     """The state letter of /proc/PID/stat (S sleeping, T stopped, Z zombie...); "X" if gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return _stat(pid)[0]
     except FileNotFoundError:
         return "X"
+
+
+def parents(pids: list[int]) -> list[int]:
+    """The parents of ``pids``, each once."""
+    return sorted({int(_stat(pid)[1]) for pid in pids})
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``proc``, killed (if it still runs) and waited for on the way out, whatever the block did."""
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def alive(pid: int) -> bool:
@@ -31,6 +53,16 @@ def wait_gone(pids: list[int], timeout: float = 20) -> bool:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not any(alive(p) for p in pids)
+
+
+def wait_state(pids: list[int], wanted: str, timeout: float = 10) -> bool:
+    """Whether every one of ``pids`` reached the state ``wanted`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(process_state(p) == wanted for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def server_processes(root: Path, *, below: bool = False) -> list[int]:
