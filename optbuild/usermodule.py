@@ -7,17 +7,26 @@ for as long as the caller's ``with`` block runs (a data callable's generator may
 siblings lazily while it is iterated); then ``sys.path`` is restored, and the module and the
 siblings it imported from that folder are forgotten, so a later import in the same process
 (another project, an edited file) does not reuse them.
+
+Inside the block, the file and every module imported from outside the installed environment
+(the project's own modules) are compiled from their current source, never from
+``__pycache__``: CPython trusts a ``.pyc`` whose recorded mtime (whole seconds) and size match
+the source, so a module imported once (a test run, a REPL, a warm server) and then edited
+within the same second at the same size would run its old code under a key that names the new.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 
@@ -43,9 +52,11 @@ def imported(path: Path, *, keep: bool = False) -> Iterator[ModuleType]:
     saved_path, before = list(sys.path), set(sys.modules)
     sys.path.insert(0, str(directory))
     importlib.invalidate_caches()  # see files written since the last import
+    finder = _SourceFinder()
+    sys.meta_path.insert(_path_finder_index(), finder)
     ok = False
     try:
-        loader = importlib.machinery.SourceFileLoader(name, str(path))
+        loader = SourceOnlyLoader(name, str(path))
         module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
         sys.modules[name] = module
         try:
@@ -55,6 +66,7 @@ def imported(path: Path, *, keep: bool = False) -> Iterator[ModuleType]:
         ok = True
         yield module
     finally:
+        sys.meta_path.remove(finder)
         sys.path[:] = saved_path
         if not (ok and keep):
             for key in set(sys.modules) - before:
@@ -90,3 +102,46 @@ def _from_directory(module: ModuleType | None, key: str, directory: Path) -> boo
         return Path(file).resolve().is_relative_to(directory)
     except OSError:
         return False
+
+
+class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the file's bytes as they are now; never reads nor writes ``__pycache__``."""
+
+    def get_code(self, fullname: str):
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds modules as sys.path does, and loads those from outside the installed
+    environment (the project's own) with ``SourceOnlyLoader``."""
+
+    def find_spec(self, fullname, path, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        loader = getattr(spec, "loader", None)
+        if type(loader) is importlib.machinery.SourceFileLoader and not _installed(loader.path):
+            spec.loader = SourceOnlyLoader(loader.name, loader.path)
+        return spec
+
+
+def _path_finder_index() -> int:
+    """Where the finder goes: just before sys.path's own finder, after the built-in and
+    frozen ones (``os`` stays frozen)."""
+    for index, finder in enumerate(sys.meta_path):
+        if finder is importlib.machinery.PathFinder:
+            return index
+    return len(sys.meta_path)
+
+
+@cache
+def _installed_roots() -> tuple[str, ...]:
+    """Folders whose modules are installed, not the project's: the standard library,
+    site-packages, optbuild itself. Their bytecode is theirs to manage."""
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    roots.add(str(Path(__file__).resolve().parent))
+    return tuple(str(Path(root).resolve()) + "/" for root in roots)
+
+
+def _installed(file: str) -> bool:
+    return str(Path(file).resolve()).startswith(_installed_roots())

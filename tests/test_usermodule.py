@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plugins.edits import compile_to_pycache, edit_within_the_same_second
 
 from optbuild import usermodule
 
@@ -82,6 +83,28 @@ def test_an_edited_file_is_imported_afresh(tmp_path):
     entry.write_text("VALUE = 2  # a different size, so the cached bytecode is stale\n")
     with usermodule.imported(entry) as module:
         assert module.VALUE == 2
+
+
+def test_a_same_second_same_size_edit_after_an_import_runs_the_new_code(tmp_path):
+    entry = write(tmp_path / "net_um.py", "from scale_um import SCALE\nfrom pkg_um.deep import DEPTH\n"
+                                          "OFFSET = 1\n")
+    sibling = write(tmp_path / "scale_um.py", "SCALE = 21.25\n")
+    write(tmp_path / "pkg_um" / "__init__.py", "")
+    nested = write(tmp_path / "pkg_um" / "deep.py", "DEPTH = 1\n")
+    compile_to_pycache(tmp_path, "net_um")
+    edit_within_the_same_second(entry, "OFFSET = 1", "OFFSET = 3")
+    edit_within_the_same_second(sibling, "21.25", "21.75")
+    edit_within_the_same_second(nested, "1", "2")
+    with usermodule.imported(entry) as module:
+        assert (module.OFFSET, module.SCALE, module.DEPTH) == (3, 21.75, 2)
+
+
+def test_installed_modules_keep_their_bytecode(tmp_path):
+    entry = write(tmp_path / "uses_json.py", "import json\nimport pydantic\n")
+    with usermodule.imported(entry) as module:
+        assert type(module.__loader__) is usermodule.SourceOnlyLoader
+        for installed in (module.json, module.pydantic):
+            assert type(installed.__loader__) is not usermodule.SourceOnlyLoader
 
 
 def test_load_keeps_the_module_and_restores_sys_path(tmp_path):

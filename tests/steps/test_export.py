@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from plugins.edits import compile_to_pycache, edit_within_the_same_second
+from plugins.projects import ProjectDir
 from plugins.steps import (
     INPUT_NAME,
     MODELS,
@@ -372,3 +374,22 @@ def test_invalid_params_are_validation_errors(change, message):
     params = {"model": "models/cnn.py:build", "input_names": ["image"], "output_names": ["logits"], **change}
     with pytest.raises(ValidationError, match=message):
         ExportParams.model_validate(params)
+
+
+def test_a_helper_edited_within_the_second_of_an_import_is_exported_as_edited(tmp_path):
+    """CPython would run the helper's stale .pyc (same size, same whole-second mtime): the
+    export must run the code its key names."""
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n')
+    helper = proj.write("recipes/m/helper.py", "SCALE = 21.25\n")
+    proj.write("recipes/m/model.py", "import torch\nfrom helper import SCALE\n\n\n"
+               "class Scale(torch.nn.Module):\n    def forward(self, x):\n        return x * SCALE\n\n\n"
+               "def build():\n    return Scale(), (torch.ones(1, 2),)\n")
+    proj.write("recipes/m.toml", '[steps.export]\nkind = "export"\nmodel = "m/model.py:build"\n')
+    assert proj.build().ok
+    compile_to_pycache(helper.parent, "helper")
+    edit_within_the_same_second(helper, "21.25", "21.75")
+    assert proj.build().ok
+    model = proj.root / "build" / "m" / "export" / "model.onnx"
+    (scaled,) = ort_run(model, {"onnx::Mul_0": np.ones((1, 2), np.float32)})
+    assert scaled.tolist() == [[21.75, 21.75]]
