@@ -9,10 +9,14 @@ a stamp is read or written.
 (atomically) holding:
 
 - the invocation: the arguments after ``build`` (matched exactly; ``-C`` enters through the
-  project root it leads to), the project root and build folder, and digests of the
+  project root it leads to), the project root and build folder, and keyed digests of the
   environment that reaches the answer: every ``OPTBUILD_*`` variable (except
   ``OPTBUILD_DEBUG_FASTPATH``), every ``CUDA_*`` and ``NVIDIA_*`` one, ``LD_LIBRARY_PATH``
-  and ``LD_PRELOAD``;
+  and ``LD_PRELOAD``. Some are secrets (``OPTBUILD_SIGNING_KEY``...), so each digest is a
+  blake2b keyed with a random per-user salt, ``$XDG_CACHE_HOME/optbuild/noop-salt`` (else
+  ``~/.cache/optbuild/noop-salt``), which only its owner may read (0600, refused
+  otherwise): the stamp itself holds nothing worth guessing from, and follows the umask as
+  every file optbuild writes does. Without a usable salt, nothing is recorded;
 - the interpreter: ``sys.executable``, ``sys.version`` and ``sys.path`` (as at start-up);
 - host facts: the content of /proc/sys/kernel/random/boot_id (a reboot may bring another
   driver, GPU or kernel), the names under /dev starting with ``nvidia`` (GPUs, MIG
@@ -66,8 +70,10 @@ import time
 
 from optbuild.projectroot import CONFIG_NAME, project_root
 
-FORMAT = 1
+FORMAT = 2  # 1 held unsalted digests of the environment
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
+SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
+SALT_BYTES = 32
 RACY_NS = 2_000_000_000
 HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
 DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
@@ -187,10 +193,68 @@ def _content_digest(path: str) -> str:
         return _hasher()(f.read(), digest_size=16).hexdigest()
 
 
-def _env() -> dict[str, str]:
-    """Digests of the environment variables the answer can depend on (values may be secrets)."""
+def salt_path() -> str:
+    """Where this user's salt lives: beside the node cache, outside any project (a build
+    folder that is copied or shared takes no salt with it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "optbuild", SALT_NAME)
+
+
+def _read_salt(path: str) -> bytes:
+    """The salt at ``path``; PermissionError when anyone but its owner (this user) could
+    read it, since a salt others know no longer hides what it keys."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{path} is not private to this user (mode {st.st_mode & 0o777:o}, "
+                                  f"owner {st.st_uid}); remove it and a new one is made")
+        data = os.read(fd, SALT_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != SALT_BYTES:
+        raise ValueError(f"{path} holds {len(data)} bytes, not {SALT_BYTES}; remove it and a new one is made")
+    return data
+
+
+def _make_salt(path: str) -> None:
+    """A new random salt at ``path`` (0600, in a 0700 folder), unless another build made one
+    first: the file appears whole or not at all (a hard link of a finished temp file)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(SALT_BYTES))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
+
+
+def salt(*, create: bool) -> bytes:
+    """This user's salt; with ``create``, made when there is none. OSError or ValueError
+    when there is none (and not ``create``) or it cannot be trusted."""
+    path = salt_path()
+    if create and not os.path.lexists(path):
+        _make_salt(path)
+    return _read_salt(path)
+
+
+def _salt_id(key: bytes) -> str:
+    """Names the salt a stamp was keyed with, so that a stamp of another user (or of another
+    $XDG_CACHE_HOME) is declined as such; reveals nothing of the salt."""
+    return _hasher()(b"optbuild noop salt id", digest_size=8, key=key).hexdigest()
+
+
+def _env(key: bytes) -> dict[str, str]:
+    """Digests, keyed with the salt ``key``, of the environment variables the answer can
+    depend on: any of them may be a secret (a signing key), so no digest is one an
+    attacker could compute from a guess."""
     blake2b = _hasher()
-    return {name: blake2b(value.encode(errors="surrogateescape"), digest_size=16).hexdigest()
+    return {name: blake2b(value.encode(errors="surrogateescape"), digest_size=16, key=key).hexdigest()
             for name, value in sorted(os.environ.items())
             if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and name not in _ENV_IGNORED}
 
@@ -292,6 +356,10 @@ def _record(ws, result) -> str | None:
         return f"{flag} is never taken by the fast path"
     if ws.remote is not None:
         return "a remote cache is configured"
+    try:
+        key = salt(create=True)
+    except (OSError, ValueError) as exc:
+        return f"no private salt for the environment's digests: {exc}"
     project, store = ws.project, ws.store
     root = os.path.abspath(project.root)
     build_dir = os.path.abspath(project.build_dir)
@@ -371,7 +439,7 @@ def _record(ws, result) -> str | None:
         unusable = f"{_shown(path, root)} was written within {RACY_NS / 1e9:g} s of recording"
     stamp = {
         "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
-        "env": _env(), "python": _python(), "host": host_facts(), "unusable": unusable,
+        "salt": _salt_id(key), "env": _env(key), "python": _python(), "host": host_facts(), "unusable": unusable,
         "sigs": sigs, "digests": digests, "lines": lines, "counts": counts,
         "cache_dir": os.path.abspath(project.cache_dir),
         "stats": {"command": "build", "ok": True, "counts": counts, "local": local, "remote": None,
@@ -447,7 +515,13 @@ def _check(argv: list[str]) -> dict | str | None:
         return f"the last build could not vouch for its files: {stamp['unusable']}"
     if stamp.get("python") != _python():
         return "another Python interpreter or sys.path (python -c and -m put the current folder on it)"
-    env = _env()
+    try:
+        key = salt(create=False)
+    except (OSError, ValueError) as exc:
+        return f"no private salt for the environment's digests: {exc}"
+    if stamp.get("salt") != _salt_id(key):
+        return f"the record was keyed with another salt than {salt_path()} (another user, or it was renewed)"
+    env = _env(key)
     if stamp.get("env") != env:
         old = stamp.get("env") or {}
         changed = sorted(n for n in set(env) | set(old) if env.get(n) != old.get(n))

@@ -417,9 +417,10 @@ def test_no_optbuild_cache_outlives_a_build(tmp_path):
 def test_the_server_switches_do_not_change_the_no_op_stamp(monkeypatch):
     from optbuild import noop
 
-    before = noop._env()
+    salt = bytes(range(noop.SALT_BYTES))
+    before = noop._env(salt)
     for name in ("OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER"):
         monkeypatch.setenv(name, "1")
-    assert noop._env() == before
+    assert noop._env(salt) == before
     monkeypatch.setenv("OPTBUILD_REMOTE", "file:///x")
-    assert noop._env() != before
+    assert noop._env(salt) != before

@@ -10,13 +10,16 @@ that a build started right after another may vouch for its files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import shutil
 from pathlib import Path
 
+import blake3
 import pytest
-from plugins.fastpath import Run, optbuild
+from plugins.fastpath import Run, optbuild, user_cache
 from plugins.projects import CONFIG, PIPELINE, ProjectDir
 
 HEAVY = ("pydantic", "rich", "pynvml", "networkx", "torch", "onnx", "onnxruntime", "blake3", "tomllib")
@@ -129,6 +132,9 @@ def test_any_change_takes_the_normal_path_with_its_answer(built, change, why, an
     (["build", "--json"], {}, "other arguments"),
     (["build"], {"OPTBUILD_SOMETHING": "1"}, "environment variable OPTBUILD_SOMETHING changed"),
     (["build"], {"CUDA_VISIBLE_DEVICES": "7"}, "environment variable CUDA_VISIBLE_DEVICES changed"),
+    # a new key is a new environment: one normal build, though without a remote (the only
+    # user of the key) it cannot change the answer; the stamp need not know which are secrets
+    (["build"], {"OPTBUILD_SIGNING_KEY": "k"}, "environment variable OPTBUILD_SIGNING_KEY changed"),
 ])
 def test_other_arguments_or_environment_take_the_normal_path(built, args, env, why):
     run = optbuild(built, *args, env=env)
@@ -176,3 +182,43 @@ def test_a_damaged_stamp_takes_the_normal_path(built, damage):
     assert run.returncode == 0 and not run.fast and "ok: 4 cached" in run.stderr, run.stderr
     assert run.declined
     assert optbuild(built, "build").fast  # and a good stamp is written again
+
+
+def unsalted_digests(value: bytes) -> list[bytes]:
+    """What anyone could compute from a guess of ``value``: its common digests, raw and hex."""
+    digests = [hashlib.new(name, value).digest() for name in
+               ("md5", "sha1", "sha224", "sha256", "sha384", "sha512", "sha3_256", "sha3_512", "blake2s")]
+    digests += [hashlib.blake2b(value, digest_size=size).digest() for size in (16, 20, 32, 64)]
+    digests.append(blake3.blake3(value).digest())
+    return [form for d in digests for form in (d, d.hex().encode(), d[:8].hex().encode())]
+
+
+def test_a_secret_in_the_environment_leaves_no_trace_in_the_build_folder(built):
+    key = secrets.token_hex(16)
+    run = optbuild(built, "build", env={"OPTBUILD_SIGNING_KEY": key})
+    assert run.returncode == 0 and "recorded" in run.stderr, run.stderr
+    assert optbuild(built, "build", env={"OPTBUILD_SIGNING_KEY": key}).fast  # still an exact record
+    traces = [key.encode(), *unsalted_digests(key.encode())]
+    for path in [p for p in (built.root / "build").rglob("*") if p.is_file()]:
+        data = path.read_bytes()
+        assert not any(t in data for t in traces), f"{path} holds the key or a digest anyone could compute"
+    salt = user_cache(built) / "optbuild" / "noop-salt"
+    assert salt.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_stamp_keyed_with_another_salt_is_declined(built):
+    (user_cache(built) / "optbuild" / "noop-salt").write_bytes(os.urandom(32))  # as another user's
+    run = optbuild(built, "build")
+    assert run.returncode == 0 and not run.fast and "keyed with another salt" in run.declined, run.stderr
+    assert optbuild(built, "build").fast
+
+
+def test_a_salt_others_can_read_is_never_used(built):
+    salt = user_cache(built) / "optbuild" / "noop-salt"
+    salt.chmod(0o644)
+    run = optbuild(built, "build")
+    assert run.returncode == 0 and not run.fast and "not private to this user" in run.declined, run.stderr
+    assert "not recorded: no private salt" in run.stderr and not stamp(built).exists()
+    salt.unlink()  # as the message says: a new one is made
+    optbuild(built, "build")
+    assert optbuild(built, "build").fast

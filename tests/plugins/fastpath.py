@@ -1,7 +1,8 @@
 """Running `optbuild` as a user would, in its own interpreter, telling whether the no-op
 fast path (optbuild.noop) was taken: OPTBUILD_DEBUG_FASTPATH=1 makes stderr say so, and why
 not. The racy margin is 0 unless asked otherwise, so that a build started right after
-another may vouch for its files."""
+another may vouch for its files. $XDG_CACHE_HOME is a folder beside the project (the
+per-user salt of the stamp's digests lives there), not the real user's."""
 
 from __future__ import annotations
 
@@ -46,10 +47,16 @@ class Run:
         return json.loads(self.stdout.splitlines()[-1])
 
 
+def user_cache(project: ProjectDir) -> Path:
+    """The $XDG_CACHE_HOME the project's builds run with."""
+    return project.root.parent / "user-cache"
+
+
 def optbuild(project: ProjectDir, *args: str, racy_ns: int = 0, env: dict | None = None,
              cwd: Path | None = None) -> Run:
     proc = subprocess.run(
         [sys.executable, "-c", CODE.format(racy_ns=racy_ns, args=list(args))], cwd=cwd or project.root,
         capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "OPTBUILD_DEBUG_FASTPATH": "1", **(env or {})})
+        env={**os.environ, "OPTBUILD_DEBUG_FASTPATH": "1", "XDG_CACHE_HOME": str(user_cache(project)),
+             **(env or {})})
     return Run(proc.returncode, proc.stdout, proc.stderr)
