@@ -6,11 +6,14 @@ optbuild in-process with the same code paths.
 
 from __future__ import annotations
 
+import os
 import shutil
-from dataclasses import dataclass
+from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbuild import lockfile
 from optbuild.digest import FileHasher
 from optbuild.errors import (
     DiskFullError,
@@ -28,6 +31,7 @@ from optbuild.recipe import Project, load_project
 from optbuild.report import Reporter
 from optbuild.status import Status
 from optbuild.store.local import LocalStore
+from optbuild.store.marker import MADE_INSIDE, MARKER, Kind, make_folder, ownership
 from optbuild.store.remote import RemoteStore, open_remote
 from optbuild.toolchain import Toolchain
 from optbuild.workerpool import WorkerPool
@@ -119,6 +123,9 @@ def build(
     )
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])
+    if not dry_run:
+        with suppress(OSError):  # the steps that write there report it, each in its own words
+            make_folder(ws.project.build_dir, "build")  # marked: `clean` deletes in it what optbuild made
     remote = ws.remote.session(reporter, dry_run=dry_run) if ws.remote is not None else None
     executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, reporter,
                         toolchain=toolchain, host=host, options=options, remote=remote, workers=workers)
@@ -168,29 +175,75 @@ def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
     return info
 
 
-def _check_removable(ws: Workspace, folder: Path, what: str) -> None:
+def _check_removable(project: Project, folder: Path, what: str) -> None:
     """Checked again right before deleting (loading checked the settings): a symlink made
     since must not turn ``clean`` into deleting the project."""
-    protected = [ws.project.config_file, *ws.project.recipes.values()]
-    if (why := folder_problem(folder, ws.project.root, protected)) is not None:
+    protected = [project.config_file, *project.recipes.values()]
+    if (why := folder_problem(folder, project.root, protected)) is not None:
         raise OptbuildError(f"refusing to delete the {what} {folder}: it {why}")
 
 
-def clean(ws: Workspace, *, cache: bool = False) -> list[Path]:
-    """Remove build outputs (and with ``cache``, the local cache's contents). Returns what went."""
-    removed = []
-    if ws.project.build_dir.exists():
-        _check_removable(ws, ws.project.build_dir, "build folder")
-        shutil.rmtree(ws.project.build_dir)
-        removed.append(ws.project.build_dir)
-    if cache and ws.project.cache_dir.exists():
-        _check_removable(ws, ws.project.cache_dir, "cache folder")
-        ws.close()
-        for child in sorted(ws.project.cache_dir.iterdir()):
-            if child.name != ".gitkeep":  # the folder is part of the repository
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-                removed.append(child)
-    return removed
+@dataclass
+class Cleaned:
+    """What ``clean`` deleted, and what it left and why (it deletes only what optbuild made)."""
+
+    removed: list[Path] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    refused: bool = False  # a whole folder was left: nothing says optbuild made it
 
 
-__all__ = ["BuildResult", "OptbuildError", "Status", "Workspace", "build", "clean", "explain", "open_workspace"]
+def clean(project: Project, *, cache: bool = False) -> Cleaned:
+    """Remove build outputs (and with ``cache``, the local cache's contents): in folders that
+    optbuild made (``store.marker``), only what optbuild puts there.
+
+    It takes a project, not a workspace: opening one would make the cache folder (and its
+    layout) wherever ``[cache] dir`` points, which would then pass for optbuild's.
+    """
+    cleaned = Cleaned()
+    recorded = {step.partition(":")[0] for step in lockfile.load(project.lock_file).steps}
+    _clean_folder(project, project.build_dir, "build", MADE_INSIDE["build"] | set(project.recipes) | recorded,
+                  cleaned)
+    if cache:
+        _clean_folder(project, project.cache_dir, "cache", MADE_INSIDE["cache"], cleaned)
+    return cleaned
+
+
+def _clean_folder(project: Project, folder: Path, kind: Kind, made: set[str] | frozenset[str],
+                  cleaned: Cleaned) -> None:
+    """Delete the names in ``made`` from ``folder`` if it is optbuild's; the build folder goes too
+    once nothing else is left in it (the cache folder stays: it may be part of a repository)."""
+    folder = Path(os.path.normpath(folder))  # as people write it: no "proj/../victim"
+    if not folder.is_dir():
+        return
+    _check_removable(project, folder, f"{kind} folder")
+    if ownership(folder, kind) is None:
+        why = (f"not deleted: nothing says optbuild made it (no {MARKER} in it, nor what an earlier "
+               "optbuild left there); delete it yourself if you mean to")
+        cleaned.skipped.append((folder, why))
+        cleaned.refused = True
+        return
+    left = False
+    for child in sorted(folder.iterdir()):
+        if child.name == MARKER:
+            continue
+        if child.name not in made:
+            cleaned.skipped.append((child, "kept: optbuild did not make it"))
+            left = True
+            continue
+        _delete(child)
+        cleaned.removed.append(child)
+    if kind == "build" and not left:
+        (folder / MARKER).unlink(missing_ok=True)
+        folder.rmdir()
+        cleaned.removed = [p for p in cleaned.removed if p.parent != folder] + [folder]
+
+
+def _delete(path: Path) -> None:
+    """Delete a file or a tree; a symbolic link goes, not what it leads to."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+__all__ = ["BuildResult", "Cleaned", "OptbuildError", "Status", "Workspace", "build", "clean", "explain", "open_workspace"]

@@ -41,6 +41,9 @@ class ProjectSection(_Section):
     recipes: list[str] = ["recipes/*.toml"]
     build_dir: str = "build"
     lock_file: str = "optbuild.lock"
+    # build_dir and [cache] dir may lie outside the project folder only when this says so:
+    # a cloned project's settings must not aim builds, and `clean`, at folders elsewhere.
+    allow_outside: bool = False
 
 
 class CacheSection(_Section):
@@ -273,7 +276,8 @@ def _load_config(path: Path) -> tuple[ProjectConfig, TomlDocument]:
 def _check_folders(config: ProjectConfig, doc: TomlDocument, recipe_files: dict[str, Path],
                    problems: list[Problem]) -> None:
     """The build and cache folders are emptied by ``optbuild clean``: neither may be (or hold)
-    the project or its files, nor lie inside the other."""
+    the project or its files, nor lie inside the other, nor lie outside the project unless
+    ``[project] allow_outside`` says so."""
     root = doc.path.parent
     settings = {("project", "build_dir"): config.project.build_dir, ("cache", "dir"): config.cache.dir}
     protected = [doc.path, *recipe_files.values()]
@@ -282,10 +286,23 @@ def _check_folders(config: ProjectConfig, doc: TomlDocument, recipe_files: dict[
         if (why := folder_problem(root / setting, root, protected)) is not None:
             problems.append(doc.problem(loc, f"{setting!r} {why}: optbuild clean would delete it"))
             bad = True
+        elif not config.project.allow_outside and (why := _outside(root / setting, root)) is not None:
+            problems.append(doc.problem(loc, f"{setting!r} {why}: set allow_outside = true in [project] "
+                                             "to build or cache there"))
+            bad = True
     build, cache = ((root / setting).resolve() for setting in settings.values())
     if not bad and (build.is_relative_to(cache) or cache.is_relative_to(build)):
         problems.append(doc.problem(("cache", "dir"), f"the cache folder {cache} and the build folder "
                                                       f"{build} must not lie inside one another"))
+
+
+def _outside(folder: Path, root: Path) -> str | None:
+    """Why ``folder`` lies outside the project folder ``root`` (None if it does not),
+    symbolic links followed."""
+    real, top = folder.resolve(), root.resolve()
+    if real.is_relative_to(top):
+        return None
+    return f"lies outside the project folder {top} (it is {real})"
 
 
 def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: list[Problem],

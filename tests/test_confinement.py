@@ -3,6 +3,8 @@ the build and cache folders."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from optbuild.errors import ProjectError
@@ -63,3 +65,110 @@ def test_outputs_are_never_written_through_a_symlink_out_of_the_build_folder(pro
     assert not any(outside.iterdir())
     (project.root / "build/chain").unlink()
     assert project.build().ok
+
+
+# --- `clean` deletes only what optbuild made --------------------------------------------------
+def set_folders(project, *settings: str) -> None:
+    """Put ``settings`` (TOML lines for [project] or [cache]) into the project's optbuild.toml."""
+    config = project.read("optbuild.toml")
+    for setting in settings:
+        table = "[cache]\n" if setting.startswith("dir") else "[project]\n"
+        config = config.replace(table, table + setting + "\n") if table in config else config + "\n" + table + setting + "\n"
+    project.write("optbuild.toml", config)
+
+
+@pytest.mark.parametrize("setting, field", [('build_dir = "../victim"', "project.build_dir"),
+                                            ('dir = "../victim"', "cache.dir")])
+def test_a_folder_outside_the_project_needs_an_explicit_opt_in(project, tmp_path, setting, field):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("mine")
+    set_folders(project, setting)
+    for args in (("build",), ("clean", "--cache")):
+        run = project.cli(*args)
+        assert run.returncode == 2 and "Traceback" not in run.stderr
+        assert re.search(rf"optbuild\.toml:\d+: {field}: '\.\./victim' lies outside the project folder", run.stderr)
+        assert "set allow_outside = true in [project]" in run.stderr
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+
+
+def test_clean_leaves_a_folder_optbuild_did_not_make_and_says_so(project, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("mine")
+    set_folders(project, "allow_outside = true", 'build_dir = "../victim"', 'dir = "../victim-cache"')
+    (tmp_path / "victim-cache").mkdir()
+    (tmp_path / "victim-cache" / "precious.txt").write_text("mine too")
+
+    run = project.cli("clean", "--cache")
+    assert run.returncode == 1
+    assert f"skipped {victim}: not deleted: nothing says optbuild made it (no .optbuild-folder in it" in run.stdout
+    assert f"skipped {tmp_path / 'victim-cache'}: not deleted" in run.stdout
+    assert (victim / "precious.txt").read_text() == "mine"
+    assert (tmp_path / "victim-cache" / "precious.txt").read_text() == "mine too"
+
+
+def test_clean_in_a_folder_optbuild_built_into_deletes_only_what_optbuild_made(project, tmp_path):
+    """A build into an existing folder (allowed outside the project) puts its outputs beside the
+    user's files; clean takes the outputs, the cache's layout and nothing else."""
+    victim, shared = tmp_path / "victim", tmp_path / "shared-cache"
+    for folder in (victim, shared):
+        folder.mkdir()
+        (folder / "precious.txt").write_text("mine")
+    set_folders(project, "allow_outside = true", 'build_dir = "../victim"', 'dir = "../shared-cache"')
+    assert project.cli("build").returncode == 0
+    assert (victim / "chain/out").is_dir() and (shared / "cas").is_dir()
+
+    run = project.cli("clean", "--cache")
+    assert run.returncode == 0, run.stderr
+    assert f"removed {victim / 'chain'}" in run.stdout and f"removed {shared / 'cas'}" in run.stdout
+    assert f"skipped {victim / 'precious.txt'}: kept: optbuild did not make it" in run.stdout
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+    assert sorted(p.name for p in shared.iterdir()) == ["precious.txt"]
+
+
+def test_the_folders_optbuild_makes_carry_its_marker_and_clean_removes_them(project):
+    assert project.cli("build").returncode == 0
+    for folder, kind in (("build", "build"), ("cache", "cache")):
+        assert f"as a {kind} folder" in project.read(f"{folder}/.optbuild-folder")
+    project.write("build/notes.txt", "a user's file in the build folder")
+
+    run = project.cli("clean", "--cache")
+    assert run.returncode == 0
+    assert f"skipped {project.root / 'build/notes.txt'}: kept: optbuild did not make it" in run.stdout
+    assert sorted(p.name for p in (project.root / "build").iterdir()) == [".optbuild-folder", "notes.txt"]
+    assert sorted(p.name for p in (project.root / "cache").iterdir()) == [".optbuild-folder"]  # still optbuild's
+
+    (project.root / "build/notes.txt").unlink()
+    assert project.cli("build").returncode == 0
+    run = project.cli("clean")
+    assert run.stdout.splitlines() == [f"removed {project.root / 'build'}"]
+    assert not (project.root / "build").exists()
+
+
+def test_folders_made_before_markers_existed_are_known_by_their_layout(project):
+    """An earlier optbuild wrote no marker: its build folder holds .logs/ (or .optbuild/), its
+    cache cas/ and ac/; clean takes what optbuild made there, and the step folders of recipes
+    optbuild.lock still names, even when the recipe is gone."""
+    project.write("recipes/old.toml", '[steps.a]\nkind = "text"\npath = "../data/input.txt"\n')
+    assert project.cli("build").returncode == 0
+    (project.root / "recipes/old.toml").unlink()
+    for folder in ("build", "cache"):
+        (project.root / folder / ".optbuild-folder").unlink()
+    project.write("cache/.gitkeep", "")
+
+    run = project.cli("clean", "--cache")
+    assert run.returncode == 0, run.stdout
+    assert not (project.root / "build").exists()
+    assert sorted(p.name for p in (project.root / "cache").iterdir()) == [".gitkeep"]
+    assert f"skipped {project.root / 'cache/.gitkeep'}: kept: optbuild did not make it" in run.stdout
+
+
+def test_a_folder_marked_as_another_kind_is_not_cleaned_as_this_one(project, tmp_path):
+    """A cache folder named as the build folder (settings swapped) is not emptied by `clean`."""
+    assert project.cli("build").returncode == 0
+    set_folders(project, 'build_dir = "old-cache"')
+    (project.root / "cache").rename(project.root / "old-cache")
+    run = project.cli("clean")
+    assert run.returncode == 1 and f"skipped {project.root / 'old-cache'}: not deleted" in run.stdout
+    assert (project.root / "old-cache/cas").is_dir()

@@ -10,13 +10,13 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit 1 when a configured folder was left whole: nothing says optbuild made it."""
     from optbuild import api
+    from optbuild.recipe import load_project
 
-    ws = api.open_workspace(args.directory)
-    try:
-        removed = api.clean(ws, cache=args.cache)
-    finally:
-        ws.close()
-    for path in removed:
+    cleaned = api.clean(load_project(args.directory), cache=args.cache)
+    for path in cleaned.removed:
         print(f"removed {path}")
-    return 0
+    for path, why in cleaned.skipped:
+        print(f"skipped {path}: {why}")
+    return 1 if cleaned.refused else 0

@@ -4,6 +4,7 @@
     ac/<2 hex>/<62 hex>.json    action entries (ActionEntry JSON); mtime = last use (LRU)
     tmp/<pid>@<host>@<label>-<random>   scratch of running builders, found by pid when stale
     locks/                      flock files: one per key, and the gc lock
+    .optbuild-folder            the marker of a cache folder optbuild made (``store.marker``)
 
 Whatever is killed when, no half-written blob or entry is ever visible: everything is
 written under tmp/, fsynced and renamed into place. An entry is served only when every blob
@@ -52,6 +53,7 @@ from optbuild.store.entry import (
 )
 from optbuild.store.failures import FailureStore
 from optbuild.store.flock import locked
+from optbuild.store.marker import make_folder
 
 _LOCK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _GC_LOCK = "@gc.lock"  # '@' is not allowed in lock names: no key can collide with it
@@ -136,6 +138,7 @@ class LocalStore:
         self.last_miss_reason: str | None = None  # why the last get_action missed, for users
         self._reflinks = True  # until the file system says it cannot clone
         try:
+            make_folder(self.root, "cache")  # marked, so that `clean --cache` knows it as optbuild's
             for sub in _SUBDIRS:
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
