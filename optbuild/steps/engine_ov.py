@@ -72,7 +72,7 @@ from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.base import module_missing
 from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
-from optbuild.backends.openvino.loader import RT_INFO_HINT, RT_INFO_PRECISION
+from optbuild.backends.openvino.loader import PINNED_PRECISION, RT_INFO_HINT, RT_INFO_PRECISION
 from optbuild.errors import StepError
 from optbuild.samples import DataArg, is_callable_source, non_default
 from optbuild.steps import fields
@@ -296,8 +296,8 @@ class OpenVINOEngine(fields.DataSourceStep):
     def _manifest_head(self) -> dict[str, Any]:
         p = self.params
         head: dict[str, Any] = {"backend": "openvino", "precision": p.precision, "hint": p.hint}
-        if p.precision == "fp32":
-            head["inference_precision"] = "f32"  # not the bf16 / fp16 default of CPUs that have them
+        if p.precision in PINNED_PRECISION:  # not the bf16 / fp16 default of CPUs that have them
+            head["inference_precision"] = PINNED_PRECISION[p.precision]
         return head
 
     def _convert(self, ov: Any, source: Path, label: str) -> Any:

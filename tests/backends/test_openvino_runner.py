@@ -46,8 +46,9 @@ def to_ir(onnx_path: Path, out: Path, **rt_info: str) -> Path:
 
 
 def test_a_bare_ir_opens_by_suffix_and_agrees_with_onnxruntime(tmp_path):
+    """No engine.json: the precision the engine step stores in the IR pins f32, on any CPU."""
     onnx_path = make_mlp(tmp_path / "mlp.onnx")
-    ir = to_ir(onnx_path, tmp_path / "ir" / "model.xml")
+    ir = to_ir(onnx_path, tmp_path / "ir" / "model.xml", precision="fp32")
     backend, manifest = registry.for_artifact(ir, "the model")
     assert backend is registry.get("openvino") and manifest == {"backend": "openvino"}
     assert backend.distributions() == ("openvino", "numpy")
@@ -57,7 +58,8 @@ def test_a_bare_ir_opens_by_suffix_and_agrees_with_onnxruntime(tmp_path):
         assert runner.load_ms > 0
         assert [str(s) for s in runner.input_specs()] == ["x: float32 [?, 4]"]
         assert runner.output_names() == ["y"]
-        assert runner.label == f"OpenVINO {ov.get_version().split('-')[0]} (CPU, latency)"
+        assert runner.label == f"OpenVINO {ov.get_version().split('-')[0]} (CPU, latency, f32)"
+        assert runner.inference_precision == "f32" == precision(runner)
         assert int(runner.compiled.get_property("INFERENCE_NUM_THREADS")) == 1
         x = np.random.default_rng(1).standard_normal((3, 4))  # float64: cast() makes it float32
         feed = runner.cast({"x": x})
@@ -73,7 +75,7 @@ def test_two_inputs_of_different_types(tmp_path):
     onnx_path = make_two_inputs(tmp_path / "two.onnx")
     ir = to_ir(onnx_path, tmp_path / "ir" / "model.xml")
     feed = {"a": np.ones((2, 4), np.float32), "ids": np.array([[1, 2], [3, 4]], np.int64)}
-    with OpenVINORunner(ir) as runner:
+    with OpenVINORunner(ir, inference_precision="f32") as runner:  # compared as f32: any CPU
         assert [str(s) for s in runner.input_specs()] == ["a: float32 [?, 4]", "ids: int64 [?, 2]"]
         got = runner.infer(feed)["y"]
     expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
@@ -85,9 +87,37 @@ def test_manifest_settings_are_applied(tmp_path):
     manifest = {"backend": "openvino", "hint": "throughput", "inference_precision": "f32"}
     with registry.get("openvino").open(ir, manifest, Fingerprint()) as runner:
         assert runner.hint == "throughput"  # the manifest's hint wins over the IR's rt_info
-        assert str(runner.compiled.get_property("INFERENCE_PRECISION_HINT")) in ("f32", "<Type: 'float32'>")
+        assert precision(runner) == "f32"
     with OpenVINORunner(ir) as runner:
         assert runner.hint == "latency"  # from the rt_info
+
+
+def precision(runner: OpenVINORunner) -> str:
+    """What the compiled model says it computes at (OpenVINO's notation: f32, bf16, f16)."""
+    return runner.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+
+
+def test_only_an_fp32_ir_pins_its_precision(tmp_path):
+    """fp16 and int8 IRs, and IRs optbuild did not make, run at the CPU plugin's default
+    (bf16 on CPUs with AVX512_BF16 or AMX): the label says which."""
+    onnx_path = make_mlp(tmp_path / "mlp.onnx")
+    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    for rt_info in ({}, {"precision": "fp16"}, {"precision": "int8"}):
+        ir = to_ir(onnx_path, tmp_path / str(rt_info.get("precision")) / "model.xml", **rt_info)
+        with OpenVINORunner(ir) as runner:
+            assert runner.inference_precision == precision(runner) == default
+            assert runner.label.endswith(f", {default})")
+
+
+def test_a_precision_the_plugin_does_not_honour_is_an_error(tmp_path):
+    """f16 asked of an x86 CPU without native f16 compiles at bf16 or f32, silently: a figure
+    said to be f16 would not be."""
+    if "FP16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        pytest.skip("this CPU computes f16 natively")
+    ir = to_ir(make_mlp(tmp_path / "mlp.onnx"), tmp_path / "ir" / "model.xml")
+    with pytest.raises(StepError, match=r"inference precision f16 was asked, the CPU plugin compiled the model "
+                                        r"at (bf16|f32)"), OpenVINORunner(ir, inference_precision="f16"):
+        pass
 
 
 def test_unfit_feeds_are_explained_from_the_manifest():

@@ -82,7 +82,7 @@ def test_fp32_ir_agrees_with_onnxruntime(tmp_path, convnet):
 
     x = np.random.default_rng(7).standard_normal((2, *SHAPE)).astype(np.float32)
     got, label = run_ir(ctx, x)
-    assert label.startswith("OpenVINO ") and "latency" in label
+    assert label.startswith("OpenVINO ") and label.endswith("(CPU, latency, f32)")  # f32 on any CPU
     expected = reference(convnet, x)
     assert cosine(got, expected) > 0.99999
     assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
@@ -99,7 +99,10 @@ def test_fp16_halves_the_weights_and_stays_close(tmp_path, convnet):
     assert 0 < fp16.metrics["max_rel_error"] <= 1e-2
 
     x = np.random.default_rng(8).standard_normal((1, *SHAPE)).astype(np.float32)
-    assert cosine(run_ir(fp16, x)[0], reference(convnet, x)) > 0.9999
+    got, label = run_ir(fp16, x)
+    assert cosine(got, reference(convnet, x)) > 0.9999  # also at bf16, the default of CPUs that have it
+    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    assert label.endswith(f", {default})")
 
 
 def test_int8_quantizes_with_nncf_and_stays_close(tmp_path, convnet, calib):
@@ -277,6 +280,7 @@ def test_the_hint_is_stored_in_the_ir_and_applied_by_the_runner(tmp_path, convne
     assert backend.name == "openvino" and manifest == {"backend": "openvino"}
     with backend.open(model, manifest, Fingerprint()) as runner:
         assert runner.hint == "throughput"
+        assert runner.inference_precision == "f32"  # from the rt_info's precision fp32
 
 
 def test_a_too_strict_tolerance_fails_the_check(tmp_path, convnet):

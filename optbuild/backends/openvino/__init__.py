@@ -7,8 +7,12 @@ What a result obtained by running an IR depends on: the OpenVINO version, and th
 CPU plugin picks its kernels by instruction set (SSE4.2, AVX2, AVX-512, AMX; INT8 kernels
 differ most), and where the CPU computes bf16 or fp16 natively (AVX512_BF16 / AMX, ARM fp16)
 its default inference precision is that type, not f32. An IR built with precision "fp32"
-therefore pins f32 in its engine.json (``inference_precision``), which the runner applies;
-"fp16" and "int8" IRs run at the device's default.
+therefore pins f32 in its engine.json (``inference_precision``), which the runner applies
+(an IR without engine.json, by the precision in its rt_info), and reads back from the
+compiled model, failing when the plugin chose another; "fp16" and "int8" IRs run at the
+device's default. Verify and benchmark print the precision a model ran at (the runner's
+label). Their keys hold what decides it: the artifact (engine.json, the IR's rt_info) and
+the host's cpu.flags (``host_fields``).
 
 Whether a feed fits an IR is said from its engine.json, before anything loads: the engine
 step records there each input's name, dtype and shape (a size for a fixed dim, [min, max]

@@ -23,6 +23,10 @@ from optbuild.backends.base import TensorSpec
 # Where the engine step records its performance hint in the IR (rt_info), beside engine.json.
 RT_INFO_HINT = ["optbuild", "hint"]
 RT_INFO_PRECISION = ["optbuild", "precision"]
+# The inference precision an IR of each precision (engine step's ``precision``) runs at,
+# whatever the CPU; the others run at the CPU plugin's default (bf16 or f16 where the CPU
+# computes it natively: AVX512_BF16, AMX, ARM fp16).
+PINNED_PRECISION = {"fp32": "f32"}
 
 _DTYPES = {
     "f32": "float32", "f16": "float16", "f64": "float64", "bf16": "bfloat16", "i64": "int64",
@@ -145,13 +149,28 @@ def compile_config(hint: str | None = None, inference_precision: str | None = No
 def compile_model(model: Any, *, hint: str | None = None, inference_precision: str | None = None,
                   threads: int | None = None, core: Any = None) -> Any:
     """``model`` (an ``openvino.Model`` or an IR path) compiled for the CPU. Without a
-    ``hint``, the one the engine step stored in the IR's rt_info applies, if any."""
+    ``hint``, the one the engine step stored in the IR's rt_info applies, if any; without an
+    ``inference_precision``, the one its precision there pins (PINNED_PRECISION). A pinned
+    precision is read back from the compiled model: the plugin may silently pick another
+    (f16 asked of an x86 CPU without AMX-FP16 gives bf16 or f32), and a figure said to be
+    f32 must be one."""
     ov = import_openvino()
     core = core or ov.Core()
     if not hasattr(model, "inputs"):
         model = core.read_model(str(model))
     hint = hint or rt_info(model, RT_INFO_HINT)
-    return core.compile_model(model, "CPU", compile_config(hint, inference_precision, threads))
+    inference_precision = inference_precision or PINNED_PRECISION.get(rt_info(model, RT_INFO_PRECISION) or "")
+    compiled = core.compile_model(model, "CPU", compile_config(hint, inference_precision, threads))
+    if inference_precision and (actual := compiled_precision(compiled)) != inference_precision:
+        raise ValueError(f"inference precision {inference_precision} was asked, the CPU plugin compiled the model "
+                         f"at {actual} (this CPU has no {inference_precision} kernels)")
+    return compiled
+
+
+def compiled_precision(compiled: Any) -> str:
+    """The inference precision a compiled model computes at, in OpenVINO's notation ("f32",
+    "bf16", "f16")."""
+    return compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
 
 # --- OpenVINO's messages -------------------------------------------------------------------

@@ -3,7 +3,10 @@
 On entering its ``with`` block it reads ``model.xml`` (and ``model.bin`` beside it) and
 compiles it with the performance hint ("latency" or "throughput": the manifest's, else the
 one the engine step stored in the IR's rt_info, else the plugin's default, latency), the
-inference precision the manifest pins ("f32" for fp32 IRs) and the thread count asked for.
+inference precision the manifest pins ("f32" for fp32 IRs; else the one the precision in the
+IR's rt_info pins, else the plugin's default: bf16 on CPUs with AVX512_BF16 or AMX) and the
+thread count asked for. The precision it computes at, read back from the compiled model, is
+in its label ("OpenVINO 2026.4.1 (CPU, latency, f32)"), which verify and benchmark print.
 ``infer`` runs one synchronous request: with the throughput hint the plugin makes several
 streams, of which one request uses one, so a single request is slower than under the
 latency hint; throughput pays off with parallel asynchronous requests (``compiled``).
@@ -56,7 +59,8 @@ class OpenVINORunner(Runner):
         self._inputs = loader.input_specs(model)
         self._outputs = loader.output_specs(model)
         self.hint = str(self.compiled.get_property("PERFORMANCE_HINT")).lower()
-        self.label = f"OpenVINO {loader.short_version(ov)} (CPU, {self.hint})"
+        self.inference_precision = loader.compiled_precision(self.compiled)
+        self.label = f"OpenVINO {loader.short_version(ov)} (CPU, {self.hint}, {self.inference_precision})"
 
     def _close(self) -> None:
         self._request = None
