@@ -95,24 +95,36 @@ def _line(event: Event) -> str | None:
     return None
 
 
+def is_result(event: Event) -> bool:
+    """Whether ``event`` is part of a command's answer (a step's line, the summary), which
+    ``results`` streams take, rather than a diagnostic (a warning, a note)."""
+    return event.get("event") in ("step", "done")
+
+
 class PlainReporter(Reporter):
-    def __init__(self, stream: TextIO = sys.stderr):
+    """Lines on ``stream``; the step lines and the summary on ``results`` when given (plan's
+    answer goes to stdout, where `optbuild plan | grep` finds it)."""
+
+    def __init__(self, stream: TextIO = sys.stderr, results: TextIO | None = None):
         super().__init__()
         self.stream = stream
+        self.results = results or stream
 
     def show(self, event: Event) -> None:
         if (line := _line(event)) is not None:
-            write_line(self.stream, line)
+            write_line(self.results if is_result(event) else self.stream, line)
 
 
 class RichReporter(Reporter):
-    """Colored lines and a live status of the steps running now."""
+    """Colored lines and a live status of the steps running now, on stderr; the step lines
+    and the summary on ``results`` when given."""
 
-    def __init__(self) -> None:
+    def __init__(self, results: TextIO | None = None) -> None:
         super().__init__()
         from rich.console import Console
 
         self.console = Console(stderr=True, highlight=False)
+        self.results = self.console if results is None else Console(file=results, highlight=False)
         self.running: dict[str, float] = {}
         self.status = None
 
@@ -125,11 +137,11 @@ class RichReporter(Reporter):
             else:
                 self.running.pop(step, None)
             if line is not None:
-                self.console.print(line, style=_STYLE.get(status), markup=False)
+                self.results.print(line, style=_STYLE.get(status), markup=False)
             self._refresh()
         elif line is not None:
             style = "bold green" if event.get("ok") else "bold red" if event.get("event") == "done" else "yellow"
-            self.console.print(line, style=style, markup=False)
+            (self.results if is_result(event) else self.console).print(line, style=style, markup=False)
 
     def _refresh(self) -> None:
         if self.running:
@@ -149,9 +161,11 @@ class RichReporter(Reporter):
             self.status = None
 
 
-def make_reporter(json_events: bool) -> Reporter:
+def make_reporter(json_events: bool, *, results: TextIO | None = None) -> Reporter:
+    """The reporter of a command: JSON lines on stdout, else lines on stderr (colored on a
+    terminal), the step lines and the summary on ``results`` when given."""
     if json_events:
         return JsonReporter()
-    if sys.stderr.isatty():
-        return RichReporter()
-    return PlainReporter()
+    if (results or sys.stderr).isatty():
+        return RichReporter(results)
+    return PlainReporter(results=results)

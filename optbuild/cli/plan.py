@@ -4,11 +4,15 @@ Its counts are what ``optbuild build`` with the same flags does, save what a pla
 know, which it notes: where a failure or an unavailable step would stop the build (plan
 goes on past it, showing every step), and steps after a rebuild whose output comes out
 unchanged (cached, not built).
+
+The plan is the command's answer: its step lines and summary go to stdout (`optbuild plan |
+grep would-build`), its warnings, notes and the cache statistics to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from optbuild.cli.build import add_common, remote_override, report_remote, scheduler_override
 
@@ -23,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     try:
-        result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=1,
+        result = api.build(ws, args.targets, reporter=make_reporter(args.json, results=sys.stdout), jobs=1,
                            dry_run=True, skip_unavailable=args.skip_unavailable,
                            retry_failed=args.retry_failed, executor=args.executor,
                            scheduler=scheduler_override(args))

@@ -64,13 +64,16 @@ def test_plan_shows_an_unavailable_step_behind_a_would_build_one(tmp_path):
     assert {"built" if status == "would-build" else status: n for status, n in planned.items()} == _counts(build)
 
 
-def test_plan_in_plain_text(tmp_path):
+def test_plan_in_plain_text_on_stdout(tmp_path):
+    """The plan is the command's answer: `optbuild plan | grep would-build` finds its lines."""
     proj = _project(tmp_path / "proj")
     run = proj.cli("plan", "--skip-unavailable")
-    assert "  unavailable r:horn\n      r:horn cannot run here: needs a unicorn (none here)\n" in run.stderr
-    assert "  skipped  r:after_horn  (upstream r:horn unavailable)\n" in run.stderr
-    assert "ok: 3 would-build, 1 unavailable, 1 skipped" in run.stderr
-    assert "note:" not in run.stderr  # skipped by choice: nothing stops the build
+    assert "  unavailable r:horn\n      r:horn cannot run here: needs a unicorn (none here)\n" in run.stdout
+    assert "  skipped  r:after_horn  (upstream r:horn unavailable)\n" in run.stdout
+    assert sorted(line.split()[1] for line in run.stdout.splitlines() if line.startswith("  would-build ")) == [
+        "r:mid", "r:out", "r:src"]
+    assert run.stdout.rstrip().splitlines()[-1].startswith("ok: 3 would-build, 1 unavailable, 1 skipped")
+    assert "would-build" not in run.stderr and "note:" not in run.stderr  # skipped by choice: nothing stops it
 
 
 def test_plan_says_when_a_step_would_stop_the_build(tmp_path):
@@ -82,7 +85,9 @@ def test_plan_says_when_a_step_would_stop_the_build(tmp_path):
     assert plan.steps("would-build") == ["r:mid", "r:out", "r:src"]  # not "skipped: build stopped"
     assert _notes(plan) == [("r:horn cannot run here: without --skip-unavailable or -k, the build stops "
                              "there and skips the steps not started by then")]
-    assert "\nnote: r:horn cannot run here: without" in proj.cli("plan").stderr
+    plain = proj.cli("plan")
+    assert "note: r:horn cannot run here: without" in plain.stderr  # a diagnostic: on stderr
+    assert "note:" not in plain.stdout and "FAILED: 3 would-build" in plain.stdout
     assert _notes(proj.cli("plan", "--skip-unavailable", "--json")) == []
     proj.write("optbuild.toml", KINDS + "\n[build]\nkeep_going = true\n")
     assert _notes(proj.cli("plan", "--json")) == []
