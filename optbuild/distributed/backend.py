@@ -247,7 +247,9 @@ class DaskBackend(BuildBackend):
                    and (route.workers is None or address in route.workers) for address, info in workers.items())
 
     def _task(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> dict[str, Any]:
-        """The task's JSON; the files and upstream outputs it names are in the remote CAS."""
+        """The task's JSON; the files and upstream outputs it names are in the remote CAS.
+        A node checks it against its key (``task``): files go under the names their
+        digests have in the key material, and the parameters are the key's."""
         from optbuild.distributed.task import PROJECT_KIND
 
         ex = self.executor
@@ -255,15 +257,15 @@ class DaskBackend(BuildBackend):
         files: dict[str, dict[str, Any]] = {}
         for path in key_files(spec):
             relative = _relative(path, root, spec)
-            expected = ingredients["files"].get(_display_path(path, root))
+            name = _display_path(path, root)
             try:
                 blob = ex.store.put_file(path)  # a snapshot: the file may change while the step builds
             except FileNotFoundError:
                 raise StepError(f"input file disappeared: {path}") from None
-            if blob.digest != expected:
+            if blob.digest != ingredients["files"].get(name):
                 raise StepError(f"input {relative} changed while {spec.id} was being sent to the Dask cluster; "
                                 "run the build again")
-            files[relative] = blob.model_dump()
+            files[name] = blob.model_dump()
             self._ensure(blob.digest, blob.size, f"{spec.id} input {relative}")
         inputs: dict[str, Any] = {}
         for field_name, dep in spec.deps.items():
@@ -280,13 +282,10 @@ class DaskBackend(BuildBackend):
         base = "." if Path(spec.step.base_dir).resolve() == Path(root).resolve() else _relative(spec.step.base_dir, root, spec)
         store = ex.remote.store
         return {
-            "key": key, "step": spec.id, "kind": spec.kind, "implementation": implementation,
-            "params": spec.step.params.model_dump(mode="json"), "base_dir": base, "files": files,
+            "key": key, "step": spec.id, "implementation": implementation, "base_dir": base, "files": files,
             "inputs": inputs, "primary_output": spec.step.primary_output, "ingredients": ingredients,
             "preload": list(spec.step.preload),
-            "remote": {"url": store.url, "timeout_s": store.timeout_s, "max_errors": store.max_errors,
-                       "signing_key_env": store.signing_key_env, "endpoint_url": store.endpoint_url,
-                       "options": store.options},
+            "remote": store.display_url, "signed": store.signing_key is not None,
         }
 
     def _connect(self) -> None:

@@ -4,6 +4,9 @@ The fingerprint (probed, or recorded with ``optbuild fingerprint -o FILE`` and g
 ``--fingerprint FILE``) is offered twice: as Dask resources (``resources.offered``), by which
 the scheduler routes host-keyed steps, and whole, through ``node_info``, from which the
 coordinator computes each step's key for the node that will run it.
+
+What a node trusts comes from its operator (``NodeConfig``: the remote cache, the signing
+key, the fingerprint), never from the tasks it is sent (``task``).
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optbuild.distributed.resources import offered
+
+if TYPE_CHECKING:
+    from optbuild.store.remote import RemoteStore
 
 
 @dataclass(frozen=True)
@@ -40,43 +46,75 @@ class NodeCache:
         return f"blob cache {self.root} (up to {self.max_bytes / 1e9:g} GB)"
 
 
+@dataclass(frozen=True)
+class NodeConfig:
+    """What a node is told by its operator (``optbuild worker``'s options and environment):
+    a task can name none of it. ``remote`` holds the signing key, read from the node's own
+    environment."""
+
+    name: str
+    fields: dict[str, Any]
+    remote: RemoteStore
+    cache: NodeCache | None = None
+
+
 def node_info(dask_worker: Any) -> dict[str, Any] | None:
     """What the coordinator learns of a worker (``Client.run``): None for a worker that
     ``optbuild worker`` did not start (it offers no ``optbuild`` resource and runs no step)."""
-    fields = getattr(dask_worker, "optbuild_fingerprint", None)
-    if fields is None:
+    node = getattr(dask_worker, "optbuild_node", None)
+    if node is None:
         return None
-    return {"name": getattr(dask_worker, "optbuild_name", None) or socket.gethostname(),
-            "fields": fields, "resources": dict(getattr(dask_worker, "state", dask_worker).total_resources)}
+    return {"name": node.name, "fields": node.fields,
+            "resources": dict(getattr(dask_worker, "state", dask_worker).total_resources)}
 
 
-def make_worker(scheduler: str, fields: dict[str, Any], *, nthreads: int = 1, name: str | None = None,
-                host: str | None = None, cache: NodeCache | None = None) -> Any:
-    """A Dask worker (not started yet: ``await`` it) that offers ``fields`` and keeps its
-    blobs in ``cache`` (none if None)."""
+def reaching(scheduler: str) -> str | None:
+    """The address of this host's interface that routes to ``scheduler``'s host (a UDP
+    socket connected there sends nothing, but is bound to that interface); None for an
+    address that names no IP host (inproc://, ucx://)."""
+    protocol, _, location = scheduler.rpartition("://")
+    if protocol not in ("", "tcp", "tls", "ws", "wss"):
+        return None
+    host, _, port = location.rpartition(":")
+    host = host.strip("[]")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, int(port or 0), type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except (OSError, ValueError):
+        return None
+
+
+def make_worker(scheduler: str, node: NodeConfig, *, nthreads: int = 1, host: str | None = None) -> Any:
+    """A Dask worker (not started yet: ``await`` it) that builds as ``node`` and listens on
+    ``host`` only (its tasks, and its HTTP server)."""
     from distributed import Worker
 
-    worker = Worker(scheduler, nthreads=nthreads, resources=offered(fields, nthreads), name=name, host=host,
-                    dashboard=False, validate=False)
-    worker.optbuild_fingerprint = dict(fields)
-    worker.optbuild_name = name or socket.gethostname()
-    worker.optbuild_cache = cache
+    worker = Worker(scheduler, nthreads=nthreads, resources=offered(node.fields, nthreads), name=node.name,
+                    host=host, dashboard=False, dashboard_address=f"{_bracketed(host)}:0" if host else None,
+                    validate=False)
+    worker.optbuild_node = node
     return worker
 
 
-async def serve(scheduler: str, fields: dict[str, Any], *, nthreads: int = 1, name: str | None = None,
-                host: str | None = None, cache: NodeCache | None = None, started: Any = None) -> None:
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def serve(scheduler: str, node: NodeConfig, *, nthreads: int = 1, host: str | None = None,
+                started: Any = None) -> None:
     """Run a node until it is closed (by the scheduler, or a signal)."""
     from optbuild.distributed.task import node_pool
     from optbuild.workerpool import ONNX_TOOLS
 
-    worker = make_worker(scheduler, fields, nthreads=nthreads, name=name, host=host, cache=cache)
+    worker = make_worker(scheduler, node, nthreads=nthreads, host=host)
     async with worker:
-        node_pool().prewarm(ONNX_TOOLS)  # importing while the first steps are sent
+        node_pool(node).prewarm(ONNX_TOOLS)  # importing while the first steps are sent
         if started is not None:
             started(worker)
         await worker.finished()
 
 
-def run_node(scheduler: str, fields: dict[str, Any], **options: Any) -> None:
-    asyncio.run(serve(scheduler, fields, **options))
+def run_node(scheduler: str, node: NodeConfig, **options: Any) -> None:
+    asyncio.run(serve(scheduler, node, **options))

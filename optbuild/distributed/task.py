@@ -1,22 +1,33 @@
 """The Dask task that builds one step on a node: ``run_task(doc)``.
 
-``doc`` is small JSON made by the coordinator (``backend.DaskBackend``): the step (kind,
-implementation, parameters), the digests of its input files (by project-relative path) and
-of its upstream outputs, its key and key material, and the remote cache to use. The task:
+``doc`` is small JSON made by the coordinator (``backend.DaskBackend``): the step (its kind's
+implementation, main output, recipe folder), the digests of its input files (by
+project-relative path) and of its upstream outputs, its key and key material, the URL of
+the remote cache the coordinator uses and whether it accepts only signed entries. The node
+trusts none of it (anyone who reaches the scheduler can send a task):
 
-1. fetches every blob it lacks from the remote CAS into the node's blob cache (``optbuild
+1. it recomputes the key (``keys.action_key``) from the key material with the digests of the
+   files it is to fetch in it, and refuses a task whose key does not follow, whose kind is
+   implemented elsewhere than the node's registry says, whose host fields are not this
+   node's, or whose tool versions are not the node's; the step's parameters are taken from
+   the key material (an upstream step's name, which is not content, from its inputs);
+2. the remote cache and the signing key are the node's own (``node.NodeConfig``: ``optbuild
+   worker --remote``, its environment): a task only names the remote it expects, and a node
+   that stores elsewhere, or holds no key where signed entries are wanted, refuses it;
+3. it fetches every blob it lacks from the remote CAS into the node's blob cache (``optbuild
    worker --cache``, trimmed after each task; with none, a throw-away store), each checked
-   against its digest and size, and lays the files out in a private scratch folder (a
-   mirror of the project's input files, one folder per upstream output). Every name in
-   ``doc`` must be a safe relative path (``store.entry.check_relative_path``) and every
-   file is written through ``paths.confined``: nothing lands outside the scratch folder;
-2. runs the step in its own process, as a local build does: a child of one of the node's
+   against its digest and size (so the files laid out are those the key names), and lays
+   them out in a private scratch folder (a mirror of the project's input files, one folder
+   per upstream output). Every name must be a safe relative path
+   (``store.entry.check_relative_path``) and every file is written through
+   ``paths.confined``: nothing lands outside the scratch folder;
+4. it runs the step in its own process, as a local build does: a child of one of the node's
    fork servers, which have imported the step's tools once (``node_pool``; a fresh
    ``python -m optbuild.worker`` where they cannot); a native crash kills that process,
-   not the node;
-3. stores the outputs and the log in the node's cache and the remote CAS, then the action entry (blobs first,
-   so the remote never names a blob it lacks; a node killed half-way leaves no entry), and
-   returns the entry's bytes (signed when a signing key is configured).
+   not the node. The signing key's variable is not in that process's environment;
+5. it stores the outputs and the log in the node's cache and the remote CAS, then the action
+   entry (blobs first, so the remote never names a blob it lacks; a node killed half-way
+   leaves no entry), and returns the entry's bytes (signed with the node's key, if it has one).
 
 It returns a dict, never raises for a step's failure: ``{"ok": True, "entry": ..., "node": ...}``
 or ``{"ok": False, "error": ..., "log": ..., "expected": ..., "repeats": ..., "node": ...}``.
@@ -26,12 +37,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optbuild.distributed.node import NodeConfig
 
 LOG_LIMIT = 256 << 10  # bytes of a failed step's log sent back (its tail)
 PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: project:<path>:<Class>
@@ -42,20 +55,21 @@ _STORES: dict[Path, Any] = {}  # the node's blob cache, by folder
 _NODE_LOCK = threading.Lock()  # the task threads share the pool and the stores
 
 
-def node_pool() -> Any:
+def node_pool(node: NodeConfig) -> Any:
     """The node's fork servers (a ``workerpool.ServedPool``), shared by its task threads and
     kept for the node's life (they die with it); a fresh pool when one of them ended. Not
     watched for changed modules: a node runs the optbuild it was started with, and is
-    restarted to run another."""
+    restarted to run another. Steps do not see the node's signing key in their environment."""
     global _POOL
     from optbuild.workerpool import ServedPool
 
+    env = {name: value for name, value in os.environ.items() if name != node.remote.signing_key_env}
     with _NODE_LOCK:
         if _POOL is not None and _POOL.why_stale(_POOL.env) is not None:
             _POOL.shutdown()
             _POOL = None
         if _POOL is None:
-            _POOL = ServedPool(_scratch_root() or tempfile.gettempdir(), env=dict(os.environ), watch=False)
+            _POOL = ServedPool(_scratch_root() or tempfile.gettempdir(), env=env, watch=False)
         return _POOL
 
 
@@ -63,8 +77,12 @@ class TaskError(Exception):
     """The node could not run the step (a transfer, a bad spec): not the step's own failure."""
 
 
+class Refused(TaskError):
+    """The task is not what its key says, or asks for what this node does not offer."""
+
+
 def _this_worker() -> Any:
-    """The Dask worker running this task; None outside one (a test calling ``run_task``)."""
+    """The Dask worker running this task; None outside one."""
     try:
         from distributed import get_worker
 
@@ -73,26 +91,32 @@ def _this_worker() -> Any:
         return None
 
 
-def node_name() -> str:
-    """The name of the node running this task: ``optbuild worker --name``, else the host name."""
-    return str(getattr(_this_worker(), "optbuild_name", None) or socket.gethostname())
-
-
 def _scratch_root() -> str | None:
     return getattr(_this_worker(), "local_directory", None)
 
 
 def run_task(doc: dict[str, Any]) -> dict[str, Any]:
-    node = node_name()
+    """The task the coordinator submits: ``run_on`` this worker's node."""
+    node = getattr(_this_worker(), "optbuild_node", None)
+    if node is None:
+        return {"ok": False, "error": "this Dask worker was not started by `optbuild worker`", "infra": True}
+    return run_on(doc, node)
+
+
+def run_on(doc: dict[str, Any], node: NodeConfig) -> dict[str, Any]:
+    """Build the step ``doc`` describes as ``node``, in a scratch folder that goes with it."""
     tmp = Path(tempfile.mkdtemp(prefix="optbuild-step-", dir=_scratch_root()))
     try:
-        return {**_run(doc, tmp, node), "node": node}
+        return {**_run(doc, tmp, node), "node": node.name}
     except StepFailed as exc:  # the step's outputs break the rules: as a local build reports it
-        return {"ok": False, "error": str(exc), "expected": True, "node": node}
+        return {"ok": False, "error": str(exc), "expected": True, "node": node.name}
+    except Refused as exc:
+        return {"ok": False, "error": f"refused: {exc}; nothing was built or stored", "infra": True,
+                "node": node.name}
     except TaskError as exc:
-        return {"ok": False, "error": str(exc), "infra": True, "node": node}
+        return {"ok": False, "error": str(exc), "infra": True, "node": node.name}
     except Exception as exc:  # the node's fault (its disk, a bug): said, with the node's name
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "infra": True, "node": node}
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "infra": True, "node": node.name}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -127,13 +151,17 @@ def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
     return dest
 
 
-def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
-    from optbuild.store.remote import RemoteStore, encode_entry
+def _run(doc: dict[str, Any], tmp: Path, node: NodeConfig) -> dict[str, Any]:
+    from optbuild.store.remote import encode_entry
 
-    _check_tools(doc, node)
+    material = _material(doc)
+    _check_implementation(doc, material)
+    _check_host(material, node)
+    _check_tools(material, node.name)
+    _check_remote(doc, node)
     warnings = _Warnings()
-    session = RemoteStore(**doc["remote"]).session(warnings)
-    store, cache = _store(tmp)
+    session = node.remote.session(warnings)
+    store, cache = _store(tmp, node.cache)
     project = tmp / "project"
     project.mkdir()
     step_id = str(doc["step"])
@@ -149,15 +177,15 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
     state.mkdir()
     from optbuild.workerspec import WorkerSpec
 
-    spec = WorkerSpec(implementation=implementation, step_id=step_id, params=doc["params"],
+    spec = WorkerSpec(implementation=implementation, step_id=step_id, params=_params(material, doc),
                       base_dir=str(base_dir), project_root=str(project), inputs=inputs,
                       out_dir=str(out_dir), state_dir=str(state), result=str(tmp / "result.json"),
                       parent_pid=os.getpid())
     (tmp / "spec.json").write_text(spec.to_json())
     log_path = tmp / "step.log"
     started = time.perf_counter()
-    proc = node_pool().start(tmp / "spec.json", log_path, implementation, tuple(doc.get("preload", ())),
-                             threading.Event(), cwd=tmp)
+    proc = node_pool(node).start(tmp / "spec.json", log_path, implementation, tuple(doc.get("preload", ())),
+                                 threading.Event(), cwd=tmp)
     assert proc is not None  # None only when cancelled before it started
     code = proc.poll(None)
     duration = time.perf_counter() - started
@@ -169,7 +197,7 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
         return {"ok": False, "error": result.error or "step failed", "expected": result.expected,
                 "repeats": result.repeats, "log": log_bytes[-LOG_LIMIT:].decode(errors="replace")}
     with store.shared_gc_lock():
-        entry = _entry(doc, out_dir, store, log_bytes, result.metrics, duration, node)
+        entry = _entry(doc, material, out_dir, store, log_bytes, result.metrics, duration, node.name)
         status = session.push(entry, store, step_id)
     if status != "uploaded":
         raise TaskError(_with_warnings(f"the outputs of {step_id} could not be stored in the remote "
@@ -179,14 +207,78 @@ def _run(doc: dict[str, Any], tmp: Path, node: str) -> dict[str, Any]:
     return {"ok": True, "entry": encode_entry(entry, session.store.signing_key).decode("ascii")}
 
 
-def _store(tmp: Path) -> tuple[Any, Any]:
+def _material(doc: dict[str, Any]) -> dict[str, Any]:
+    """The key material of what this task builds: the task's, with the digests of the files
+    and upstream outputs it fetches (``_fetch`` checks each blob against its digest).
+    Refused unless its key (``keys.action_key``, as the coordinator computes it) is the task's."""
+    from optbuild.keys import action_key, describe_changes
+
+    sent = doc["ingredients"]
+    material = {**sent,
+                "files": {name: blob["digest"] for name, blob in doc["files"].items()},
+                "inputs": {field: {name: blob["digest"] for name, blob in upstream["outputs"].items()}
+                           for field, upstream in doc["inputs"].items()}}
+    if action_key(material) != doc["key"]:
+        why = "; ".join(describe_changes(sent, material)) if material != sent else "its key is not that of its key material"
+        raise Refused(f"the task is not what its key {str(doc['key'])[:12]}… says ({why})")
+    return material
+
+
+def _params(material: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The step's parameters, as its key holds them: an upstream step's name is not content
+    (None in the key), and is taken from the task's inputs."""
+    params = dict(material["params"])
+    for field, upstream in doc["inputs"].items():
+        if field in params and params[field] is None:
+            params[field] = str(upstream["step"])
+    return params
+
+
+def _check_implementation(doc: dict[str, Any], material: dict[str, Any]) -> None:
+    """A kind installed on the node runs the implementation the node's registry names for
+    it; a project's kind runs from one of the key's files (only those are laid out)."""
+    from optbuild.steps import registry
+
+    implementation, kind = str(doc["implementation"]), str(material["kind"])
+    if implementation.startswith(PROJECT_KIND):
+        return
+    try:
+        known = registry.implementation_of(kind)
+    except KeyError:
+        raise Refused(f"step kind {kind!r} is not installed here") from None
+    if known != implementation:
+        raise Refused(f"step kind {kind!r} is implemented by {known} here, the task asks for {implementation}")
+
+
+def _check_host(material: dict[str, Any], node: NodeConfig) -> None:
+    """The host fields in the key are this node's (a step keyed for another GPU must not be
+    built here); fields the fingerprint does not hold are derived, and not checked here."""
+    wrong = [f"{name} = {value!r} in its key, {node.fields[name]!r} here"
+             for name, value in sorted((material.get("host") or {}).items())
+             if name in node.fields and node.fields[name] != value]
+    if wrong:
+        raise Refused(f"its key was made for another host ({'; '.join(wrong)})")
+
+
+def _check_remote(doc: dict[str, Any], node: NodeConfig) -> None:
+    """The coordinator fetches what the node stores: both must use one remote cache, and a
+    coordinator that accepts only signed entries needs a node that holds the key."""
+    mine, wanted = node.remote.display_url.rstrip("/"), str(doc["remote"]).rstrip("/")
+    if mine != wanted:
+        raise Refused(f"this node stores into the remote cache {mine}, the build uses {wanted} "
+                      f"(start the node with --remote {wanted})")
+    if doc.get("signed") and node.remote.signing_key is None:
+        raise Refused("the build accepts only signed entries and this node holds no signing key (start it "
+                      "with the key in $OPTBUILD_SIGNING_KEY, or in the variable --signing-key-env names)")
+
+
+def _store(tmp: Path, cache: Any) -> tuple[Any, Any]:
     """(the store the task fetches into and stores in, the node's cache settings): the
     node's blob cache, shared by its tasks and kept between them, where it has one
     (``optbuild worker --cache``); else a throw-away store in the scratch folder."""
     from optbuild.digest import FileHasher
     from optbuild.store.local import LocalStore
 
-    cache = getattr(_this_worker(), "optbuild_cache", None)
     if cache is None or not cache.max_bytes:
         return LocalStore(tmp / "cas", FileHasher(None)), None
     with _NODE_LOCK:
@@ -229,13 +321,13 @@ def _fetch(doc: dict[str, Any], session: Any, store: Any, tmp: Path, project: Pa
     return inputs
 
 
-def _check_tools(doc: dict[str, Any], node: str) -> None:
+def _check_tools(material: dict[str, Any], node: str) -> None:
     """The key names the versions of the step's tools that the coordinator has: a node with
     others would file its output under a key that does not describe it."""
     from optbuild.toolchain import Toolchain
 
     tools = Toolchain()
-    wanted = doc["ingredients"].get("tools") or {}
+    wanted = material.get("tools") or {}
     wrong = [f"{name} {tools.version(name)} here, {version} in its key" for name, version in sorted(wanted.items())
              if tools.version(name) != version]
     if wrong:
@@ -255,7 +347,7 @@ def _inside(root: Path, relative: str, what: str) -> Path:
         raise TaskError(f"refusing {what} {relative!r}: {exc}") from None
 
 
-def _entry(doc: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: dict[str, Any],
+def _entry(doc: dict[str, Any], material: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: dict[str, Any],
            duration: float, node: str) -> Any:
     """The action entry of the outputs in ``out_dir``, under the rules of a local build."""
     from optbuild.errors import StepError
@@ -267,8 +359,8 @@ def _entry(doc: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: 
         outputs = store_outputs(out_dir, primary, step_id, store)
     except StepError as exc:
         raise StepFailed(str(exc)) from None
-    return ActionEntry(key=doc["key"], step=step_id, kind=doc["kind"], outputs=outputs, primary=primary,
-                       ingredients=doc["ingredients"], log=store.put_bytes(log), metrics=metrics,
+    return ActionEntry(key=doc["key"], step=step_id, kind=material["kind"], outputs=outputs, primary=primary,
+                       ingredients=material, log=store.put_bytes(log), metrics=metrics,
                        duration_s=duration, created_at=time.time(), built_on=node)
 
 

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from daskfarm import Cluster, start_cluster
+from plugins.remote import Remote, S3Server
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,13 +26,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="module")
-def farm(tmp_path_factory: pytest.TempPathFactory, s3_server) -> Iterator[Cluster]:
-    """A scheduler and three nodes: ampere (compute capability 8.0), hopper (9.0), cpu."""
+def farm(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) -> Iterator[Cluster]:
+    """A scheduler and three nodes: ampere (compute capability 8.0), hopper (9.0), cpu, which
+    store into one S3 bucket (``farm_remote``)."""
     pytest.importorskip("distributed")
-    cluster = start_cluster(tmp_path_factory.mktemp("farm"), {"ampere": 2, "hopper": 2, "cpu": 2})
+    cluster = start_cluster(tmp_path_factory.mktemp("farm"), {"ampere": 2, "hopper": 2, "cpu": 2},
+                            _bucket(s3_server))
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def farm_remote(farm: Cluster) -> Remote:
+    """The farm's remote cache, emptied: each test starts with nothing stored."""
+    with contextlib.suppress(FileNotFoundError):
+        farm.remote.fs.rm(farm.remote.root, recursive=True)
+    return farm.remote
+
+
+def _bucket(server: S3Server) -> Remote:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=server.endpoint, skip_instance_cache=True, use_listings_cache=False)
+    bucket = f"optbuild-farm-{os.getpid()}"
+    fs.mkdir(bucket)
+    return Remote(f"s3://{bucket}/cache", fs, f"{bucket}/cache", server.endpoint)
 
 

@@ -1,6 +1,6 @@
 """Helpers of the dask executor's tests: a Dask cluster on 127.0.0.1 (a scheduler in this
 process, `optbuild worker` processes offering recorded fingerprints: two GPU generations
-and a CPU-only host), and projects that use it."""
+and a CPU-only host, each told its remote cache), and projects that use it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from plugins.projects import ProjectDir
+from plugins.remote import Remote
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,7 +39,9 @@ class Cluster:
     address: str
     folder: Path
     scheduler: object
+    remote: Remote  # the nodes' (`optbuild worker --remote`)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    security: Any = None  # a distributed.Security, for a cluster over TLS
 
     def fingerprint_file(self, name: str) -> Path:
         path = self.folder / f"{name}.json"
@@ -45,13 +49,16 @@ class Cluster:
         return path
 
     def start_node(self, name: str, *, nthreads: int = 2, env: dict[str, str] | None = None,
-                   fingerprint: str | None = None) -> subprocess.Popen:
+                   fingerprint: str | None = None, args: tuple[str, ...] = ("--host", "127.0.0.1")) -> subprocess.Popen:
+        """An `optbuild worker` process; its environment holds no signing key unless ``env`` gives one."""
         log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 (the node's for its life)
+        remote = ["--remote", self.remote.url, *(["--remote-endpoint", self.remote.endpoint] if self.remote.endpoint else [])]
+        base = {k: v for k, v in os.environ.items() if k != "OPTBUILD_SIGNING_KEY"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "optbuild", "worker", "--scheduler", self.address, "--fingerprint",
-             str(self.fingerprint_file(fingerprint or name)), "--nthreads", str(nthreads), "--name", name, "--host", "127.0.0.1",
+            [sys.executable, "-m", "optbuild", "worker", "--scheduler", self.address, *remote, "--fingerprint",
+             str(self.fingerprint_file(fingerprint or name)), "--nthreads", str(nthreads), "--name", name, *args,
              "--cache", str(self.folder / f"cache-{name}")],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=self.folder)
+            stdout=log, stderr=subprocess.STDOUT, env={**base, **(env or {})}, cwd=self.folder)
         log.close()
         self.nodes[name] = proc
         return proc
@@ -59,7 +66,7 @@ class Cluster:
     def wait_for_nodes(self, count: int, timeout: float = 30) -> None:
         from distributed import Client
 
-        with Client(self.address, timeout=10, set_as_default=False) as client:
+        with Client(self.address, timeout=10, set_as_default=False, security=self.security) as client:
             deadline = time.monotonic() + timeout
             while len(client.scheduler_info(n_workers=-1)["workers"]) < count:
                 dead = {n: p.returncode for n, p in self.nodes.items() if p.poll() is not None}
@@ -86,16 +93,19 @@ class Cluster:
         self.scheduler.close()
 
 
-def start_cluster(folder: Path, nodes: dict[str, int], env: dict[str, str] | None = None,
-                  fingerprints: dict[str, str] | None = None) -> Cluster:
+def start_cluster(folder: Path, nodes: dict[str, int], remote: Remote, env: dict[str, str] | None = None,
+                  fingerprints: dict[str, str] | None = None, security: Any = None) -> Cluster:
     """A scheduler and a node per ``nodes`` item (name: threads), offering the recorded
-    fingerprint its name (or ``fingerprints[name]``) names."""
+    fingerprint its name (or ``fingerprints[name]``) names and storing into ``remote``;
+    over TLS with ``security`` (a ``distributed.Security``; the nodes need Dask's TLS
+    settings in ``env`` then)."""
     folder.mkdir(parents=True, exist_ok=True)
     from distributed import LocalCluster
 
     scheduler = LocalCluster(n_workers=0, processes=False, host="127.0.0.1", scheduler_port=0,
-                             dashboard_address="127.0.0.1:0", protocol="tcp://")
-    cluster = Cluster(scheduler.scheduler_address, folder, scheduler)
+                             dashboard_address="127.0.0.1:0", protocol="tls://" if security else "tcp://",
+                             security=security)
+    cluster = Cluster(scheduler.scheduler_address, folder, scheduler, remote, security=security)
     try:
         for name, nthreads in nodes.items():
             cluster.start_node(name, nthreads=nthreads, env=env, fingerprint=(fingerprints or {}).get(name))

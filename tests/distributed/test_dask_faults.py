@@ -34,7 +34,8 @@ sleep = 2.0
 
 def test_a_node_killed_mid_step_the_step_is_retried_on_another_matching_node(tmp_path, s3_server, s3_remote):
     marker = tmp_path / "started"
-    cluster = start_cluster(tmp_path / "farm", {"h1": 1, "h2": 1, "cpu": 1}, env={"OPTBUILD_TEST_STARTED": str(marker)},
+    cluster = start_cluster(tmp_path / "farm", {"h1": 1, "h2": 1, "cpu": 1}, s3_remote,
+                            env={"OPTBUILD_TEST_STARTED": str(marker)},
                             fingerprints={"h1": "hopper", "h2": "hopper"})
     try:
         proj = make_project(tmp_path / "p", build=f'executor = "dask"\nscheduler = "{cluster.address}"\n',
@@ -85,7 +86,8 @@ def test_the_only_matching_node_killed_mid_step_fails_the_step_instead_of_waitin
 
     monkeypatch.setattr(backend, "NODE_GONE_S", 1.0)
     marker = tmp_path / "started"
-    cluster = start_cluster(tmp_path / "farm", {"hopper": 1, "cpu": 1}, env={"OPTBUILD_TEST_STARTED": str(marker)})
+    cluster = start_cluster(tmp_path / "farm", {"hopper": 1, "cpu": 1}, file_remote,
+                            env={"OPTBUILD_TEST_STARTED": str(marker)})
     try:
         proj = make_project(tmp_path / "p", build=f'executor = "dask"\nscheduler = "{cluster.address}"\n',
                             remote=file_remote.section(), recipe=RECIPE)
@@ -110,7 +112,8 @@ def test_the_only_matching_node_killed_mid_step_fails_the_step_instead_of_waitin
 def test_the_coordinator_killed_mid_step_leaves_nothing_corrupt_and_the_next_build_finishes(
         tmp_path, file_remote):
     marker = tmp_path / "started"
-    cluster = start_cluster(tmp_path / "farm", {"hopper": 1, "cpu": 1}, env={"OPTBUILD_TEST_STARTED": str(marker)})
+    cluster = start_cluster(tmp_path / "farm", {"hopper": 1, "cpu": 1}, file_remote,
+                            env={"OPTBUILD_TEST_STARTED": str(marker)})
     try:
         proj = make_project(tmp_path / "p", build=f'executor = "dask"\nscheduler = "{cluster.address}"\n',
                             remote=file_remote.section(), recipe=RECIPE)

@@ -3,6 +3,7 @@ needed (fast)."""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from daskfarm import make_project
 
 from optbuild import api
 from optbuild.digest import digest_bytes
-from optbuild.distributed.task import run_task
+from optbuild.distributed.task import run_on
 from optbuild.errors import OptbuildError
 from optbuild.report import Reporter
 
@@ -99,17 +100,32 @@ def test_the_command_line_names_the_executor_and_the_scheduler(tmp_path, file_re
     assert main(["build", "--executor", "auto", "--scheduler", free_address()]) == 0  # ... or local
 
 
-def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:Source", base_dir="recipes"):
+def _node(remote, name: str = "n1", fields: dict | None = None, key_env: str | None = None):
+    """A node's own configuration: its remote (and signing key, from its environment)."""
+    from optbuild.distributed.node import NodeConfig
+    from optbuild.store.remote import RemoteStore
+
+    return NodeConfig(name, fields or {"gpu.count": 0}, RemoteStore(remote.url, timeout_s=5, signing_key_env=key_env))
+
+
+def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:OnnxSource", base_dir="recipes",
+         **material):
+    """A task whose key is that of its key material (``material`` replaces parts of it)."""
+    from optbuild.keys import action_key
+
     blob = b"hello"
     digest = digest_bytes(blob)
     remote.write(remote.blob_path(digest), blob)
     entry = {"digest": digest, "size": len(blob)}
-    return {"key": digest_bytes(b"key"), "step": "r:s", "kind": "text", "implementation": implementation,
-            "params": {}, "base_dir": base_dir,
-            "files": {name: entry for name in (files or ["data/input.txt"])},
-            "inputs": {field: {"step": "r:up", "primary": None, "outputs": {name: entry}}
-                       for field, name in (inputs or {}).items()},
-            "primary_output": "data.txt", "ingredients": {}, "remote": {"url": remote.url, "timeout_s": 5}}
+    files = {name: entry for name in (files or ["data/input.txt"])}
+    inputs = {field: {"step": "r:up", "primary": None, "outputs": {name: entry}} for field, name in (inputs or {}).items()}
+    ingredients = {"kind": "onnx", "params": {}, "tools": {}, "host": {},
+                   "files": {name: digest for name in files},
+                   "inputs": {field: {name: digest for name in up["outputs"]} for field, up in inputs.items()},
+                   **material}
+    return {"key": action_key(ingredients), "step": "r:s", "implementation": implementation, "base_dir": base_dir,
+            "files": files, "inputs": inputs, "primary_output": "data.txt", "ingredients": ingredients,
+            "remote": remote.url}
 
 
 @pytest.mark.parametrize("doc", [
@@ -123,7 +139,7 @@ def test_a_task_never_writes_outside_its_scratch_folder(tmp_path, file_remote, m
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))
-    result = run_task(_doc(file_remote, **doc))
+    result = run_on(_doc(file_remote, **doc), _node(file_remote))
     assert result["ok"] is False and result.get("infra") and "refusing" in result["error"], result
     assert not list(scratch.iterdir())  # the scratch folder went, and nothing beside it came
     assert not Path("/tmp/escaped.txt").exists() and not (tmp_path / "escaped.txt").exists()
@@ -133,8 +149,56 @@ def test_a_task_refuses_a_blob_that_does_not_match_its_digest(tmp_path, file_rem
     doc = _doc(file_remote)
     digest = doc["files"]["data/input.txt"]["digest"]
     file_remote.write(file_remote.blob_path(digest), b"HELLO")  # same size, other bytes
-    result = run_task(doc)
+    result = run_on(doc, _node(file_remote))
     assert result["ok"] is False and "corrupt" in result["error"], result
+
+
+def _forged(doc: dict, change) -> dict:
+    """A copy of ``doc`` that ``change`` altered, its key kept: what anyone who reaches the
+    scheduler can send."""
+    forged = json.loads(json.dumps(doc))
+    change(forged)
+    return forged
+
+
+def test_a_node_refuses_a_task_that_is_not_what_its_key_says(tmp_path, file_remote):
+    other = b"other"
+    file_remote.write(file_remote.blob_path(digest_bytes(other)), other)
+    swap = {"digest": digest_bytes(other), "size": len(other)}
+    doc = _doc(file_remote, inputs={"input": "model.onnx"})
+    cases = {
+        "other input bytes": (_forged(doc, lambda d: d["files"]["data/input.txt"].update(swap)),
+                              "input file data/input.txt changed"),
+        "other upstream bytes": (_forged(doc, lambda d: d["inputs"]["input"]["outputs"]["model.onnx"].update(swap)),
+                                 "upstream output (input) changed"),
+        "other key material": (_forged(doc, lambda d: d["ingredients"]["params"].update(opset=13)),
+                               "its key is not that of its key material"),
+        "another kind's code": (_forged(doc, lambda d: d.update(implementation="optbuild.steps.export:Export")),
+                                "'onnx' is implemented by optbuild.steps.source:OnnxSource here"),
+        "a key made for another GPU": (_doc(file_remote, host={"gpu.count": 1}),
+                                       "its key was made for another host (gpu.count = 1 in its key, 0 here)"),
+    }
+    for what, (forged, why) in cases.items():
+        result = run_on(forged, _node(file_remote))
+        assert result["ok"] is False and result["node"] == "n1", what
+        assert result["error"].startswith("refused: ") and why in result["error"], (what, result["error"])
+        assert result["error"].endswith("nothing was built or stored"), what
+    assert file_remote.keys() == []
+
+
+def test_a_task_names_the_remote_it_expects_but_cannot_choose_it(tmp_path, file_remote, monkeypatch):
+    elsewhere = tmp_path / "attacker"
+    elsewhere.mkdir()
+    doc = _doc(file_remote)
+    result = run_on(_forged(doc, lambda d: d.update(remote=f"file://{elsewhere}")), _node(file_remote))
+    assert result["ok"] is False and f"this node stores into the remote cache {file_remote.url}" in result["error"]
+    assert not list(elsewhere.iterdir())
+    # a build that wants signed entries: a node without a key of its own refuses, whatever the task says
+    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "the coordinator's")
+    result = run_on(_forged(doc, lambda d: d.update(signed=True, signing_key_env="OPTBUILD_TEST_SIGNING")),
+                    _node(file_remote))
+    assert result["ok"] is False and "this node holds no signing key" in result["error"]
+    assert file_remote.keys() == []
 
 
 def _acceptor(tmp_path, file_remote, monkeypatch):
@@ -198,14 +262,22 @@ def test_the_cli_stays_light_distributed_is_imported_only_when_used():
         assert imported and not [line for line in imported if "distributed" in line or "dask" in line.split("|")[-1]]
 
 
-def test_worker_refuses_an_unreadable_fingerprint(tmp_path, capsys):
+def test_worker_refuses_what_it_cannot_use(tmp_path, capsys, monkeypatch):
     from optbuild.cli import main
 
+    def worker(*args: str) -> str:
+        assert main(["worker", "--scheduler", free_address(), *args]) == 2
+        return capsys.readouterr().err
+
+    monkeypatch.delenv("OPTBUILD_REMOTE", raising=False)
+    remote = ("--remote", f"file://{tmp_path}")
     (tmp_path / "bad.json").write_text("[1, 2")
-    assert main(["worker", "--scheduler", free_address(), "--fingerprint", str(tmp_path / "bad.json")]) == 2
-    assert "cannot read the fingerprint" in capsys.readouterr().err
-    assert main(["worker", "--scheduler", free_address(), "--nthreads", "0"]) == 2
-    assert "--nthreads must be at least 1" in capsys.readouterr().err
+    assert "cannot read the fingerprint" in worker(*remote, "--fingerprint", str(tmp_path / "bad.json"))
+    assert "--nthreads must be at least 1" in worker(*remote, "--nthreads", "0")
+    assert "a node needs the remote cache its builds use: --remote URL" in worker()
+    monkeypatch.delenv("OPTBUILD_NODE_KEY", raising=False)
+    assert "--signing-key-env names $OPTBUILD_NODE_KEY, which is not set" in worker(
+        *remote, "--signing-key-env", "OPTBUILD_NODE_KEY")
 
 
 def test_steps_sharing_an_input_send_it_to_the_remote_once(tmp_path, file_remote):
