@@ -51,10 +51,11 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import socket
 
-    from optbuild.distributed import require_distributed
+    from optbuild.distributed import require_distributed, require_tls_settings
     from optbuild.errors import OptbuildError
 
     require_distributed()
+    require_tls_settings(args.scheduler, "worker")
     if args.nthreads < 1:
         raise OptbuildError("--nthreads must be at least 1")
     if args.cache_max_gb < 0:

@@ -29,3 +29,20 @@ def require_distributed() -> None:
     except ImportError:
         raise OptbuildError("the dask executor and `optbuild worker` need Dask's distributed: "
                             "pip install 'optbuild[dask]'") from None
+
+
+def require_tls_settings(address: str, role: str) -> None:
+    """OptbuildError when ``address`` is a TLS address and Dask's configuration (the one place
+    TLS is set, for the scheduler, the nodes and the coordinator alike) gives this host no
+    certificate for ``role`` ("client": the coordinator, "worker": a node); Dask itself
+    would fail with a TypeError."""
+    if not address.startswith("tls://"):
+        return
+    from distributed.security import Security
+
+    security = Security()
+    if not (security.tls_ca_file and getattr(security, f"tls_{role}_cert")):
+        raise OptbuildError(f"{address} is a TLS address, and Dask's configuration gives this host no "
+                            f"certificate: set distributed.comm.tls.ca-file, distributed.comm.tls.{role}.cert "
+                            f"and distributed.comm.tls.{role}.key (or DASK_DISTRIBUTED__COMM__TLS__CA_FILE, "
+                            f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__CERT, ...__KEY); see docs/distributed.md")

@@ -105,9 +105,10 @@ class DaskBackend(BuildBackend):
             if not (ex.remote.store.read and ex.remote.store.write):
                 raise BackendUnavailable(f'{config}: the dask executor needs a remote cache that this host '
                                     "can read and write ([remote] read and write = true)")
-        from optbuild.distributed import require_distributed
+        from optbuild.distributed import require_distributed, require_tls_settings
 
         require_distributed()
+        require_tls_settings(self.address, "client")
         from distributed import Client
 
         try:

@@ -73,6 +73,15 @@ def test_an_unreachable_scheduler_is_a_clear_error(tmp_path, file_remote, monkey
     assert any("cannot reach the Dask scheduler" in e.get("message", "") for e in plan.reporter.events)
 
 
+def test_a_tls_scheduler_without_dask_s_tls_settings_is_a_clear_error(tmp_path, file_remote):
+    proj = make_project(tmp_path / "p", build='executor = "dask"\nscheduler = "tls://127.0.0.1:1"\n',
+                        remote=file_remote.section(), recipe=SMALL)
+    with pytest.raises(OptbuildError, match=r"tls://127.0.0.1:1 is a TLS address, and Dask's configuration gives "
+                                            r"this host no certificate: set distributed.comm.tls.ca-file, "
+                                            r"distributed.comm.tls.client.cert"):
+        build(proj)
+
+
 def test_with_executor_auto_an_unreachable_scheduler_means_a_build_on_this_host(tmp_path, file_remote, monkeypatch):
     from optbuild.distributed import backend
 
@@ -265,8 +274,8 @@ def test_the_cli_stays_light_distributed_is_imported_only_when_used():
 def test_worker_refuses_what_it_cannot_use(tmp_path, capsys, monkeypatch):
     from optbuild.cli import main
 
-    def worker(*args: str) -> str:
-        assert main(["worker", "--scheduler", free_address(), *args]) == 2
+    def worker(*args: str, scheduler: str = "") -> str:
+        assert main(["worker", "--scheduler", scheduler or free_address(), *args]) == 2
         return capsys.readouterr().err
 
     monkeypatch.delenv("OPTBUILD_REMOTE", raising=False)
@@ -275,6 +284,8 @@ def test_worker_refuses_what_it_cannot_use(tmp_path, capsys, monkeypatch):
     assert "cannot read the fingerprint" in worker(*remote, "--fingerprint", str(tmp_path / "bad.json"))
     assert "--nthreads must be at least 1" in worker(*remote, "--nthreads", "0")
     assert "a node needs the remote cache its builds use: --remote URL" in worker()
+    assert "tls://127.0.0.1:1 is a TLS address, and Dask's configuration gives this host no certificate" in worker(
+        *remote, scheduler="tls://127.0.0.1:1")
     monkeypatch.delenv("OPTBUILD_NODE_KEY", raising=False)
     assert "--signing-key-env names $OPTBUILD_NODE_KEY, which is not set" in worker(
         *remote, "--signing-key-env", "OPTBUILD_NODE_KEY")
