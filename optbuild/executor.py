@@ -590,6 +590,8 @@ class Executor:
         finally:
             with self._procs_lock:
                 self._procs.pop(spec.id, None)
+        if self._cancel.is_set():  # it ended as the build was cancelled: killed by it, most likely
+            raise Cancelled
         return read_result(tmp / "result.json", returncode, tmp)
 
     def _failure_message(self, result: WorkerResult, log: bytes, kept: str) -> str:
