@@ -1,6 +1,7 @@
 """Fault figures: does the cache survive kills, races, corruption and a hostile remote?
 
-    python benchmarks/faults.py [--kills 100] [--builders 4 --runs 25] [--rounds 3] [--quick] [--json]
+    python benchmarks/faults.py [--kills 100] [--builders 4 --runs 25] [--rounds 3] [--edits 6]
+                                [--quick] [--json]
 
 Every category runs in throw-away projects (the fast test kinds of tests/fixtures/kinds.py
 plus a `blob` kind writing a few MB in chunks, so that kills land mid-write) and prints:
@@ -21,7 +22,12 @@ tries, builds that failed when they should not have, invariant violations, data 
   4. hostile remote (file://): entries deeply nested, huge, with over-long or '../' output
      names, bad digests, unsigned or wrongly signed, blobs whose bytes do not match; then a
      fresh host's build must succeed with right outputs, write nothing outside build/ and
-     cache/, and leave its local cache intact.
+     cache/, and leave its local cache intact;
+  5. stale bytecode: the helper module of a torch export step's model is imported in another
+     interpreter (its .pyc written to __pycache__, as a test run or a REPL leaves it), then
+     edited within the same second at the same size (`SCALE = 21.25` -> `SCALE = 21.75`,
+     mtime set back): CPython would take that .pyc as current. The build that follows must
+     export a model computing the new value (a build that says ok with the old one lost data).
 
 Exits 1 if any data was lost. Checks that fail today are reported, never a crash.
 """
@@ -45,6 +51,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -910,6 +917,104 @@ def suite_hostile(tmp: Path, refs: References, rounds: int, rng: random.Random, 
     return fig
 
 
+# --- 5. stale bytecode ----------------------------------------------------------------------
+BYTECODE_RECIPE = """\
+[steps.export]
+kind = "export"
+model = "m/model.py:build"
+"""
+BYTECODE_MODEL = """\
+import torch
+from helper import SCALE
+
+
+class Scale(torch.nn.Module):
+    def forward(self, x):
+        return x * SCALE
+
+
+def build():
+    return Scale(), (torch.ones(1, 2),)
+"""
+
+
+def compile_to_pycache(folder: Path, module: str) -> None:
+    """Import ``module`` in another interpreter that writes bytecode, as a test run or a
+    REPL in the project would: its .pyc records the source's whole-second mtime and size."""
+    subprocess.run([sys.executable, "-c", f"import {module}"], cwd=folder, env=ENV, check=True,
+                   capture_output=True, timeout=60)
+
+
+def saved_in_a_new_second(path: Path) -> None:
+    """Move the file's mtime one whole second on, as a save after its last import would: the
+    next import compiles it again (without this, the .pyc of an earlier try stays current)."""
+    st = path.stat()
+    later = (st.st_mtime_ns // 10**9 + 1) * 10**9 + st.st_mtime_ns % 10**9
+    os.utime(path, ns=(st.st_atime_ns, later))
+
+
+def edit_within_the_same_second(path: Path, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` (same length), the mtime set back: to CPython's .pyc check
+    the file did not change (only its ctime tells)."""
+    assert len(old) == len(new)
+    st = path.stat()
+    path.write_text(path.read_text().replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def exported_scale(model: Path) -> float:
+    """What the exported model multiplies by: its output for an input of ones."""
+    import numpy as np
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {session.get_inputs()[0].name: np.ones((1, 2), np.float32)})
+    return float(out.ravel()[0])
+
+
+def suite_bytecode(tmp: Path, edits: int, rng: random.Random) -> Figures:
+    fig = Figures("stale bytecode")
+    started = time.perf_counter()
+    root = tmp / "bytecode"
+    helper = root / "recipes" / "m" / "helper.py"
+    helper.parent.mkdir(parents=True)
+    (root / "optbuild.toml").write_text('[project]\nrecipes = ["recipes/*.toml"]\n')
+    (root / "recipes" / "m.toml").write_text(BYTECODE_RECIPE)
+    (helper.parent / "model.py").write_text(BYTECODE_MODEL)
+    # every edit a value never built before (so the step must run), exact in float32
+    values = rng.sample([f"{whole}.{part}" for whole in range(10, 100) for part in ("25", "75")], edits + 1)
+    helper.write_text(f"SCALE = {values[0]}\n")
+    first = optbuild(root, "build")
+    if first.returncode != 0:
+        fig.failed += 1
+        fig.note(f"first build failed: {first.tail()}")
+        fig.keep("first build", first)
+        return fig
+    for old, new in pairwise(values):
+        saved_in_a_new_second(helper)
+        compile_to_pycache(helper.parent, "helper")
+        edit_within_the_same_second(helper, old, new)
+        fig.tries += 1
+        label = f"SCALE {old} -> {new}"
+        run = optbuild(root, "build")
+        if run.traceback:
+            fig.violations += 1
+            fig.note(f"{label}: traceback in stderr: {run.tail()}")
+        if run.returncode != 0:
+            fig.failed += 1
+            fig.note(f"{label}: build failed: {run.tail()}")
+        if run.traceback or run.returncode != 0:
+            fig.keep(label, run)
+            continue
+        got = exported_scale(root / "build" / "m" / "export" / "model.onnx")
+        if got != float(new):
+            fig.data_lost += 1
+            stale = " (the value before the edit: the stale .pyc ran)" if got == float(old) else ""
+            fig.note(f"{label}: build said ok, the model computes x * {got:g}{stale}")
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
 # --- report --------------------------------------------------------------------------------
 def table(figures: list[Figures]) -> str:
     head = f"{'category':<16} {'tries':>6} {'failed':>7} {'violations':>11} {'data lost':>10} {'time s':>8}"
@@ -953,22 +1058,23 @@ def main() -> int:
     parser.add_argument("--builders", type=int, default=4)
     parser.add_argument("--runs", type=int, default=25, help="builds per concurrent builder")
     parser.add_argument("--rounds", type=int, default=3, help="passes over the corruption / hostile cases")
-    parser.add_argument("--only", nargs="*", choices=["kills", "concurrent", "corruptions", "hostile"])
+    parser.add_argument("--edits", type=int, default=6, help="same-second helper edits (stale bytecode)")
+    parser.add_argument("--only", nargs="*", choices=["kills", "concurrent", "corruptions", "hostile", "bytecode"])
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="10 kills, 2 x 5 builders, one round")
+    parser.add_argument("--quick", action="store_true", help="10 kills, 2 x 5 builders, one round, 3 edits")
     parser.add_argument("--json", action="store_true", help="figures as JSON on stdout")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (to look at failures)")
     parser.add_argument("--verbose", action="store_true", help="show the stderr of the first bad runs")
     args = parser.parse_args()
     corruptions, hostile = list(CORRUPTIONS), [*HOSTILE_PLAIN, *HOSTILE_SIGNED]
     if args.quick:  # every kind of corruption, a sample of the hostile entries (0.5 s per CLI start)
-        args.kills, args.builders, args.runs, args.rounds = 10, 2, 5, 1
+        args.kills, args.builders, args.runs, args.rounds, args.edits = 10, 2, 5, 1, 3
     QUIET, VERBOSE = args.json, args.verbose
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     rng = random.Random(seed)
     if args.quick:
         hostile = rng.sample(list(HOSTILE_PLAIN), 4) + rng.sample(list(HOSTILE_SIGNED), 2)
-    only = set(args.only or ["kills", "concurrent", "corruptions", "hostile"])
+    only = set(args.only or ["kills", "concurrent", "corruptions", "hostile", "bytecode"])
     tmp = Path(tempfile.mkdtemp(prefix="optbuild-faults-"))
     log(f"fault suite, seed {seed}, in {tmp}")
     figures: list[Figures] = []
@@ -990,6 +1096,10 @@ def main() -> int:
         if "hostile" in only:
             log(f"4. hostile remote entries: {len(hostile)} kinds x {args.rounds}: {', '.join(hostile)}")
             figures.append(guarded("hostile remote", lambda: suite_hostile(tmp, refs, args.rounds, rng, hostile)))
+            log(describe(figures[-1]))
+        if "bytecode" in only:
+            log(f"5. stale bytecode: {args.edits} same-second helper edits after an import")
+            figures.append(guarded("stale bytecode", lambda: suite_bytecode(tmp, args.edits, rng)))
             log(describe(figures[-1]))
     finally:
         if args.keep:
