@@ -73,7 +73,7 @@ def step_ingredients(
     for field_name in spec.deps:
         if "." not in field_name:  # a list of steps (select's candidates) stays: its report names them
             params[field_name] = None  # the name of the upstream step is not content
-    return {
+    material = {
         "format": KEY_FORMAT,
         "hash": ALGORITHM,
         "salt": salt,
@@ -85,6 +85,10 @@ def step_ingredients(
         "tools": {name: toolchain.version(name) for name in step.tool_names()},
         "host": step.host_key(host),
     }
+    impl_file, _, class_name = spec.implementation.rpartition(":")
+    if impl_file.endswith(".py"):  # a project kind: its file's bytes are in "files", the class it names here
+        material["class"] = class_name
+    return material
 
 
 def action_key(ingredients: dict[str, Any]) -> str:
@@ -96,9 +100,10 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     from optbuild.fingerprint import describe_change
 
     reasons: list[str] = []
-    for section in ("format", "hash", "salt", "kind", "version"):
+    for section in ("format", "hash", "salt", "kind", "class", "version"):
         if old.get(section) != new.get(section):
-            label = {"version": "step implementation version", "salt": "cache salt"}.get(section, section)
+            label = {"version": "step implementation version", "salt": "cache salt",
+                     "class": "kind's class"}.get(section, section)
             reasons.append(f"{label} changed: {old.get(section)!r} -> {new.get(section)!r}")
     for section, label in (("params", "parameter"), ("tools", "tool"), ("host", "host")):
         before, after = old.get(section) or {}, new.get(section) or {}

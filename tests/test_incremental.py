@@ -126,3 +126,14 @@ def test_plan_names_the_changed_parameter(project):
     side = next(e for e in result.reporter.events if e.get("step") == "chain:side")
     assert side["reasons"] == ['parameter suffix: -side -> -s2']
     assert sorted(result.steps("cached")) == ["chain:mid", "chain:out", "chain:src"]
+
+
+def test_remapping_a_kind_to_another_class_of_the_same_file_rebuilds_its_steps(project):
+    project.write("kinds.py", project.read("kinds.py") + (
+        "\n\nclass Shout(Join):\n    def run(self, ctx):\n        super().run(ctx)\n"
+        "        out = ctx.out_dir / 'data.txt'\n        out.write_text(out.read_text().upper())\n"))
+    project.build()
+    project.write("optbuild.toml", project.read("optbuild.toml").replace('"kinds.py:Join"', '"kinds.py:Shout"'))
+    result = project.build()
+    assert sorted(result.steps("built")) == ["chain:mid", "chain:out", "chain:side"]
+    assert project.read("build/chain/out/data.txt") == "HELLO-MID-OUT"
