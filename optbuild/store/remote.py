@@ -2,6 +2,7 @@
 
     <url>/cas/<2 hex>/<62 hex>        blobs (BLAKE3-256, so any copy is as good)
     <url>/ac/<2 hex>/<62 hex>.json    action entries (ActionEntry JSON, optionally signed)
+    <url>/ac/<2 hex>/<62 hex>.<key id>.json   a key holder's entry beside one signed with another key
     <url>/tmp/                        uploads in flight, on file systems that can rename
 
 Reading (a local miss): the entry is fetched by key and validated (its key, every digest
@@ -16,9 +17,15 @@ blob it lacks. Blobs already there are skipped (unless one was found corrupt in 
 On file systems that rename (file://, a shared mount) everything is written under tmp/ and
 renamed into place; on object stores (s3://, gs://, ...) a single PUT (or a completed
 multipart upload) is atomic per object. Two writers of one key each publish a complete,
-valid entry; the last one wins, and both name blobs that are present. A signed entry that
-this host cannot verify (another key, or none here) is never replaced: a misconfigured
-host must not undo the build farm's signed results.
+valid entry; the last one wins, and both name blobs that are present.
+
+Signing: a signed entry names the key that signed it (``key_id``). An entry that is
+unsigned, or whose signature fails under the key it names, is no one's good result: a key
+holder replaces it, blaming the entry. An entry signed with another key is never replaced,
+so a misconfigured host cannot undo the build farm's signed results; a key holder keeps its
+own entry beside it (``entry_path(key, slot)``) and reads it there from then on, so a
+forged key id costs it one build, not one per build. A host without a key never replaces a
+signed entry.
 
 On a local file system (file://, a mount) every path is resolved before it is read,
 written or renamed into, and refused unless it stays under the remote's root: a symbolic
@@ -51,7 +58,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from optbuild.digest import hash_file, new_hasher
 from optbuild.store.entry import (
@@ -68,7 +75,10 @@ if TYPE_CHECKING:
 
 ENV_URL = "OPTBUILD_REMOTE"
 SIGNATURE_PREFIX = b"optbuild-hmac-sha256 "
-_SIGNATURE_LINE = len(SIGNATURE_PREFIX) + 64 + 1
+_KEY_ID_HEX = 16
+_SIGNATURE_LINE = len(SIGNATURE_PREFIX) + _KEY_ID_HEX + 1 + 64 + 1  # the longest: with a key id
+# "<prefix><key id> <hmac>"; lines without a key id were written before key ids existed
+_SIGNATURE = re.compile(rb"optbuild-hmac-sha256 (?:([0-9a-f]{%d}) )?([0-9a-f]{64})" % _KEY_ID_HEX)
 _OFF = {"off", "none", "no", "false", "0"}
 _RENAMING = {"file", "local", "sftp", "ssh"}  # protocols whose mv is an atomic rename
 _LOCAL = {"file", "local"}  # protocols whose paths are this host's paths (symlinks resolvable)
@@ -132,33 +142,67 @@ def sign(body: bytes, key: bytes) -> str:
     return hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
+def key_id(key: bytes) -> str:
+    """A name for a signing key that tells nothing of it (an HMAC of a constant): it lets a
+    reader tell an entry signed with another key (someone's good result, left alone) from
+    one whose signature fails under the key it names (altered or forged: replaced)."""
+    return hmac.new(key, b"optbuild signing key id", hashlib.sha256).hexdigest()[:_KEY_ID_HEX]
+
+
+def signature_line(body: bytes, key: bytes) -> bytes:
+    """The line that signs ``body`` with ``key``, its newline included."""
+    return SIGNATURE_PREFIX + f"{key_id(key)} {sign(body, key)}".encode() + b"\n"
+
+
 def encode_entry(entry: ActionEntry, key: bytes | None) -> bytes:
     """The entry's canonical JSON; with a signing key, behind a line carrying its HMAC.
 
     The signature covers the bytes as sent, so a reader checks it before parsing anything.
     """
     body = canonical_json(entry.model_dump(mode="json"))
-    return body if key is None else SIGNATURE_PREFIX + sign(body, key).encode() + b"\n" + body
+    return body if key is None else signature_line(body, key) + body
+
+
+Verdict = Literal["valid", "unsigned", "bad", "foreign"]
+_REFUSALS: dict[Verdict, str] = {
+    "unsigned": "it is not signed, and a signing key is configured",
+    "bad": "it is badly signed: its signature does not match (the entry was altered, or written without "
+           "the signing key)",
+    "foreign": "its signature does not match: it was signed with another key than this host's",
+}
+
+
+def check_signature(data: bytes, signing_key: bytes) -> tuple[Verdict, bytes]:
+    """(verdict, body) of an entry's bytes under this host's key: "valid"; "unsigned" (no
+    signature line); "bad" (a line that is no signature, or one that fails under the key it
+    names, or names none: nobody's good result); "foreign" (it names another key)."""
+    if not data.startswith(SIGNATURE_PREFIX):
+        return "unsigned", data
+    line, _, body = data.partition(b"\n")
+    match = _SIGNATURE.fullmatch(line)
+    if match is None:
+        return "bad", body
+    named, mac = match.groups()
+    if named is not None and named.decode() != key_id(signing_key):
+        return "foreign", body
+    return ("valid" if hmac.compare_digest(mac, sign(body, signing_key).encode()) else "bad"), body
 
 
 def decode_entry(data: bytes, expected_key: str, signing_key: bytes | None) -> ActionEntry:
     """The entry in ``data`` if it is safe to use as the entry of ``expected_key``.
 
-    Raises Rejected saying why not: too large or too deep, unsigned or wrongly signed (when
-    a key is configured; checked before the bytes are parsed), not an entry, filed under
-    another key, or any rule of ``store.entry`` broken (digests, output names).
+    Raises Rejected saying why not: too large or too deep, not validly signed with this
+    host's key (when one is configured; checked before the bytes are parsed), not an entry,
+    filed under another key, or any rule of ``store.entry`` broken (digests, output names).
     """
     if len(data) > MAX_ENTRY_BYTES + _SIGNATURE_LINE:
         raise Rejected(f"it is larger than {MAX_ENTRY_BYTES} bytes")
-    signature = None
-    if data.startswith(SIGNATURE_PREFIX):
-        line, _, data = data.partition(b"\n")
-        signature = line[len(SIGNATURE_PREFIX):]
     if signing_key is not None:
-        if signature is None:
-            raise Rejected("it is not signed, and a signing key is configured")
-        if not hmac.compare_digest(signature, sign(data, signing_key).encode()):
-            raise Rejected("its signature does not match (written without the signing key, or altered)")
+        verdict, data = check_signature(data, signing_key)
+        if verdict != "valid":
+            raise Rejected(_REFUSALS[verdict])
+    elif data.startswith(SIGNATURE_PREFIX):
+        data = data.partition(b"\n")[2]
     try:
         return parse_entry(data, expected_key)
     except EntryError as exc:
@@ -166,26 +210,36 @@ def decode_entry(data: bytes, expected_key: str, signing_key: bytes | None) -> A
 
 
 def signed_by_another(data: bytes, expected_key: str, signing_key: bytes | None) -> bool:
-    """Whether ``data`` is a valid entry of ``expected_key`` signed with a key other than
-    ``signing_key`` (or signed at all, when this host has none).
+    """Whether ``data`` is a valid entry of ``expected_key`` signed with a key this host
+    lacks: one that names another key, or any signature at all when this host has none.
 
     Such an entry is someone's good result that this host cannot vouch for: replacing it
-    would make every host holding the real key rebuild. An unsigned or invalid entry
-    is no one's good result and may be replaced.
+    would make every host holding the real key rebuild. An entry that is unsigned, invalid,
+    or whose signature fails under this host's key while naming it (or naming none) is no
+    one's good result, and a key holder replaces it.
     """
-    if not data.startswith(SIGNATURE_PREFIX):
-        return False
-    line, _, body = data.partition(b"\n")
-    if len(line) + 1 != _SIGNATURE_LINE:
-        return False
-    if signing_key is not None and hmac.compare_digest(line[len(SIGNATURE_PREFIX):],
-                                                       sign(body, signing_key).encode()):
-        return False
+    if signing_key is None:
+        line, _, body = data.partition(b"\n")
+        if _SIGNATURE.fullmatch(line) is None:
+            return False
+    else:
+        verdict, body = check_signature(data, signing_key)
+        if verdict != "foreign":
+            return False
     try:
         parse_entry(body, expected_key)
     except EntryError:
         return False
     return True
+
+
+def replaced_fault(data: bytes, signing_key: bytes | None, refusal: Rejected) -> str:
+    """What is wrong with an unacceptable remote entry that this host replaces, blaming the entry."""
+    if signing_key is not None:
+        verdict, _body = check_signature(data, signing_key)
+        if verdict != "valid":  # "foreign" only in this host's own slot, where no other key belongs
+            return "unsigned" if verdict == "unsigned" else "badly signed"
+    return f"unusable ({refusal})"
 
 
 # --- the store -------------------------------------------------------------------------
@@ -260,8 +314,11 @@ class RemoteStore:
     def blob_path(self, digest: str) -> str:
         return f"{self._root}/cas/{digest[:2]}/{digest[2:]}"
 
-    def entry_path(self, key: str) -> str:
-        return f"{self._root}/ac/{key[:2]}/{key[2:]}.json"
+    def entry_path(self, key: str, slot: str | None = None) -> str:
+        """Where the entry of ``key`` lies; ``slot``: the key id of a signing key whose
+        holders keep their entry beside one signed with another key (``RemoteSession.push``)."""
+        name = key[2:] if slot is None else f"{key[2:]}.{slot}"
+        return f"{self._root}/ac/{key[:2]}/{name}.json"
 
     def _inside(self, path: str) -> str:
         """``path``, if it resolves to a place under the remote's root; else Rejected.
@@ -279,9 +336,10 @@ class RemoteStore:
         return path
 
     # --- raw operations (run under RemoteSession._call) --------------------------------
-    def _read_entry(self, key: str, touch: Callable[[int], None]) -> bytes:
-        fs, _ = self.filesystem()
-        return fs.cat_file(self._inside(self.entry_path(key)), start=0, end=MAX_ENTRY_BYTES + _SIGNATURE_LINE + 1)
+    def _read_entry(self, key: str, slot: str | None, touch: Callable[[int], None]) -> bytes:
+        fs, _ = self.filesystem()  # first: the paths are known once connected
+        return fs.cat_file(self._inside(self.entry_path(key, slot)), start=0,
+                           end=MAX_ENTRY_BYTES + _SIGNATURE_LINE + 1)
 
     def _blob_size(self, digest: str, touch: Callable[[int], None]) -> int | None:
         fs, _ = self.filesystem()
@@ -335,9 +393,9 @@ class RemoteStore:
         finally:
             _quiet_rm(fs, tmp)
 
-    def _write_entry(self, key: str, data: bytes, touch: Callable[[int], None]) -> None:
+    def _write_entry(self, key: str, slot: str | None, data: bytes, touch: Callable[[int], None]) -> None:
         fs, _ = self.filesystem()
-        dest = self.entry_path(key)
+        dest = self.entry_path(key, slot)
         if not self._renames:
             fs.pipe_file(dest, data)
             return
@@ -591,8 +649,9 @@ class RemoteSession:
             self._remember_miss(key, f"the remote cache was not asked: {self._off_reason()}")
             return None
         try:
-            data = self._call(f"reading the entry of {step or key}", self.store._read_entry, key,
-                              missing_ok=True)
+            data = self._read(key, None, step)
+            if self._beside(key, data):
+                data = self._read(key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
             entry = decode_entry(data, key, self.store.signing_key)
         except FileNotFoundError:
             self._count(misses=1)
@@ -608,6 +667,20 @@ class RemoteSession:
         if self.dry_run:
             self._count(hits=1)
         return entry
+
+    def _read(self, key: str, slot: str | None, step: str = "") -> bytes:
+        """The bytes of the entry of ``key`` (in ``slot``); FileNotFoundError when there is none."""
+        return self._call(f"reading the entry of {step or key[:8]}", self.store._read_entry, key, slot,
+                          missing_ok=True)
+
+    def _beside(self, key: str, data: bytes) -> bool:
+        """Whether this host keeps its entry of ``key`` in its own slot: the entry ``data`` is a
+        valid one signed with another key, which this host must neither use nor replace.
+
+        So a misconfigured host never undoes the farm's entries, and an entry whose key id
+        was forged costs a key holder one build, not one on every build.
+        """
+        return self.store.signing_key is not None and signed_by_another(data, key, self.store.signing_key)
 
     def fetch(self, entry: ActionEntry, local: LocalStore, step: str = "", *,
               hit: bool = True) -> ActionEntry | None:
@@ -748,19 +821,12 @@ class RemoteSession:
             return "off"
         label = step or entry.step
         try:
-            acceptable, keep = self._existing_entry(entry.key)
+            slot, acceptable, keep, fault = self._destination(entry.key, label, step)
             if acceptable and skip_if_present:
                 return "present"
             if keep:
-                self._count(signature_mismatches=1)
-                if self.store.signing_key is None:
-                    self.warn(f"not replacing the signed entry of {label} with an unsigned one: this host "
-                              f"has no signing key", step=step, key=entry.key)
-                else:
-                    self.warn(f"not replacing the entry of {label}: signature mismatch: this host's signing "
-                              f"key differs from the one that signed the remote's entries "
-                              f"(${self.store.signing_key_env}), or the entry was altered after signing",
-                              step=step, key=entry.key)
+                self.warn(f"not replacing the signed entry of {label} with an unsigned one: this host "
+                          f"has no signing key", step=step, key=entry.key)
                 return "refused"
             sizes = {o.digest: o.size for o in entry.outputs.values()}
             names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
@@ -779,8 +845,10 @@ class RemoteSession:
                 with self._lock:
                     self._suspect.discard(digest)
             data = encode_entry(entry, self.store.signing_key)
-            self._call(f"writing the entry of {label}", self.store._write_entry, entry.key, data)
+            self._call(f"writing the entry of {label}", self.store._write_entry, entry.key, slot, data)
             self._count(entries_up=1, bytes_up=len(data))
+            if fault is not None:
+                self.warn(f"remote entry for {label} is {fault}: replaced", step=step, key=entry.key)
             return "uploaded"
         except _Failed:
             return "failed"
@@ -831,31 +899,49 @@ class RemoteSession:
             self._call(f"uploading blob {digest[:8]} of {label}", fn, upload_size=size)
             self._count(bytes_up=size, blobs_up=1)
 
-    def _existing_entry(self, key: str) -> tuple[bool, bool]:
-        """(acceptable, keep) for the remote's entry of ``key``: whether this host would use
-        it, and whether it is a valid entry signed with a key this host lacks (another key,
-        or none), which this host must not replace."""
+    def _destination(self, key: str, label: str, step: str) -> tuple[str | None, bool, bool, str | None]:
+        """(slot, acceptable, keep, fault): where this host's entry of ``key`` goes, and
+        ``_existing_entry``'s answers for what lies there now. A key holder meeting an entry
+        signed with another key writes beside it, in the slot of its own key."""
+        acceptable, keep, fault = self._existing_entry(key, None)
+        if not keep:
+            return None, acceptable, keep, fault
+        self._count(signature_mismatches=1)
+        if self.store.signing_key is None:
+            return None, acceptable, keep, fault
+        self.warn(f"signature mismatch: the remote entry of {label} is signed with another key than this "
+                  f"host's (${self.store.signing_key_env}), or its key id was altered: it is left in place, and "
+                  f"this host's entry is stored beside it", step=step, key=key)
+        slot = key_id(self.store.signing_key)
+        return (slot, *self._existing_entry(key, slot))
+
+    def _existing_entry(self, key: str, slot: str | None) -> tuple[bool, bool, str | None]:
+        """(acceptable, keep, fault) for the remote's entry of ``key`` (in ``slot``): whether
+        this host would use it; whether it is a valid entry signed with a key this host lacks
+        (another key, or none), which this host must not replace (never so in this host's own
+        slot); and, for one that is neither, what is wrong with it (None when there is none)."""
         try:
-            data = self._call(f"reading the entry {key[:8]}", self.store._read_entry, key, missing_ok=True)
+            data = self._read(key, slot)
         except FileNotFoundError:
-            return False, False
+            return False, False, None
+        keep = slot is None and signed_by_another(data, key, self.store.signing_key)
         try:
             decode_entry(data, key, self.store.signing_key)
-            acceptable = True
-        except Rejected:
-            acceptable = False
-        return acceptable, signed_by_another(data, key, self.store.signing_key)
+        except Rejected as exc:
+            return False, keep, None if keep else replaced_fault(data, self.store.signing_key, exc)
+        return True, keep, None
 
     # --- audit -------------------------------------------------------------------------
     def audit(self, *, rehash: bool = False) -> RemoteAudit:
         """Check the whole remote: every entry acceptable, every blob it names present with
-        its recorded size (and with ``rehash``, downloaded and hashed). Nothing is changed."""
-        report = RemoteAudit()
+        the size it records for it (and with ``rehash``, downloaded and hashed: each entry
+        whose blob is not what it records is named). Nothing is changed."""
+        report = RemoteAudit(signed=self.store.signing_key is not None, rehashed=rehash)
         if not self._usable():
             report.problems.append("remote not readable")
             return report
         try:
-            entries = self._call("listing entries", self.store._list, "ac")
+            listed = self._call("listing entries", self.store._list, "ac")
             blobs = self._call("listing blobs", self.store._list, "cas")
         except _Failed as exc:
             report.problems.append(f"cannot list the remote: {exc}")
@@ -865,46 +951,63 @@ class RemoteSession:
             parts = path.rsplit("/", 2)
             sizes[parts[-2] + parts[-1]] = size
         report.blobs = len(sizes)
-        named: set[str] = set()
-        for path in sorted(entries):
-            parts = path.rsplit("/", 2)
-            if not parts[-1].endswith(".json"):
-                continue
-            key = parts[-2] + parts[-1][: -len(".json")]
-            report.entries += 1
-            if not is_digest(key):
-                report.problems.append(f"{path}: not where an entry belongs")
-                continue
-            try:
-                data = self._call(f"reading entry {key[:8]}", self.store._read_entry, key, missing_ok=True)
-                entry = decode_entry(data, key, self.store.signing_key)
-            except FileNotFoundError:  # removed since the listing
-                continue
-            except _Failed as exc:
-                report.problems.append(f"entry {key}: could not be read ({exc})")
-                continue
-            except Rejected as exc:
-                report.problems.append(f"entry {key}: {exc}")
-                continue
-            recorded = {o.digest: o.size for o in entry.outputs.values()}
-            for digest in sorted(entry.blob_digests()):
-                named.add(digest)
-                if digest not in sizes:
-                    report.problems.append(f"entry {key} ({entry.step}) names missing blob {digest}")
-                elif digest in recorded and sizes[digest] != recorded[digest]:
-                    report.problems.append(f"blob {digest}: {sizes[digest]} bytes, {recorded[digest]} recorded")
+        entries = [entry for path in sorted(listed) if (entry := self._audited_entry(path, report)) is not None]
+        uses: dict[str, list[tuple[ActionEntry, str | None]]] = {}  # digest -> (entry, output name; None: log)
+        for entry in entries:
+            for name, output in sorted(entry.outputs.items()):
+                uses.setdefault(output.digest, []).append((entry, name))
+                _check_size(entry, name, output.size, sizes.get(output.digest), report)
+            if entry.log is not None:
+                uses.setdefault(entry.log, []).append((entry, None))
+                _check_size(entry, None, None, sizes.get(entry.log), report)
         if rehash:
-            for digest in sorted(set(sizes) & named):
-                try:
-                    got = self._call(f"hashing blob {digest[:8]}", self.store._hash_blob, digest,
-                                     sizes[digest], missing_ok=True)
-                except (FileNotFoundError, _Failed, Rejected) as exc:
-                    report.problems.append(f"blob {digest}: could not be read ({exc})")
-                    continue
-                if got != digest:
-                    report.problems.append(f"blob {digest} is corrupt")
-        report.orphan_blobs = len(set(sizes) - named)
+            for digest in sorted(set(sizes) & set(uses)):
+                self._audit_digest(digest, sizes[digest], uses[digest], report)
+        if not report.signed:
+            report.shared = [f"blob {digest} is an output of {', '.join(sorted(steps))}"
+                             for digest, named in sorted(uses.items())
+                             if len(steps := {entry.step for entry, name in named if name is not None}) > 1]
+        report.orphan_blobs = len(set(sizes) - set(uses))
         return report
+
+    def _audited_entry(self, path: str, report: RemoteAudit) -> ActionEntry | None:
+        """The acceptable entry at ``path`` (from the listing of ac/), or None: not an entry's
+        file, gone since the listing, or a problem (recorded in ``report``)."""
+        folder, name = path.rsplit("/", 2)[-2:]
+        if not name.endswith(".json"):
+            return None
+        stem, _, slot = name[: -len(".json")].partition(".")
+        key = folder + stem
+        report.entries += 1
+        if not is_digest(key) or (slot and not re.fullmatch(f"[0-9a-f]{{{_KEY_ID_HEX}}}", slot)):
+            report.problems.append(f"{path}: not where an entry belongs")
+            return None
+        shown = key if not slot else f"{key} (beside it, signed with key {slot})"
+        try:
+            data = self._read(key, slot or None)
+            return decode_entry(data, key, self.store.signing_key)
+        except FileNotFoundError:  # removed since the listing
+            return None
+        except _Failed as exc:
+            report.problems.append(f"entry {shown}: could not be read ({exc})")
+        except Rejected as exc:
+            report.problems.append(f"entry {shown}: {exc}")
+        return None
+
+    def _audit_digest(self, digest: str, size: int, named: list[tuple[ActionEntry, str | None]],
+                      report: RemoteAudit) -> None:
+        """Download blob ``digest`` and hash it; a blob that is not what its entries record
+        is reported with every entry and output that names it."""
+        try:
+            got = self._call(f"hashing blob {digest[:8]}", self.store._hash_blob, digest, size, missing_ok=True)
+        except (FileNotFoundError, _Failed, Rejected) as exc:
+            report.problems.append(f"blob {digest}: could not be read ({exc})")
+            return
+        if got == digest:
+            return
+        for entry, name in named:
+            report.problems.append(f"entry {entry.key} ({entry.step}) {_what(name)}: blob {digest} is corrupt "
+                                   f"(its bytes hash to {got})")
 
     # --- counters ----------------------------------------------------------------------
     def _count(self, **deltas: int) -> None:
@@ -919,22 +1022,51 @@ class RemoteSession:
 
 @dataclass
 class RemoteAudit:
+    """What ``RemoteSession.audit`` found. Without signatures it can say only that every blob
+    is what its entry records, never that the entry is the true one: ``shared`` lists what a
+    rewired entry would look like."""
+
+    signed: bool = False  # entries were checked against this host's signing key
+    rehashed: bool = False  # blobs were downloaded and hashed, not only sized
     entries: int = 0
     blobs: int = 0
     orphan_blobs: int = 0
     problems: list[str] = field(default_factory=list)
+    shared: list[str] = field(default_factory=list)  # blobs that entries of several steps name as outputs
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def __str__(self) -> str:
-        lines = [f"remote: checked {self.entries} entries and {self.blobs} blobs: "
+        checked = "sizes and digests" if self.rehashed else "sizes (--rehash: digests too)"
+        lines = [f"remote: checked {self.entries} entries and {self.blobs} blobs ({checked}): "
                  + ("all intact" if self.ok else "PROBLEMS FOUND")]
         lines += [f"  {p}" for p in self.problems]
         if self.orphan_blobs:
             lines.append(f"  {self.orphan_blobs} blobs that no entry names")
+        if not self.signed:
+            lines.append("  note: the entries are not signed: each names blobs that are what it records, but an "
+                         "entry rewired to another build's intact blob cannot be told from a true one "
+                         "(set [remote] signing_key_env)")
+            lines += [f"  note: {line} (identical outputs, or a rewired entry)" for line in self.shared]
         return "\n".join(lines)
+
+
+def _check_size(entry: ActionEntry, name: str | None, recorded: int | None, actual: int | None,
+                report: RemoteAudit) -> None:
+    """Report the blob of ``entry``'s output ``name`` (None: its log, whose size no entry
+    records) when it is missing or not of the size the entry records."""
+    what = f"entry {entry.key} ({entry.step}) {_what(name)}"
+    digest = entry.log if name is None else entry.outputs[name].digest
+    if actual is None:
+        report.problems.append(f"{what} names missing blob {digest}")
+    elif recorded is not None and actual != recorded:
+        report.problems.append(f"{what}: blob {digest} holds {actual} bytes, the entry records {recorded}")
+
+
+def _what(name: str | None) -> str:
+    return "log" if name is None else f"output {name}"
 
 
 def _describe(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ from plugins.projects import CONFIG, PIPELINE, ProjectDir
 
 from optbuild.digest import FileHasher
 from optbuild.store.local import LocalStore
+from optbuild.store.marker import MARKER
 from optbuild.store.remote import SIGNATURE_PREFIX, RemoteAudit, RemoteStore
 
 AWS_ENV = {
@@ -88,8 +89,10 @@ class Remote:
             lines.append(f"{name} = {_toml(value)}")
         return "\n".join(lines) + "\n"
 
-    def entry_path(self, key: str) -> str:
-        return f"{self.root}/ac/{key[:2]}/{key[2:]}.json"
+    def entry_path(self, key: str, slot: str | None = None) -> str:
+        """Where the entry of ``key`` lies; ``slot``: a signing key's id (an entry kept beside one
+        signed with another key)."""
+        return f"{self.root}/ac/{key[:2]}/{key[2:]}{'' if slot is None else '.' + slot}.json"
 
     def blob_path(self, digest: str) -> str:
         return f"{self.root}/cas/{digest[:2]}/{digest[2:]}"
@@ -125,7 +128,7 @@ class Remote:
             paths = self.fs.find(f"{self.root}/ac")
         except FileNotFoundError:
             return []
-        return sorted(p.rsplit("/", 2)[-2] + p.rsplit("/", 2)[-1][: -len(".json")] for p in paths)
+        return sorted({p.rsplit("/", 2)[-2] + p.rsplit("/", 2)[-1].split(".")[0] for p in paths})
 
     def audit(self, signing_key_env: str | None = None) -> RemoteAudit:
         """Every entry acceptable and every blob it names present and intact (re-hashed)."""
@@ -183,10 +186,10 @@ def machines(tmp_path: Path) -> Machines:
 
 
 def outputs(project: ProjectDir) -> dict[str, bytes]:
-    """Every file under build/ (outputs only), by relative path."""
+    """Every file under build/ (outputs only: no logs, no marker), by relative path."""
     build = project.root / "build"
     return {p.relative_to(build).as_posix(): p.read_bytes()
-            for p in sorted(build.rglob("*")) if p.is_file() and ".logs" not in p.parts}
+            for p in sorted(build.rglob("*")) if p.is_file() and ".logs" not in p.parts and p.name != MARKER}
 
 
 def local_store(project: ProjectDir) -> LocalStore:
