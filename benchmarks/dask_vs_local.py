@@ -57,13 +57,16 @@ def timed_build(root: Path, jobs: int) -> float:
     return elapsed
 
 
-def start_nodes(address: str, folder: Path) -> list[subprocess.Popen]:
+def start_nodes(address: str, folder: Path, remote: Path) -> list[subprocess.Popen]:
+    """The build nodes, each with its own cold blob cache and the farm's one remote (a node
+    takes its remote from its own command line, never from a task)."""
     nodes = []
     for i in range(NODES):
         log = open(folder / f"node{i}.log", "wb")  # noqa: SIM115 (the node's, for its life)
         nodes.append(subprocess.Popen(
             [sys.executable, "-m", "optbuild", "worker", "--scheduler", address, "--nthreads", str(THREADS),
-             "--name", f"node{i}", "--host", "127.0.0.1", "--cache", str(folder / f"cache{i}")],  # cold
+             "--name", f"node{i}", "--host", "127.0.0.1", "--cache", str(folder / f"cache{i}"),
+             "--remote", f"file://{remote}"],
             stdout=log, stderr=subprocess.STDOUT, env=ENV))
         log.close()
     from distributed import Client
@@ -75,12 +78,12 @@ def start_nodes(address: str, folder: Path) -> list[subprocess.Popen]:
 
 def compare(tmp: Path, address: str, steps: int, sleep: float) -> tuple[float, float]:
     label = f"{steps}x{sleep:g}s"
-    local = project(tmp / f"local-{label}", steps, sleep, executor="local", scheduler="",
-                    remote=tmp / f"remote-local-{label}")
-    farm = project(tmp / f"dask-{label}", steps, sleep, executor="dask", scheduler=address,
-                   remote=tmp / f"remote-dask-{label}")
-    for remote in (tmp / f"remote-local-{label}", tmp / f"remote-dask-{label}"):
-        remote.mkdir()
+    local_remote, farm_remote = tmp / f"remote-local-{label}", tmp / "remote-dask"
+    local_remote.mkdir()
+    shutil.rmtree(farm_remote)  # the nodes' remote, emptied: every build is cold
+    farm_remote.mkdir()
+    local = project(tmp / f"local-{label}", steps, sleep, executor="local", scheduler="", remote=local_remote)
+    farm = project(tmp / f"dask-{label}", steps, sleep, executor="dask", scheduler=address, remote=farm_remote)
     return timed_build(local, 2), timed_build(farm, NODES * THREADS)
 
 
@@ -95,7 +98,8 @@ def main() -> None:
             LocalCluster(n_workers=0, processes=False, host="127.0.0.1", scheduler_port=0,
                          dashboard_address="127.0.0.1:0", protocol="tcp://") as scheduler:
         tmp = Path(tmp_name)
-        nodes = start_nodes(scheduler.scheduler_address, tmp)
+        (tmp / "remote-dask").mkdir()
+        nodes = start_nodes(scheduler.scheduler_address, tmp, tmp / "remote-dask")
         try:
             sleepy = compare(tmp, scheduler.scheduler_address, args.sleepy, 1.0)
             instant = compare(tmp, scheduler.scheduler_address, args.instant, 0.0)
