@@ -94,6 +94,11 @@ class Rejected(Exception):
     """What the remote sent is not acceptable (corrupt, unsigned, unsafe)."""
 
 
+class RemoteMissing(Exception):
+    """A remote folder on this host's file system that does not exist (an unmounted share):
+    never created, as a folder made in its place would take what belongs on the share."""
+
+
 class TransferError(Exception):
     """A blob could not be checked, uploaded or downloaded (``RemoteSession``'s blob
     methods, which the dask executor uses); the message says why."""
@@ -309,6 +314,9 @@ class RemoteStore:
         if protocol in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
             fs.retries = min(fs.retries, 2)  # s3fs's own retry loop sleeps between tries
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        if protocols & _LOCAL and not os.path.isdir(root):
+            raise RemoteMissing(f"the remote cache's folder {root} does not exist (is its share mounted?): "
+                                f"create it first, e.g. `mkdir -p {root}`; optbuild does not create it")
         return fs, root.rstrip("/"), protocols
 
     def blob_path(self, digest: str) -> str:
@@ -552,7 +560,7 @@ class RemoteSession:
                 return
             errors = self.stats.errors
             trip = not self.stats.disabled and errors >= self.store.max_errors
-            fatal = isinstance(exc, (ImportError, ValueError, TypeError))  # unusable configuration
+            fatal = isinstance(exc, (ImportError, ValueError, TypeError, RemoteMissing))  # unusable configuration
             if trip or fatal:
                 self.stats.disabled = True
         detail = _describe(exc)
@@ -1045,7 +1053,7 @@ class RemoteAudit:
         lines += [f"  {p}" for p in self.problems]
         if self.orphan_blobs:
             lines.append(f"  {self.orphan_blobs} blobs that no entry names")
-        if not self.signed:
+        if not self.signed and self.entries:
             lines.append("  note: the entries are not signed: each names blobs that are what it records, but an "
                          "entry rewired to another build's intact blob cannot be told from a true one "
                          "(set [remote] signing_key_env)")

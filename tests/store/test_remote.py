@@ -315,6 +315,7 @@ def test_overrides_and_configuration(machines, file_remote, tmp_path, monkeypatc
     assert remote_url() == file_remote.url
     assert remote_url("--no-remote") is None
     other = tmp_path / "other-remote"
+    other.mkdir()  # optbuild creates no remote folder
     assert remote_url("--remote", f"file://{other}") == f"file://{other}"
     monkeypatch.setenv("OPTBUILD_REMOTE", "off")
     assert remote_url() is None
@@ -348,3 +349,25 @@ def test_a_cached_build_with_a_remote_does_not_import_fsspec(machines, s3_remote
     proc = subprocess.run([sys.executable, "-c", code], cwd=a.root, capture_output=True, text=True, check=False,
                           env={**os.environ}, timeout=60)
     assert proc.stdout.split() == ["0", "False", "False"], proc.stderr
+
+
+def test_a_file_remote_whose_folder_does_not_exist_is_an_error_and_is_never_created(machines, tmp_path):
+    """An unmounted share: a folder made in its place would collect what belongs on the share,
+    and the build would report the remote as working."""
+    share = tmp_path / "unmounted-share"
+    for url in (f"file://{share}/cache", f"{share}/cache"):  # a URL, or a plain path
+        a = machines(f"a{len(url)}", f'[remote]\nurl = "{url}"\n')
+        result = a.build()
+        assert result.ok and step_events(result, "built") == ALL  # the remote is off; the build goes on
+        first = warnings(result.reporter.events)[0]
+        assert first.startswith(f"remote {url}: ") and "RemoteMissing" in first
+        assert f"the remote cache's folder {share}/cache does not exist (is its share mounted?): create it" in first
+        assert cache_event(result.reporter.events)["remote"]["disabled"]
+        audit = cli(a, "cache", "audit")
+        assert audit.returncode == 1 and f"the remote cache's folder {share}/cache does not exist" in audit.stdout
+        assert not share.exists()
+
+    (share / "cache").mkdir(parents=True)  # mounted
+    result = machines("b", f'[remote]\nurl = "file://{share}/cache"\n').build()
+    assert result.ok and warnings(result.reporter.events) == []
+    assert cache_event(result.reporter.events)["remote"]["entries_up"] == 4
