@@ -22,11 +22,16 @@ KEY_FORMAT = 1
 
 
 def key_files(spec: StepSpec) -> list[Path]:
-    """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source."""
+    """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source and
+    the project modules that source imports (editing a helper of the kind changes its code)."""
     files = list(spec.key_files if spec.key_files is not None else spec.step.key_files())
     impl_file, _, _ = spec.implementation.rpartition(":")
     if impl_file.endswith(".py"):
-        files.append(Path(impl_file))
+        from optbuild.pyimports import local_imports
+
+        kind_file = Path(impl_file)
+        files += [path for path in (kind_file, *local_imports(kind_file, spec.step.project_root))
+                  if path not in files]
     return files
 
 

@@ -137,3 +137,16 @@ def test_remapping_a_kind_to_another_class_of_the_same_file_rebuilds_its_steps(p
     result = project.build()
     assert sorted(result.steps("built")) == ["chain:mid", "chain:out", "chain:side"]
     assert project.read("build/chain/out/data.txt") == "HELLO-MID-OUT"
+
+
+def test_editing_a_module_that_a_project_kind_imports_rebuilds_its_steps(project):
+    project.write("kinds.py", project.read("kinds.py") + (
+        "\n\nclass Tagged(Join):\n    def run(self, ctx):\n        from tag import TAG\n\n        super().run(ctx)\n"
+        "        out = ctx.out_dir / 'data.txt'\n        out.write_text(out.read_text() + TAG)\n"))
+    project.write("tag.py", "TAG = '!'\n")
+    project.write("optbuild.toml", project.read("optbuild.toml").replace('"kinds.py:Join"', '"kinds.py:Tagged"'))
+    project.build()
+    project.write("tag.py", "TAG = '?'\n")
+    result = project.build()
+    assert sorted(result.steps("built")) == ALL  # every kind of kinds.py: the file imports tag.py
+    assert project.read("build/chain/out/data.txt") == "hello-mid?-out?"
