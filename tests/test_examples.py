@@ -90,7 +90,8 @@ def test_the_template_gives_the_hand_written_steps_with_the_same_keys(examples, 
     for recipe in HANDWRITTEN.glob("*.toml"):
         text = CPU_VERIFY.sub(r"\1fail = false\n", recipe.read_text())
         (old_project.root / "recipes" / recipe.name).write_text(text)
-    old_project.write("optbuild.toml", f'[cache]\ndir = "{examples.root / "cache"}"\n\n'
+    old_project.write("optbuild.toml", "[project]\nallow_outside = true  # the examples' cache\n\n"
+                                       f'[cache]\ndir = "{examples.root / "cache"}"\n\n'
                                        "[build]\nskip_unavailable = true\n")
     old = planned_keys(old_project)
     assert len(old) == 52 and len(new) == 61
