@@ -2,6 +2,10 @@
 
 The kernel drops a lock when its holder dies, so a killed builder never leaves one held.
 Locks are not reentrant: a second lock of the same file in one process waits.
+
+Lock files are made with the umask's permissions (0666 before it), so that a cache shared
+by a group (umask 002) can be locked by every member; one that this user cannot open is an
+error naming the file and what to do, not a bare PermissionError.
 """
 
 from __future__ import annotations
@@ -12,25 +16,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from optbuild.errors import OptbuildError
+
+
+class LockError(OptbuildError):
+    """A lock file this user may not open; the message names it and how to share it."""
+
 
 @contextmanager
 def locked(path: Path, *, shared: bool = False, read_only: bool = False,
-           mode: int = 0o644) -> Iterator[None]:
+           mode: int = 0o666) -> Iterator[None]:
     """Hold ``flock`` on the file ``path`` (made if missing), exclusive or ``shared``.
 
     With ``read_only`` (a cache that cannot be written) the file is only opened if it
     exists (flock works on a read-only descriptor); if it does not, this goes on unlocked:
     the caller writes nothing a lock would protect, and nobody who could write made the
-    file yet. Otherwise a lock file that cannot be made raises OSError. ``mode``: the
-    permissions of a lock file made here (before the umask).
+    file yet. Otherwise a lock file that cannot be made raises OSError (LockError when
+    permission is denied). ``mode``: the permissions of a lock file made here, before the umask.
     """
     try:
         fd = os.open(path, os.O_RDONLY) if read_only else os.open(path, os.O_RDWR | os.O_CREAT, mode)
-    except OSError:
-        if not read_only:
-            raise
-        yield
-        return
+    except OSError as exc:
+        if read_only:
+            yield
+            return
+        if isinstance(exc, PermissionError):
+            raise LockError(_denied(Path(path))) from None
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
@@ -40,3 +52,15 @@ def locked(path: Path, *, shared: bool = False, read_only: bool = False,
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _denied(path: Path) -> str:
+    """Why ``path`` could not be opened for locking, and how to share it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (f"cannot make the lock file {path}: permission denied (its folder {path.parent} is not "
+                "writable by this user)")
+    return (f"cannot lock {path}: permission denied (mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}, "
+            f"group gid {st.st_gid}): a cache shared by a group needs group-writable lock files; have "
+            f"their owner run `chmod g+w {path.parent}/*`, and build with umask 002")

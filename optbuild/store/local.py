@@ -3,7 +3,8 @@
     cas/<2 hex>/<62 hex>        immutable blobs (BLAKE3-256), read-only (0444)
     ac/<2 hex>/<62 hex>.json    action entries (ActionEntry JSON); mtime = last use (LRU)
     tmp/<pid>@<host>@<label>-<random>   scratch of running builders, found by pid when stale
-    locks/                      flock files: one per key, and the gc lock
+    locks/                      flock files: one per key, and the gc lock (the umask's permissions,
+                                so a group sharing the cache can lock it: umask 002)
     .optbuild-folder            the marker of a cache folder optbuild made (``store.marker``)
 
 Whatever is killed when, no half-written blob or entry is ever visible: everything is

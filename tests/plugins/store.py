@@ -73,6 +73,23 @@ def hold_shared_gc_lock(root: str, held: str, hold_s: float) -> None:
         _append(Path(held), f"released {time.monotonic()}")
 
 
+def lock_as(root: str, conn, umask: int, uid: int | None = None, gid: int | None = None) -> None:
+    """Take a key's lock and the shared gc lock of the cache ``root`` as a user with ``umask``
+    (and, given ``uid`` and ``gid``, as another user: a teammate); sends "locked", or the
+    error's type and message."""
+    os.umask(umask)
+    if uid is not None and gid is not None:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    try:
+        store = LocalStore(Path(root), FileHasher(None))
+        with store.lock("k"), store.shared_gc_lock():
+            conn.send("locked")
+    except Exception as exc:  # what a user would see, sent back as text
+        conn.send(f"{type(exc).__name__}: {exc}")
+
+
 def leave_tmp_dir(root: str) -> None:
     """A builder that dies without cleaning its scratch folder."""
     LocalStore(Path(root), FileHasher(None)).new_tmp_dir("abandoned")

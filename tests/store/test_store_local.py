@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import pwd
 import random
 import shutil
 import signal
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from plugins.store import (
     hold_shared_gc_lock,
     key_for,
     leave_tmp_dir,
+    lock_as,
     make_entry,
     store_entry,
     store_forever,
@@ -389,6 +392,44 @@ def test_gc_waits_while_a_builder_holds_the_shared_lock(store, tmp_path):
     proc.join(30)
     released = float(held.read_text().split()[1])
     assert released <= finished
+
+
+def lock_in_child(root: Path, umask: int, uid: int | None = None, gid: int | None = None) -> str:
+    """``lock_as`` in a fresh process: what it says."""
+    parent, child = SPAWN.Pipe(duplex=False)
+    proc = SPAWN.Process(target=lock_as, args=(str(root), child, umask, uid, gid))
+    proc.start()
+    child.close()
+    try:
+        assert parent.poll(60), "the child said nothing"
+        return parent.recv()
+    finally:
+        proc.join(30)
+
+
+def test_lock_files_follow_the_umask_so_that_a_group_can_share_the_cache(tmp_path):
+    assert lock_in_child(tmp_path / "shared", 0o002) == "locked"
+    assert {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "shared/locks").iterdir()} == {
+        "k.lock": 0o664, "@gc.lock": 0o664}
+    assert lock_in_child(tmp_path / "private", 0o077) == "locked"
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "private/locks").iterdir()} == {0o600}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second user needs root")
+def test_a_teammate_locks_a_group_shared_cache_and_a_lock_file_it_may_not_open_is_a_clear_error():
+    nobody = pwd.getpwnam("nobody").pw_uid
+    with tempfile.TemporaryDirectory() as tmp:  # tmp_path's parents are private to this user
+        os.chmod(tmp, 0o755)
+        root = Path(tmp) / "cache"
+        assert lock_in_child(root, 0o002) == "locked"  # made by the first member of group 0
+        assert lock_in_child(root, 0o002, uid=nobody, gid=0) == "locked"  # a teammate of that group
+
+        lock = root / "locks" / "k.lock"
+        os.chmod(lock, 0o644)  # as optbuild made every lock file before
+        said = lock_in_child(root, 0o002, uid=nobody, gid=0)
+        assert said.startswith(f"LockError: cannot lock {lock}: permission denied (mode 644, owner uid 0, "
+                               "group gid 0): a cache shared by a group needs group-writable lock files")
+        assert f"chmod g+w {lock.parent}/*" in said
 
 
 def test_gc_waits_for_a_builder_in_this_process_too(store):
