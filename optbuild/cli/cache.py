@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,11 +96,22 @@ def run(args: argparse.Namespace) -> int:
             min_age_s = max(min_age_s, GC_GRACE_DAYS * 86400)
             print(f"warning: {ws.project.lock_file} is damaged ({lock.damage}); gc keeps every "
                   f"entry used in the last {GC_GRACE_DAYS} days", file=sys.stderr)
-        report = store.gc(max_size, keep=keep, min_age_s=min_age_s)
+        report = store.gc(max_size, keep=keep, min_age_s=min_age_s, waiting=_say_gc_waits(store.root))
         print(_describe_gc(report, ws.project.lock_file.name, min_age_s, damaged=lock.damage is not None))
         return 0
     finally:
         ws.close()
+
+
+def _say_gc_waits(root: Path) -> Callable[[list[int]], None]:
+    """What gc prints before it waits for the builds that hold the cache (it would seem hung)."""
+
+    def say(pids: list[int]) -> None:
+        who = f" (pid {', '.join(map(str, pids))})" if pids else ""
+        print(f"cache gc: waiting for the running builds that hold the cache {root}{who} to finish "
+              "storing or restoring", file=sys.stderr, flush=True)
+
+    return say
 
 
 # --- push / pull -------------------------------------------------------------------------

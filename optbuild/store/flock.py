@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,8 +24,8 @@ class LockError(OptbuildError):
 
 
 @contextmanager
-def locked(path: Path, *, shared: bool = False, read_only: bool = False,
-           mode: int = 0o666) -> Iterator[None]:
+def locked(path: Path, *, shared: bool = False, read_only: bool = False, mode: int = 0o666,
+           waiting: Callable[[list[int]], None] | None = None) -> Iterator[None]:
     """Hold ``flock`` on the file ``path`` (made if missing), exclusive or ``shared``.
 
     With ``read_only`` (a cache that cannot be written) the file is only opened if it
@@ -33,6 +33,8 @@ def locked(path: Path, *, shared: bool = False, read_only: bool = False,
     the caller writes nothing a lock would protect, and nobody who could write made the
     file yet. Otherwise a lock file that cannot be made raises OSError (LockError when
     permission is denied). ``mode``: the permissions of a lock file made here, before the umask.
+    ``waiting``: called before this waits for others holding the lock, with their pids (as
+    far as /proc/locks tells them), so that the caller can say why it waits.
     """
     try:
         fd = os.open(path, os.O_RDONLY) if read_only else os.open(path, os.O_RDWR | os.O_CREAT, mode)
@@ -44,7 +46,7 @@ def locked(path: Path, *, shared: bool = False, read_only: bool = False,
             raise LockError(_denied(Path(path))) from None
         raise
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        _take(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, path, waiting)
         try:
             yield
         finally:
@@ -52,6 +54,34 @@ def locked(path: Path, *, shared: bool = False, read_only: bool = False,
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _take(fd: int, operation: int, path: Path, waiting: Callable[[list[int]], None] | None) -> None:
+    """``flock`` ``fd``; when it would wait and ``waiting`` is given, say so first."""
+    if waiting is not None:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waiting(holders(path))
+    fcntl.flock(fd, operation)
+
+
+def holders(path: Path) -> list[int]:
+    """The pids holding ``flock`` on ``path`` (Linux: /proc/locks; empty where it cannot tell)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return []
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = set()
+    for line in lines:
+        fields = line.split()
+        if "->" not in fields and len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == where:
+            pids.add(int(fields[4]))
+    return sorted(pid for pid in pids if pid > 0)
 
 
 def _denied(path: Path) -> str:

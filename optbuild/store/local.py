@@ -36,7 +36,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
@@ -445,10 +445,11 @@ class LocalStore:
         with self.lock("dest-" + digest_bytes(str(dest).encode())):
             yield
 
-    def _flock(self, filename: str, *, shared: bool = False) -> AbstractContextManager[None]:
+    def _flock(self, filename: str, *, shared: bool = False,
+               waiting: Callable[[list[int]], None] | None = None) -> AbstractContextManager[None]:
         """``flock`` on a lock file under locks/; a read-only store locks only files that
         exist and otherwise goes on unlocked (see ``store.flock.locked``)."""
-        return locked(self.root / "locks" / filename, shared=shared, read_only=self.read_only)
+        return locked(self.root / "locks" / filename, shared=shared, read_only=self.read_only, waiting=waiting)
 
     # --- materialization ---------------------------------------------------------------
     def materialize(self, entry: ActionEntry, dest: Path) -> None:
@@ -658,7 +659,8 @@ class LocalStore:
         return VerifyReport(entries, blobs, tuple(corrupt_blobs), tuple(corrupt_entries),
                             tuple(dangling), orphan_blobs=len(intact.keys() - named), repaired=repair)
 
-    def gc(self, max_bytes: int, keep: AbstractSet[str] = frozenset(), min_age_s: float = GC_GRACE_S) -> GcReport:
+    def gc(self, max_bytes: int, keep: AbstractSet[str] = frozenset(), min_age_s: float = GC_GRACE_S,
+           waiting: Callable[[list[int]], None] | None = None) -> GcReport:
         """Evict least-recently-used entries until the blobs they name fit ``max_bytes``.
 
         Entries whose key is in ``keep`` (what the lock file references) or that were used
@@ -666,11 +668,12 @@ class LocalStore:
         cannot be met: a running build may be about to restore them. Then every blob no
         remaining entry names, every corrupt entry and the scratch space of dead builders
         are deleted. Runs under the exclusive gc lock, so blobs of an entry being written
-        or restored are safe. The report counts what each protection kept (``keep`` first).
+        or restored are safe; ``waiting`` is told, with their pids, when gc must wait for the
+        builds holding it. The report counts what each protection kept (``keep`` first).
         """
         self._require_writable("collect garbage")
         recent = time.time_ns() - int(min_age_s * 1e9)
-        with self._flock(_GC_LOCK):
+        with self._flock(_GC_LOCK, waiting=waiting):
             blobs = list(self._scan_blobs())
             sizes = {digest: size for digest, _path, size in blobs if digest is not None}
             before = sum(size for _digest, _path, size in blobs)

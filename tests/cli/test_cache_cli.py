@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
+import time
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 from plugins.projects import CONFIG, PIPELINE, CliRun, ProjectDir
+from plugins.store import hold_shared_gc_lock
 
 from optbuild.cli import main
 from optbuild.runstats import describe_stats
@@ -107,6 +110,28 @@ def test_gc_that_evicts_says_what_it_freed_and_why_it_kept_the_rest(project):
     assert lines[0].startswith("evicted 4 entries, deleted 4 blobs, freed 7.8 KiB; the cache now holds 7.8 KiB")
     assert lines[1:] == ["kept all 4 entries (7.8 KiB): the cache fits its limit with them"]
     assert "bytes" not in run.stdout
+
+
+def test_gc_says_when_it_waits_for_running_builds_and_for_which(built, tmp_path):
+    """gc takes the cache's gc lock exclusively; a build storing or restoring holds it shared.
+    Waiting silently, gc would look hung."""
+    assert "waiting" not in cli(built, "cache", "gc").stderr  # nobody holds it: no word of waiting
+    held = tmp_path / "held"
+    builder = multiprocessing.get_context("spawn").Process(
+        target=hold_shared_gc_lock, args=(str(built.root / "cache"), str(held), 1.0))
+    builder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not held.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        run = cli(built, "cache", "gc")
+        finished = time.monotonic()
+    finally:
+        builder.join(30)
+    assert run.returncode == 0 and run.stdout.startswith("evicted 0 entries")
+    assert run.stderr == (f"cache gc: waiting for the running builds that hold the cache {built.root / 'cache'} "
+                          f"(pid {builder.pid}) to finish storing or restoring\n")
+    assert float(held.read_text().split()[1]) <= finished  # it waited for the release
 
 
 def test_gc_with_a_size_it_cannot_read_is_an_error_not_a_traceback(built):
