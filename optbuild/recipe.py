@@ -70,9 +70,9 @@ class BuildSection(_Section):
     # Steps run in children forked from a server that has imported their tools once (Linux);
     # false: a fresh Python process per step, which imports them every time.
     preload: bool = True
-    # `optbuild build` hands changed builds to a build server that stays loaded between them
-    # (optbuild.buildserver; Linux; $OPTBUILD_SERVER overrides), ended after server_idle_s
-    # seconds without a build. Unset: on, unless $CI is set.
+    # true: `optbuild build` hands changed builds to a build server that stays loaded between
+    # them (optbuild.buildserver; Linux; $OPTBUILD_SERVER overrides), ended after
+    # server_idle_s seconds without a build. Unset: off.
     server: bool | None = None
     server_idle_s: float = Field(900.0, gt=0)
     # Where steps build: "local" (worker processes on this host), "dask" (Dask workers that

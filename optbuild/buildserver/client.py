@@ -15,40 +15,76 @@ from optbuild.buildserver.protocol import (
     enabled,
     identity,
     idle_limit,
+    peer_creds,
     recv,
     send,
+    server_pid,
+    stopped,
 )
 
 WAIT_NOTE_S = 3.0  # a client waiting longer than this for its build to start says so
+POLL_S = 0.25  # while it waits: how often it looks whether the server is stopped
 
 
 class _Declined(Exception):
     pass
 
 
+class _Hung(Exception):
+    """The server is stopped (SIGSTOP, a debugger): it will not answer until continued."""
+
+    def __init__(self, pid: int):
+        super().__init__(pid)
+        self.pid = pid
+
+    def warning(self) -> str:
+        return (f"warning: the build server (pid {self.pid}) is stopped and does not answer; building in "
+                f"this process. `optbuild server stop` ends it (or `kill -9 {self.pid}`)")
+
+
 def try_build(argv: list[str], directory: str | None) -> tuple[int | None, str | None]:
     """(the build's exit code from the project's server, None); or (None, the project root
-    whose server to start after an in-process build, or None to start none)."""
+    whose server to start after an in-process build, or None to start none).
+
+    A stopped server does not hold the build: the client says so, naming its pid, and
+    builds in this process (as without a server: the build is what was asked for; the
+    warning says how to end the server)."""
     from optbuild.projectroot import project_root
 
     root = project_root(directory)
     if root is None or not enabled(root):
         return None, None
     try:
-        sock = connect(root)
+        sock = connect(root, timeout=WAIT_NOTE_S)
     except PermissionError as exc:
         print(f"warning: {exc}; building in this process", file=sys.stderr)
         return None, None
-    if sock is None:
-        debug("none runs: building in this process, then starting one")
-        return None, root
     try:
+        if sock is None:
+            return None, _unanswered(root)
         return _build_through(sock, argv), None
     except _Declined as exc:
         debug(f"declined: {exc}; building in this process, then starting another")
         return None, root
+    except _Hung as exc:
+        print(exc.warning(), file=sys.stderr, flush=True)
+        return None, None
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
+
+
+def _unanswered(root: str) -> str | None:
+    """After a connection no server took: the root whose server to start after the build
+    (none runs), or None (one runs, busy; _Hung: one runs, stopped)."""
+    pid = server_pid(root)
+    if pid is None:
+        debug("none runs: building in this process, then starting one")
+        return root
+    if stopped(pid):
+        raise _Hung(pid)
+    debug(f"pid {pid} did not take the connection: building in this process")
+    return None
 
 
 def _stdio() -> tuple[list[int], dict[str, list]]:
@@ -118,6 +154,9 @@ class _Signals:
 def _build_through(sock, argv: list[str]) -> int:
     from optbuild import noop
 
+    pid = peer_creds(sock)[0]
+    if pid > 0 and stopped(pid):  # before its terminal is sent: a stopped server would hold it open
+        raise _Hung(pid)
     umask = os.umask(0o022)
     os.umask(umask)
     fds, wrap = _stdio()
@@ -133,21 +172,9 @@ def _build_through(sock, argv: list[str]) -> int:
                 os.close(fd)
     signals = _Signals(sock)
     try:
-        sock.settimeout(WAIT_NOTE_S)
-        try:
-            answer = recv(sock)
-        except TimeoutError:
-            print("optbuild: waiting for the build server (it is starting, or building this project "
-                  "for another client)", file=sys.stderr, flush=True)
-            sock.settimeout(None)
-            answer = _recv_answer(sock)
-        except (OSError, ValueError):
-            answer = None
-        sock.settimeout(None)
+        answer = _first_answer(sock, pid)
         if answer is None or "declined" in answer:
             raise _Declined(answer["declined"] if answer else "the server ended before answering")
-        if "exit" in answer:  # it failed to start the build
-            return int(answer["exit"])
         signals.accepted = True
         debug(f"build served by pid {answer['pid']}")
         answer = _recv_answer(sock)
@@ -158,6 +185,32 @@ def _build_through(sock, argv: list[str]) -> int:
         return int(answer["exit"])
     finally:
         signals.restore()
+
+
+def _first_answer(sock, pid: int) -> dict | None:
+    """The server's first answer (accepted, declined), waited for while it runs: it may be
+    starting, or building for another client (one build at a time). _Hung when it is seen
+    stopped; None when it ended without one."""
+    import time
+
+    noted = time.monotonic() + WAIT_NOTE_S
+    sock.settimeout(POLL_S)
+    try:
+        while True:
+            try:
+                return recv(sock)
+            except TimeoutError:
+                pass
+            except (OSError, ValueError):
+                return None
+            if pid > 0 and stopped(pid):
+                raise _Hung(pid)
+            if noted and time.monotonic() > noted:
+                print(f"optbuild: waiting for the build server (pid {pid}: it is starting, or building this "
+                      "project for another client)", file=sys.stderr, flush=True)
+                noted = 0
+    finally:
+        sock.settimeout(None)
 
 
 def _recv_answer(sock) -> dict | None:
@@ -198,6 +251,6 @@ def spawn(root: str, build_dir: str | None = None) -> None:
                              cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                              start_new_session=True, close_fds=True)
         print("optbuild: started a build server for this project's next builds (`optbuild server stop` ends "
-              "it; `[build] server = false` in optbuild.toml: none)", file=sys.stderr)
+              "it)", file=sys.stderr)
     except Exception as exc:  # a server not started only costs speed
         debug(f"could not start one: {type(exc).__name__}: {exc}")

@@ -7,18 +7,22 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing is not imported for it: the client's start-up time
+if TYPE_CHECKING:
+    from typing import Self
+
 ENV_SWITCH = "OPTBUILD_SERVER"
 ENV_IDLE = "OPTBUILD_SERVER_IDLE_S"
 ENV_DEBUG = "OPTBUILD_DEBUG_SERVER"
+# Variables a shell sets per folder or per command, and the server's own switches (they
+# decide how a build runs, not what it makes): a client that differs only in them is served.
+QUIET_ENV = ("PWD", "OLDPWD", "_", ENV_SWITCH, ENV_IDLE, ENV_DEBUG)
 DEFAULT_IDLE_S = 900.0
 LOG = os.path.join(".optbuild", "server.log")  # under the build folder
 LOG_KEPT_BYTES = 1 << 20  # a server starting beside a larger log moves it to server.log.1
 MAX_REQUEST = 1 << 20
-PROTOCOL = 2
-# Variables that change what the interpreter or native libraries load: a server started
-# under other values is not this client's.
-_IDENTITY_PREFIXES = ("PYTHON",)
-_IDENTITY_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+PROTOCOL = 3
+SOCKET_DIR_MODE = 0o700
 # Limits a build inherits from the process that runs it (see limits()).
 _RLIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK",
             "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_RSS", "RLIMIT_STACK")
@@ -31,25 +35,24 @@ def debug(message: str) -> None:
 
 def enabled(root: str | None = None) -> bool:
     """Whether ``optbuild build`` of the project at ``root`` uses a build server (Linux
-    only): ``OPTBUILD_SERVER`` when set (1 or 0), else ``[build] server`` of its
-    optbuild.toml, else on unless ``$CI`` is set (a CI job's machine is thrown away after
-    one build: a server would only linger)."""
-    if not sys.platform.startswith("linux"):
+    only; off unless asked): ``OPTBUILD_SERVER`` when set (1 or 0), else ``[build] server =
+    true`` in its optbuild.toml. Never for an optbuild.toml that does not parse: the build
+    reports that in this process, before any server is consulted or started."""
+    if not sys.platform.startswith("linux") or root is None:
+        return False
+    build = build_section(root)
+    if build is None:
         return False
     switch = os.environ.get(ENV_SWITCH, "").strip().lower()
     if switch:
         return switch in ("1", "true", "yes", "on")
-    if root is None:
-        return False
-    given = setting(root, "server", None)
-    if isinstance(given, bool):
-        return given
-    return os.environ.get("CI", "").strip().lower() in ("", "0", "false", "no")
+    return build.get("server") is True
 
 
-def setting(root: str, name: str, default: object) -> object:
-    """``[build] NAME`` of the project's optbuild.toml as written there (the build checks its
-    type: an unreadable or invalid file gives ``default`` here and its error there)."""
+def build_section(root: str) -> dict | None:
+    """``[build]`` of the project's optbuild.toml as written there ({} when absent); None when
+    the file cannot be read or parsed (the build reports why, naming file and line; its
+    types are checked there too)."""
     import tomllib
 
     from optbuild.projectroot import CONFIG_NAME
@@ -57,9 +60,15 @@ def setting(root: str, name: str, default: object) -> object:
     try:
         with open(os.path.join(root, CONFIG_NAME), "rb") as config:
             build = tomllib.load(config).get("build", {})
-    except (OSError, ValueError):
-        return default
-    return build.get(name, default) if isinstance(build, dict) else default
+    except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        return None
+    return build if isinstance(build, dict) else {}
+
+
+def setting(root: str, name: str, default: object) -> object:
+    """``[build] NAME`` of the project's optbuild.toml as written there; ``default`` when it
+    is absent or the file is unreadable."""
+    return (build_section(root) or {}).get(name, default)
 
 
 def idle_limit(root: str) -> float:
@@ -75,27 +84,143 @@ def idle_limit(root: str) -> float:
     return value if value > 0 else DEFAULT_IDLE_S
 
 
-def address(root: str) -> str:
-    """The abstract socket name of the server of the project at ``root`` (a real path)."""
+def socket_dir(root: str) -> str:
+    """The private folder of the server's socket and lock: $XDG_RUNTIME_DIR/optbuild (the
+    user's own tmpfs, where set), else the project's build/.optbuild/server."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime):
+        return os.path.join(runtime, "optbuild")
+    from optbuild import noop
+
+    return os.path.join(noop.build_dir_of(root), ".optbuild", "server")
+
+
+def _name(root: str) -> str:
+    """The server's file name stem in its folder: one per user and project (a real path)."""
     try:
         from _blake2 import blake2b
     except ImportError:
         from hashlib import blake2b
-    digest = blake2b(f"{os.getuid()}\0{root}".encode(errors="surrogateescape"), digest_size=12).hexdigest()
-    return f"\0optbuild-server-{digest}"
+    return blake2b(f"{os.getuid()}\0{root}".encode(errors="surrogateescape"), digest_size=12).hexdigest()
+
+
+class PrivateDir:
+    """The socket folder, opened and checked once (a folder, not a link; this user's; 0700)
+    and then reached through /proc/self/fd: a folder swapped after the check is not used,
+    and a socket path stays short whatever the folder's (AF_UNIX allows 108 bytes).
+    PermissionError, naming the folder, when it is not private."""
+
+    def __init__(self, path: str, *, create: bool):
+        self.path = path
+        if create:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                os.mkdir(path, SOCKET_DIR_MODE)
+            except FileExistsError:
+                pass
+        try:
+            self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except NotADirectoryError:
+            raise PermissionError(f"the build server's folder {path} is not a folder (or is a link)") from None
+        st = os.fstat(self.fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:  # others may neither list nor enter it
+            os.close(self.fd)
+            raise PermissionError(f"the build server's folder {path} is not private (owner uid {st.st_uid}, "
+                                  f"mode {st.st_mode & 0o777:o}; wanted uid {os.getuid()}, mode 700)")
+
+    def file(self, name: str) -> str:
+        return f"/proc/self/fd/{self.fd}/{name}"
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def socket_name(root: str) -> str:
+    return _name(root) + ".sock"
+
+
+def lock_name(root: str) -> str:
+    """The file its server holds locked (flock) while it runs, holding its pid."""
+    return _name(root) + ".lock"
+
+
+def server_pid(root: str) -> int | None:
+    """The pid of the server of ``root`` while it runs, answering or not (from its lock
+    file); None when none runs."""
+    import fcntl
+
+    try:
+        with PrivateDir(socket_dir(root), create=False) as folder:
+            fd = os.open(folder.file(lock_name(root)), os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, PermissionError):
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: a server runs
+            return int(os.read(fd, 32) or b"0") or None
+        return None
+    except ValueError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP: T; a debugger: t)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def identity() -> dict[str, object]:
     """What a server must share with its client: the interpreter, its path and flags,
-    optbuild's version, the variables that change what gets loaded, and the limits a build
-    runs under."""
+    optbuild's version, the environment its steps see (``QUIET_ENV`` aside), the limits a
+    build runs under, and the world it sees files in (mount namespace, root folder)."""
     from optbuild import __version__, noop
 
-    env = {name: value for name, value in os.environ.items()
-           if name.startswith(_IDENTITY_PREFIXES) or name in _IDENTITY_NAMES}
+    env = {name: value for name, value in os.environ.items() if name not in QUIET_ENV}
     return {"protocol": PROTOCOL, "executable": sys.executable, "version": sys.version,
             "optbuild": __version__, "flags": repr(sys.flags), "uid": os.getuid(),
-            "path": noop.python_path(), "env": env, "limits": limits()}
+            "path": noop.python_path(), "env": env, "limits": limits(), **world()}
+
+
+def world() -> dict[str, object]:
+    """The mount namespace and root folder this process sees files through: a client in
+    another (``unshare -m``, a container, ``chroot``) may see other files, or the same ones
+    read-only, at the same paths."""
+    found: dict[str, object] = {}
+    for name, path in (("mount_namespace", "/proc/self/ns/mnt"), ("root", "/proc/self/root")):
+        try:
+            st = os.stat(path)
+            found[name] = [st.st_dev, st.st_ino]
+        except OSError:
+            found[name] = None
+    return found
+
+
+def differences(ours: dict, theirs: dict) -> list[str]:
+    """What differs between two identities; an environment variable by its name only (its
+    value may be a secret)."""
+    found = []
+    for key in sorted(set(ours) | set(theirs)):
+        if ours.get(key) == theirs.get(key):
+            continue
+        if key == "env" and isinstance(ours.get(key), dict) and isinstance(theirs.get(key), dict):
+            mine, other = ours[key], theirs[key]
+            names = sorted(n for n in set(mine) | set(other) if mine.get(n) != other.get(n))
+            found.append(f"environment: {', '.join(names)}")
+        else:
+            found.append(key.replace("_", " "))
+    return found
 
 
 def limits() -> dict[str, object]:
@@ -119,13 +244,18 @@ def limits() -> dict[str, object]:
     return found
 
 
-def peer_uid(sock) -> int:
-    """The uid of the process at the other end of the Unix socket ``sock`` (SO_PEERCRED)."""
+def peer_creds(sock) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of the Unix socket ``sock`` (SO_PEERCRED)."""
     import socket
     import struct
 
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def peer_uid(sock) -> int:
+    return peer_creds(sock)[1]
 
 
 def same_user(uid: int) -> bool:
@@ -135,14 +265,20 @@ def same_user(uid: int) -> bool:
 
 def connect(root: str, timeout: float | None = None):
     """A socket connected to the server of ``root``, checked to run as this user; None if
-    none runs. PermissionError if one runs as another user."""
+    none answers the connection. PermissionError if its folder is not private, or the
+    server runs as another user."""
     import socket
 
+    try:
+        folder = PrivateDir(socket_dir(root), create=False)
+    except FileNotFoundError:
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
     try:
-        sock.connect(address(root))
-    except OSError:  # ConnectionRefusedError, FileNotFoundError...: none runs
+        with folder:
+            sock.connect(folder.file(socket_name(root)))
+    except OSError:  # ConnectionRefusedError, FileNotFoundError, a full backlog...: none answers
         sock.close()
         return None
     if not same_user(uid := peer_uid(sock)):

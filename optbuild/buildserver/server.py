@@ -1,4 +1,4 @@
-"""The server: it binds the project's address, loads what a build needs, keeps the fork
+"""The server: it claims the project's address, loads what a build needs, keeps the fork
 servers warm, and runs each client's build as ``optbuild.cli.main`` would in the client's
 own process (``session.client_context``), declining a client it is stale for."""
 
@@ -7,11 +7,24 @@ from __future__ import annotations
 import os
 import sys
 
-from optbuild.buildserver.protocol import LOG, MAX_REQUEST, address, identity, peer_uid, same_user, send
+from optbuild.buildserver.protocol import (
+    LOG,
+    MAX_REQUEST,
+    QUIET_ENV,
+    PrivateDir,
+    differences,
+    identity,
+    lock_name,
+    peer_uid,
+    same_user,
+    send,
+    socket_dir,
+    socket_name,
+)
 from optbuild.buildserver.session import client_context, fresh_caches
 
-# Variables a shell sets per folder or per command: they do not restart the fork servers.
-SHELL_NOISE = ("PWD", "OLDPWD", "_")
+REFUSED_LOG_S = 60.0  # refused connections: the first logged, then a count per this many seconds
+THREADS_GRACE_S = 2.0  # a thread a build started that still runs this long after it ends the server
 
 
 class _State:
@@ -71,6 +84,37 @@ def _on_signal(signum: int, frame: object) -> None:
         state.stop = "SIGTERM"
 
 
+class _RefusedLog:
+    """Refused connections in the log: the first, then how many more per ``REFUSED_LOG_S``
+    (a client of another user may connect as fast as it likes; the log must not grow so)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.uids: set[int] = set()
+        self.since: float | None = None
+
+    def refused(self, uid: int) -> None:
+        import time
+
+        if self.since is None:
+            _log(f"refused a connection from uid {uid} (more are counted, once per {REFUSED_LOG_S:g} s)")
+            self.since = time.monotonic()
+            return
+        self.count += 1
+        self.uids.add(uid)
+        self.flush()
+
+    def flush(self, force: bool = False) -> None:
+        """The count so far, when an interval has passed (or ``force``)."""
+        import time
+
+        if self.since is None or not self.count or not force and time.monotonic() - self.since < REFUSED_LOG_S:
+            return
+        uids = ", ".join(str(u) for u in sorted(self.uids))
+        _log(f"refused {self.count} more connection(s) from uid {uids} in {time.monotonic() - self.since:.0f} s")
+        self.count, self.uids, self.since = 0, set(), time.monotonic()
+
+
 class Server:
     def __init__(self, root: str, build_dir: str, idle_s: float):
         import time
@@ -85,6 +129,7 @@ class Server:
         self.sigs: dict[str, object] = {}  # module file -> its signature when first seen
         self.stale: str | None = None  # why the next request must be declined
         self.pool = None
+        self.refused = _RefusedLog()
         from optbuild import noop
 
         self.host = noop.host_facts()
@@ -107,10 +152,8 @@ class Server:
 
         if self.stale:
             return self.stale
-        if client.get("identity") != self.identity:
-            ours, theirs = self.identity, client.get("identity") or {}
-            what = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
-            return f"another interpreter setup ({', '.join(what)})"
+        if what := differences(self.identity, client.get("identity") or {}):
+            return f"the client's setup differs ({'; '.join(what)})"
         if _file_id(self.root) != self.root_id:
             return "the project folder was removed or replaced"
         if noop.host_facts() != self.host:
@@ -132,7 +175,7 @@ class Server:
             _log(f"restarting the fork servers: {why}")
             self.pool.shutdown()
             self.pool = None
-        self.pool = ServedPool(self.root, env=env, quiet_env=SHELL_NOISE)
+        self.pool = ServedPool(self.root, env=env, quiet_env=QUIET_ENV)
         self.pool.prewarm(ONNX_TOOLS)
 
     # --- the loop ---
@@ -141,6 +184,7 @@ class Server:
         import time
 
         while True:
+            self.refused.flush()
             if _STATE.stop:
                 _log(f"stopping: {_STATE.stop}")
                 return
@@ -179,7 +223,7 @@ class Server:
         except OSError:
             return
         if not same_user(uid):
-            _log(f"refused a connection from uid {uid}")
+            self.refused.refused(uid)
             return
         conn.settimeout(10)
         try:
@@ -222,6 +266,57 @@ class Server:
         import threading
         import time
 
+        why = self.why_declined(conn, doc)
+        if why is not None:
+            for fd in fds:
+                os.close(fd)
+            self.decline(conn, why)
+            return
+        started = time.time_ns()
+        self.builds += 1
+        _log(f"build {self.builds} for pid {doc.get('pid')}: optbuild {' '.join(doc['argv'])} (in {doc['cwd']})")
+        state = _STATE
+        state.cancelled = False
+        state.build_id += 1
+        watcher = threading.Thread(target=_watch, args=(conn, threading.main_thread().ident, state, state.build_id),
+                                   name="optbuild-server-client", daemon=True)
+        code: int | None = None  # None: the build was not started (the client builds in-process)
+        threads: set[threading.Thread] = set()
+        try:
+            with client_context(doc, fds, self.root):
+                fds = []
+                self.check_pool(dict(os.environ))
+                threads = set(threading.enumerate())
+                with state.lock:  # from now on the client's Ctrl-C cancels the build
+                    state.building = True
+                send(conn, {"accepted": True, "pid": os.getpid()})
+                code = 2
+                watcher.start()
+                code = _run(self, doc)
+        except KeyboardInterrupt as exc:  # a cancel that came as the build was ending
+            from optbuild.cli import Terminated
+
+            code = 128 + exc.signum if isinstance(exc, Terminated) else 130
+        except BaseException as exc:
+            _log(f"build failed in the server: {type(exc).__name__}: {exc}")
+            self.stale = self.stale or "a build failed in the server"
+            if not isinstance(exc, Exception):
+                raise
+            if code is None:
+                self.decline(conn, f"it could not start the build ({type(exc).__name__}: {exc})")
+        finally:
+            for fd in fds:
+                os.close(fd)
+            with state.lock:
+                state.building = False
+            if code is not None:
+                self.answer(conn, code, watcher)
+            self.watch_modules(started)
+            self.check_threads(threads | {watcher} if threads else set())
+            _log(f"build {self.builds} ended: " + ("not started" if code is None else f"exit {code}"))
+
+    def why_declined(self, conn, doc: dict) -> str | None:
+        """Why this client's build must run in its own process; None to serve it."""
         try:
             why = self.why_stale(doc)
             if why is None and _closed(conn):
@@ -233,62 +328,50 @@ class Server:
                     why = f"the client's folder cannot be entered ({exc})"
         except Exception as exc:  # never build on a doubt
             why = f"{type(exc).__name__}: {exc}"
-        if why is not None:
-            _log(f"declined a build: {why}")
-            if self.stale is None and why != "the client left":
-                self.stale = why
-            for fd in fds:
-                os.close(fd)
-            try:
-                send(conn, {"declined": why})
-            except OSError:
-                pass
-            return
-        started = time.time_ns()
-        self.builds += 1
-        _log(f"build {self.builds} for pid {doc.get('pid')}: optbuild {' '.join(doc['argv'])} (in {doc['cwd']})")
-        state = _STATE
-        state.cancelled = False
-        state.build_id += 1
-        watcher = threading.Thread(target=_watch, args=(conn, threading.main_thread().ident, state, state.build_id),
-                                   name="optbuild-server-client", daemon=True)
-        code = 2
+        return why
+
+    def decline(self, conn, why: str) -> None:
+        """The client builds in its own process (and starts a fresh server: this one ends,
+        but for a client that left)."""
+        _log(f"declined a build: {why}")
+        if self.stale is None and why != "the client left":
+            self.stale = why
         try:
-            with client_context(doc, fds, self.root):
-                fds = []
-                self.check_pool(dict(os.environ))
-                with state.lock:  # from now on the client's Ctrl-C cancels the build
-                    state.building = True
-                send(conn, {"accepted": True, "pid": os.getpid()})
-                watcher.start()
-                code = _run(self, doc)
-        except KeyboardInterrupt as exc:  # a cancel that came as the build was ending
-            from optbuild.cli import Terminated
+            send(conn, {"declined": why})
+        except OSError:
+            pass
 
-            code = 128 + exc.signum if isinstance(exc, Terminated) else 130
-        except BaseException as exc:
-            _log(f"build failed in the server: {type(exc).__name__}: {exc}")
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            for fd in fds:
-                os.close(fd)
-            with state.lock:
-                state.building = False
-            try:
-                send(conn, {"exit": code})
-            except OSError:
-                pass
-            import socket
+    def answer(self, conn, code: int, watcher) -> None:
+        """The build's exit code to its client; then its signals are no longer read."""
+        import socket
 
-            try:
-                conn.shutdown(socket.SHUT_RD)
-            except OSError:
-                pass
-            if watcher.is_alive():
-                watcher.join(5)
-            self.watch_modules(started)
-            _log(f"build {self.builds} ended: exit {code}")
+        try:
+            send(conn, {"exit": code})
+        except OSError:
+            pass
+        try:
+            conn.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+        if watcher.is_alive():
+            watcher.join(5)
+
+    def check_threads(self, before: set) -> None:
+        """A thread the build started that outlives it (a remote transfer stalled past its
+        timeout, abandoned but blocked in a read) would stay in this process for good, and
+        others would pile up: the server ends after such a build, and the thread with it, as
+        it would with an in-process build. ``before``: the threads to leave alone (none
+        when the build did not start)."""
+        import threading
+        import time
+
+        if not before:
+            return
+        deadline = time.monotonic() + THREADS_GRACE_S
+        for thread in set(threading.enumerate()) - before:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if left := sorted(t.name for t in set(threading.enumerate()) - before if t.is_alive()):
+            self.stale = self.stale or f"the build left {len(left)} thread(s) running ({', '.join(left)})"
 
 
 def _run(server: Server, doc: dict) -> int:
@@ -305,6 +388,13 @@ def _run(server: Server, doc: dict) -> int:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         print(exc.code, file=sys.stderr)
+        return 1
+    except Exception:  # as Python reports it in the client's own process: on its stderr
+        import traceback
+
+        traceback.print_exc()
+        _log(f"the build raised:\n{traceback.format_exc()}")
+        server.stale = server.stale or "a build raised an exception in the server"
         return 1
     finally:
         with _STATE.lock:  # first: a signal handled after this no longer cancels anything
@@ -371,33 +461,64 @@ def _file_id(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _claim(root: str) -> tuple[PrivateDir, int]:
+    """The project's server address, this process's: its private folder, and its lock file
+    held (flock; with this pid in it) for as long as this process runs, a stale socket of a
+    server that died replaced. Waits a little for a server that is ending (it declined a
+    client); BlockingIOError if another one runs."""
+    import fcntl
+    import time
+
+    folder = PrivateDir(socket_dir(root), create=True)
+    fd = os.open(folder.file(lock_name(root)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + 3
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                folder.close()
+                raise
+            time.sleep(0.1)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.unlink(folder.file(socket_name(root)))
+    except FileNotFoundError:
+        pass
+    return folder, fd
+
+
 def serve(root: str, build_dir: str, idle_s: float) -> None:
-    """The server's main: bind, load what a build needs, start the fork servers, serve."""
+    """The server's main: claim the address, load what a build needs, start the fork
+    servers, serve."""
     global _STATE, _LOGFILE
     import signal
     import socket
-    import time
 
     _LOGFILE = os.fdopen(os.dup(2), "a", encoding="utf-8", errors="backslashreplace")
     _STATE = _State()
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    deadline = time.monotonic() + 3
-    while True:
-        try:
-            listener.bind(address(root))
-            break
-        except OSError:  # another server runs (or one is ending): it serves, or the next try starts one
-            if time.monotonic() > deadline:
-                _log("another server holds the address; exiting")
-                return
-            time.sleep(0.1)
-    listener.listen(16)
-    server = Server(root, build_dir, idle_s)
-    _log(f"serving {root} (idle limit {idle_s:g} s)")
     try:
+        folder, lock = _claim(root)
+    except BlockingIOError:  # it serves; or the next build starts one
+        _log("another server runs for this project; exiting")
+        return
+    except OSError as exc:  # PermissionError: a folder that is not private
+        _log(f"cannot serve: {exc}")
+        return
+    path = folder.file(socket_name(root))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    server = None
+    try:
+        listener.bind(path)
+        listener.listen(16)
+        server = Server(root, build_dir, idle_s)
+        _log(f"serving {root} (idle limit {idle_s:g} s; socket in {folder.path})")
         import importlib
 
         for name in ("optbuild.api", "optbuild.cli.build", "optbuild.executor", "optbuild.report"):
@@ -408,6 +529,14 @@ def serve(root: str, build_dir: str, idle_s: float) -> None:
         server.serve(listener)
     finally:
         listener.close()
-        if server.pool is not None:
-            server.pool.shutdown()
+        try:
+            os.unlink(path)  # while the lock is held: it is this server's
+        except OSError:
+            pass
+        os.close(lock)
+        folder.close()
+        if server is not None:
+            server.refused.flush(force=True)
+            if server.pool is not None:
+                server.pool.shutdown()
         _log("stopped")

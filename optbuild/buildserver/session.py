@@ -40,6 +40,7 @@ class client_context:
             os.close(fd)
         self.fds.clear()
         set_environment(doc["env"])
+        _forget_tempdir()
         self.saved_umask = os.umask(int(doc["umask"]))
         os.chdir(doc["cwd"])
         sys.argv = ["optbuild", *doc["argv"]]
@@ -78,10 +79,20 @@ class client_context:
             os.umask(self.saved_umask)
         if self.saved_env is not None:
             set_environment(self.saved_env)
+            _forget_tempdir()
         try:
             os.chdir(self.home)
         except OSError:
             os.chdir("/")
+
+
+def _forget_tempdir() -> None:
+    """The temporary folder is found again from the environment now in force: ``tempfile``
+    keeps the one it found first, which may be another client's, or gone since (a fresh
+    process falls back to /tmp then)."""
+    import tempfile
+
+    tempfile.tempdir = None
 
 
 def fresh_caches() -> None:

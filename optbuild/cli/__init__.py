@@ -142,7 +142,7 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
             if code is not None:
                 return code
     code = _run_command(arguments)
-    if serve_root is not None:
+    if serve_root is not None and code in (0, 1):  # not after an error (an invalid project) or a cancel
         from optbuild.buildserver import client
 
         client.spawn(serve_root)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
-from plugins.processes import parents, process_state, reaped, wait_gone, wait_state
+from plugins.processes import parents, process_state, reaped, server_processes, wait_gone, wait_state
 from plugins.projects import ProjectDir
 from test_signals import INTERRUPTED, assert_left_clean, nap_project, wait_for_pids
 
@@ -123,19 +124,92 @@ def test_the_second_build_goes_through_the_server_with_the_clients_env_and_folde
     assert proj.read("build/r/p/data.txt") == "a one"
 
     proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
-    second = optbuild(tmp_path, "-C", "proj", "build", env={"PROBE": "b"})
+    second = optbuild(tmp_path, "-C", "proj", "build", env={"PROBE": "a"})
     assert second.returncode == 0, second.stderr
     assert served_by(second.stderr) == server["pid"]
     assert "built    r:p" in second.stderr and "ok: 1 built" in second.stderr  # the server wrote to our stderr
-    assert proj.read("build/r/p/data.txt") == "b two"
+    assert proj.read("build/r/p/data.txt") == "a two"
     log = Path(server["log"]).read_text()
     assert "build 1 for pid" in log and "(in " + str(tmp_path) + ")" in log
 
     # an error is reported as locally, through the server
-    bad = optbuild(tmp_path, "-C", "proj", "build", "r:nothing")
+    bad = optbuild(tmp_path, "-C", "proj", "build", "r:nothing", env={"PROBE": "a"})
     assert served_by(bad.stderr) == server["pid"]
     assert bad.returncode == 2 and "error:" in bad.stderr
     assert status(proj.root)["builds"] == 2
+
+
+@pytest.mark.parametrize("variable", ["PROBE", "TMPDIR"])
+def test_a_client_whose_steps_would_see_another_environment_builds_in_its_own_process(tmp_path, servers, variable):
+    """Steps see the client's environment; a server started under another one may hold what
+    it read from it at start (the temporary folder, a library's settings): it declines."""
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    (tmp_path / "tmp1").mkdir()
+    (tmp_path / "tmp2").mkdir()
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build", env={"PROBE": "a", "TMPDIR": str(tmp_path / "tmp1")}).returncode == 0
+    server = wait_for_server(proj.root)
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    other = {"PROBE": "a", "TMPDIR": str(tmp_path / "tmp1"), variable: str(tmp_path / "tmp2")}
+    declined = optbuild(proj.root, "build", env=other)
+    assert declined.returncode == 0, declined.stderr
+    assert served_by(declined.stderr) is None
+    assert f"the client's setup differs (environment: {variable})" in declined.stderr
+    assert proj.read("build/r/p/data.txt") == f"{other['PROBE']} two"
+    assert wait_gone([server["pid"]], 20)  # the next server is started under the client's environment
+    assert wait_for_server(proj.root, not_pid=server["pid"])["pid"] != server["pid"]
+
+
+def test_a_server_whose_temporary_folder_is_gone_builds_as_a_fresh_process_would(tmp_path, servers):
+    """A fresh process whose $TMPDIR does not exist uses /tmp; so does the server, which used
+    to keep the folder it found first and fail every build once it was gone, saying nothing."""
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    gone = tmp_path / "tmp"
+    gone.mkdir()
+    env = {"PROBE": "a", "TMPDIR": str(gone)}
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build", env=env).returncode == 0
+    server = wait_for_server(proj.root)
+    gone.rmdir()
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    served = optbuild(proj.root, "build", env=env)
+    assert served.returncode == 0, served.stderr
+    assert served_by(served.stderr) == server["pid"] and proj.read("build/r/p/data.txt") == "a two"
+
+
+def test_a_client_in_another_mount_namespace_builds_in_its_own_process(tmp_path, servers):
+    """It may see other files, or the same ones read-only, at the same paths."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("unshare -m is not allowed here (test_world_names_the_mount_namespace_and_root covers it)")
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    unshared = subprocess.run(["unshare", "-m", sys.executable, "-m", "optbuild", "build"], cwd=proj.root,
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, **SERVED})
+    assert unshared.returncode == 0, unshared.stderr
+    assert served_by(unshared.stderr) is None and "the client's setup differs (mount namespace)" in unshared.stderr
+    assert wait_gone([server["pid"]], 20)
+
+
+def test_world_names_the_mount_namespace_and_root(tmp_path):
+    """Read from this process's /proc: what a client in another namespace or root differs by."""
+    found = protocol.world()
+    mnt, root = os.stat("/proc/self/ns/mnt"), os.stat("/")
+    assert found == {"mount_namespace": [mnt.st_dev, mnt.st_ino], "root": [root.st_dev, root.st_ino]}
+    ours = protocol.identity()
+    assert protocol.differences(ours, ours) == []
+    chrooted = {**ours, "root": [root.st_dev, root.st_ino + 1]}
+    unshared = {**ours, "mount_namespace": [mnt.st_dev, mnt.st_ino + 1]}
+    assert protocol.differences(ours, chrooted) == ["root"]
+    assert protocol.differences(ours, unshared) == ["mount namespace"]
+    secret = {**ours, "env": {**ours["env"], "API_TOKEN": "s3cr3t"}}
+    assert protocol.differences(ours, secret) == ["environment: API_TOKEN"]  # its name, never its value
 
 
 def napping_through_a_server(tmp_path: Path, servers: list[Path]) -> tuple[ProjectDir, dict, subprocess.Popen]:
@@ -144,10 +218,11 @@ def napping_through_a_server(tmp_path: Path, servers: list[Path]) -> tuple[Proje
     proj = nap_project(tmp_path / "proj", seconds=60)
     servers.append(proj.root)
     (tmp_path / "pids").mkdir()
+    env = {"NAP_PIDS": str(tmp_path / "pids")}  # one environment: a client under another is declined
     time.sleep(RACY_S)
-    assert optbuild(proj.root, "build", "naps:src").returncode == 0
+    assert optbuild(proj.root, "build", "naps:src", env=env).returncode == 0
     server = wait_for_server(proj.root)
-    return proj, server, popen(proj.root, "build", env={"NAP_PIDS": str(tmp_path / "pids")})
+    return proj, server, popen(proj.root, "build", env=env)
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
@@ -164,10 +239,11 @@ def test_a_signal_to_the_client_cancels_the_build_in_the_server_with_the_local_e
     assert proc.returncode == code, stderr
     assert served_by(stderr) == server["pid"]
     assert INTERRUPTED in stderr and "Traceback" not in stderr
+    assert "skipped  naps:a  (cancelled)" in stderr and "skipped  naps:b  (cancelled)" in stderr
     assert wait_gone(workers, 10)
     assert_left_clean(proj)
     assert status(proj.root)["pid"] == server["pid"]  # the server lives on, and serves
-    again = optbuild(proj.root, "build", "naps:src")
+    again = optbuild(proj.root, "build", "naps:src", env={"NAP_PIDS": str(tmp_path / "pids")})
     assert again.returncode == 0 and served_by(again.stderr) == server["pid"]
 
 
@@ -201,7 +277,7 @@ def test_ctrl_z_stops_the_build_in_the_server_and_fg_resumes_it(tmp_path, server
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130 and INTERRUPTED in stderr, stderr
     assert_left_clean(proj)
-    again = optbuild(proj.root, "build", "naps:src")  # its fork servers run again
+    again = optbuild(proj.root, "build", "naps:src", env={"NAP_PIDS": str(tmp_path / "pids")})  # its fork servers run again
     assert again.returncode == 0 and served_by(again.stderr) == server["pid"]
 
 
@@ -231,7 +307,7 @@ def test_a_client_under_another_nice_level_is_served_by_a_server_started_under_i
                            text=True, timeout=120, check=False, env={**os.environ, **SERVED},
                            preexec_fn=lambda: os.nice(5))
     assert niced.returncode == 0, niced.stderr
-    assert served_by(niced.stderr) is None and "another interpreter setup (limits)" in niced.stderr
+    assert served_by(niced.stderr) is None and "the client's setup differs (limits)" in niced.stderr
     assert wait_gone([server["pid"]], 20)
     restarted = wait_for_server(proj.root, not_pid=server["pid"])
     assert os.getpriority(os.PRIO_PROCESS, restarted["pid"]) == os.getpriority(os.PRIO_PROCESS, 0) + 5
@@ -307,32 +383,69 @@ def test_server_status_and_stop(tmp_path, servers):
     assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
 
 
-def test_on_by_default_off_under_ci_and_the_environment_or_the_project_decides(tmp_path, monkeypatch):
+def test_off_by_default_and_the_project_or_the_environment_turns_it_on(tmp_path, monkeypatch):
     root = str(tmp_path)
     config = tmp_path / "optbuild.toml"
     config.write_text("[build]\njobs = 2\n")
     monkeypatch.delenv("OPTBUILD_SERVER", raising=False)
     monkeypatch.delenv("CI", raising=False)
-    assert protocol.enabled(root)
-    assert not protocol.enabled(None)  # no project: nothing to serve
-    monkeypatch.setenv("CI", "true")  # a CI machine is thrown away after one build
     assert not protocol.enabled(root)
+    assert not protocol.enabled(None)  # no project: nothing to serve
     monkeypatch.setenv("OPTBUILD_SERVER", "1")
     assert protocol.enabled(root)
     config.write_text("[build]\nserver = true\nserver_idle_s = 60\n")
     monkeypatch.setenv("OPTBUILD_SERVER", "0")  # the environment wins, either way
     assert not protocol.enabled(root)
     monkeypatch.delenv("OPTBUILD_SERVER")
-    assert protocol.enabled(root) and protocol.idle_limit(root) == 60  # the project wins over $CI
-    monkeypatch.delenv("CI")
+    assert protocol.enabled(root) and protocol.idle_limit(root) == 60
     config.write_text("[build]\nserver = false\n")
     assert not protocol.enabled(root)
     monkeypatch.setenv("OPTBUILD_SERVER_IDLE_S", "5")
     assert protocol.idle_limit(root) == 5
-    config.write_text('[build]\nserver = "yes"\n')  # not a boolean: the default here, an error in the build
-    assert protocol.enabled(root)
-    config.write_text("[build\nserver = false\n")
-    assert protocol.enabled(root)
+    config.write_text('[build]\nserver = "yes"\n')  # not a boolean: off here, an error in the build
+    assert not protocol.enabled(root)
+    monkeypatch.setenv("OPTBUILD_SERVER", "1")  # a file that does not parse: reported in-process, whatever asks
+    config.write_text("[build\nserver = true\n")
+    assert not protocol.enabled(root)
+    config.write_text(DEEP)
+    assert not protocol.enabled(root)
+
+
+def test_a_build_starts_no_server_unless_asked(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    quiet = {"OPTBUILD_SERVER": "", "CI": ""}  # unset, as far as optbuild reads them
+    built = optbuild(proj.root, "build", env=quiet)
+    assert built.returncode == 0, built.stderr
+    assert "server" not in built.stderr
+    proj.write("optbuild.toml", proj.read("optbuild.toml") + "\n[build]\nserver = true\n")
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')  # not a no-op
+    asked = optbuild(proj.root, "build", env=quiet)
+    assert asked.returncode == 0 and "started a build server" in asked.stderr
+    wait_for_server(proj.root)
+    assert server_processes(proj.root)
+
+
+DEEP = "x = " + "[" * 5000 + "]" * 5000 + "\n"
+
+
+@pytest.mark.parametrize("broken", ["deep nesting", "invalid step"])
+def test_a_project_that_does_not_load_is_reported_as_plan_reports_it_and_starts_no_server(tmp_path, servers,
+                                                                                        broken):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    if broken == "deep nesting":
+        proj.write("optbuild.toml", proj.read("optbuild.toml") + DEEP)
+    else:
+        proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = 3\n')
+    plan = optbuild(proj.root, "plan")
+    build = optbuild(proj.root, "build")
+    assert plan.returncode == build.returncode == 2, build.stderr
+    error = [line for line in plan.stderr.splitlines() if line.startswith("error:")]
+    assert error and all(line in build.stderr for line in error)
+    assert "Traceback" not in build.stderr and "started a build server" not in build.stderr
+    time.sleep(1)
+    assert server_processes(proj.root) == []
 
 
 # --- the peer check ---------------------------------------------------------------------------
@@ -343,6 +456,7 @@ def test_only_the_same_user_is_served(monkeypatch, tmp_path):
     assert protocol.peer_uid(mine) == os.getuid()  # the real SO_PEERCRED answer
     monkeypatch.setattr(served, "peer_uid", lambda sock: os.getuid() + 1)
     server = served.Server.__new__(served.Server)
+    server.refused = served._RefusedLog()
     with mine, theirs:
         protocol.send(theirs, {"op": "status"})
         server.handle(mine)  # refused: nothing read, nothing answered
@@ -358,8 +472,8 @@ def test_a_client_talks_only_to_a_server_of_its_own_user(monkeypatch, tmp_path, 
     proj = probe_project(tmp_path / "proj")
     root = os.path.realpath(proj.root)
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with squatter:
-        squatter.bind(protocol.address(root))
+    with squatter, protocol.PrivateDir(protocol.socket_dir(root), create=True) as folder:
+        squatter.bind(folder.file(protocol.socket_name(root)))
         squatter.listen(1)
         monkeypatch.setattr(protocol, "peer_uid", lambda sock: os.getuid() + 1)
         monkeypatch.setenv("OPTBUILD_SERVER", "1")
@@ -368,9 +482,108 @@ def test_a_client_talks_only_to_a_server_of_its_own_user(monkeypatch, tmp_path, 
     assert "belongs to uid" in capsys.readouterr().err
 
 
-def test_the_address_is_abstract_and_per_user_and_project(tmp_path):
-    a, b = protocol.address(str(tmp_path / "a")), protocol.address(str(tmp_path / "b"))
-    assert a.startswith("\0") and a != b and len(a.encode()) < 108
+def test_refused_connections_are_counted_not_each_logged(monkeypatch, tmp_path):
+    """Another user's client may connect as fast as it likes (72,909 times in 3 s once): the
+    first is logged, then a count per interval."""
+    log = tmp_path / "server.log"
+    monkeypatch.setattr(served, "_LOGFILE", log.open("a"))
+    monkeypatch.setattr(served, "peer_uid", lambda sock: os.getuid() + 1)
+    server = served.Server.__new__(served.Server)
+    server.refused = served._RefusedLog()
+    for _ in range(2000):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with mine, theirs:
+            server.handle(mine)
+    server.refused.flush(force=True)
+    served._LOGFILE.flush()
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2, lines
+    assert f"refused a connection from uid {os.getuid() + 1}" in lines[0]
+    assert f"refused 1999 more connection(s) from uid {os.getuid() + 1}" in lines[1]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs another uid to connect as")
+def test_another_user_cannot_even_reach_the_socket(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    assert optbuild(proj.root, "build").returncode == 0
+    wait_for_server(proj.root)
+    folder = Path(protocol.socket_dir(os.path.realpath(proj.root)))
+    # from the folder's parent (the test's own folders are 0700 too), as uid and gid 65534
+    probe = ("import os, socket, sys; os.setgid(65534); os.setuid(65534); "
+             "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+             "try:\n s.connect(sys.argv[1])\nexcept PermissionError:\n sys.exit(13)\n")
+    name = f"{folder.name}/{protocol.socket_name(os.path.realpath(proj.root))}"
+    assert subprocess.run([sys.executable, "-c", probe, name], cwd=folder.parent, timeout=30,
+                          check=False).returncode == 13
+
+
+def test_the_socket_lives_in_a_private_folder(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    folder = Path(protocol.socket_dir(os.path.realpath(proj.root)))
+    st = folder.lstat()
+    assert stat.S_ISDIR(st.st_mode) and st.st_mode & 0o777 == 0o700 and st.st_uid == os.getuid()
+    assert protocol.server_pid(os.path.realpath(proj.root)) == server["pid"]
+
+
+@pytest.mark.parametrize("planted", ["open to others", "a link"])
+def test_a_socket_folder_that_is_not_private_is_not_used(tmp_path, servers, planted):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    folder = Path(protocol.socket_dir(os.path.realpath(proj.root)))
+    folder.parent.mkdir(parents=True)
+    if planted == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "elsewhere")
+    else:
+        folder.mkdir()
+        folder.chmod(0o755)
+    built = optbuild(proj.root, "build")
+    assert built.returncode == 0, built.stderr
+    assert f"the build server's folder {folder} is not" in built.stderr and "building in this process" in built.stderr
+    time.sleep(1)
+    assert server_processes(proj.root) == []
+
+
+def test_a_project_at_a_path_longer_than_a_unix_socket_address_is_served(tmp_path, servers):
+    proj = probe_project(tmp_path / ("long-" + "x" * 60) / ("y" * 60) / "proj")
+    servers.append(proj.root)
+    assert len(protocol.socket_dir(str(proj.root))) > 108
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    again = optbuild(proj.root, "build")
+    assert again.returncode == 0 and served_by(again.stderr) == server["pid"]
+
+
+# --- a hung server ------------------------------------------------------------------------------
+def test_a_stopped_server_is_named_and_skipped_and_server_stop_ends_it(tmp_path, servers):
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    os.kill(server["pid"], signal.SIGSTOP)
+    try:
+        proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+        started = time.monotonic()
+        built = optbuild(proj.root, "build", timeout=60)
+        assert time.monotonic() - started < 20
+        assert built.returncode == 0, built.stderr
+        assert f"the build server (pid {server['pid']}) is stopped" in built.stderr
+        assert f"kill -9 {server['pid']}" in built.stderr and proj.read("build/r/p/data.txt") == "None two"
+        shown = optbuild(proj.root, "server", "status", timeout=30)
+        assert f"build server pid {server['pid']} for" in shown.stdout and "is stopped" in shown.stdout
+        stop = optbuild(proj.root, "server", "stop", timeout=60)
+        assert stop.returncode == 0 and f"the build server (pid {server['pid']})" in stop.stderr
+        assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
+    finally:
+        if process_state(server["pid"]) == "T":  # the servers fixture ends it
+            os.kill(server["pid"], signal.SIGCONT)
 
 
 # --- staleness, caches --------------------------------------------------------------------------
@@ -389,7 +602,7 @@ def test_a_server_declines_another_interpreter_a_changed_module_or_a_replaced_pr
     ours = {"identity": protocol.identity()}
     assert server.why_stale(ours) is None
     other = {"identity": {**ours["identity"], "executable": "/usr/bin/python9"}}
-    assert server.why_stale(other) == "another interpreter setup (executable)"
+    assert server.why_stale(other) == "the client's setup differs (executable)"
     module.write_text("X = 22\n")
     assert server.why_stale(ours) == f"{module} changed since it was loaded"
     module.write_text("X = 1\n")
