@@ -232,7 +232,7 @@ def _clean_folder(project: Project, folder: Path, kind: Kind, made: set[str] | f
             continue
         _delete(child)
         cleaned.removed.append(child)
-    if kind == "build" and not left:
+    if kind == "build" and not left and not folder.is_symlink():  # a link's target is not ours to remove
         (folder / MARKER).unlink(missing_ok=True)
         folder.rmdir()
         cleaned.removed = [p for p in cleaned.removed if p.parent != folder] + [folder]

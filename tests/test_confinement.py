@@ -146,6 +146,18 @@ def test_the_folders_optbuild_makes_carry_its_marker_and_clean_removes_them(proj
     assert not (project.root / "build").exists()
 
 
+def test_a_build_folder_that_is_a_symbolic_link_is_emptied_and_the_link_kept(project):
+    real = project.root / "outputs-disk"
+    real.mkdir()
+    (project.root / "build").symlink_to(real)
+    assert project.cli("build").returncode == 0
+    assert (real / "chain/out").is_dir()
+
+    run = project.cli("clean")
+    assert run.returncode == 0 and f"removed {project.root / 'build/chain'}" in run.stdout
+    assert (project.root / "build").is_symlink() and list(real.iterdir()) == []
+
+
 def test_folders_made_before_markers_existed_are_known_by_their_layout(project):
     """An earlier optbuild wrote no marker: its build folder holds .logs/ (or .optbuild/), its
     cache cas/ and ac/; clean takes what optbuild made there, and the step folders of recipes
