@@ -71,12 +71,20 @@ def wait_for_pids(folder: Path, count: int, proc: subprocess.Popen | None = None
 
 
 def assert_left_clean(proj: ProjectDir) -> None:
-    """Finished steps kept; nothing of the naps: no scratch folder, entry or output."""
+    """Finished steps kept; nothing of the naps: no scratch folder, entry, output or failure
+    log (they were cancelled, not failed)."""
     store = LocalStore(proj.root / "cache", FileHasher(None))
     assert [e.step for _, e in store.iter_entries()] == ["naps:src"]
     assert proj.read("build/naps/src/data.txt") == "hello"
     assert not any((proj.root / "cache/tmp").iterdir())
     assert not (proj.root / "build/naps/a").exists() and not (proj.root / "build/naps/b").exists()
+    assert not (proj.root / "build/.logs").exists()
+
+
+def assert_cancelled(stderr: str) -> None:
+    """The running naps read as cancelled, as the user asked, not as failures."""
+    assert "skipped  naps:a  (cancelled)" in stderr and "skipped  naps:b  (cancelled)" in stderr
+    assert "failed" not in stderr
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -94,6 +102,7 @@ def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_ha
         assert time.monotonic() - sent < 10
     assert proc.returncode == status, stderr
     assert INTERRUPTED in stderr and "Traceback" not in stderr
+    assert_cancelled(stderr)
     assert not any(alive(pid) for pid in workers)
     assert_left_clean(proj)
 

@@ -85,13 +85,15 @@ def server_processes(root: Path, *, below: bool = False) -> list[int]:
 
 def end(pids: list[int]) -> list[int]:
     """SIGTERM every 2 s (a server stops as when idle; one still cleaning up a cancelled build
-    ignores it until that is done), then SIGKILL for those still there after 20 s (their
-    fork servers die with them); the pids that needed it."""
+    ignores it until that is done; a stopped one is continued to act on it), then SIGKILL
+    for those still there after 20 s (their fork servers die with them); the pids that
+    needed it."""
     deadline = time.monotonic() + 20
     while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGCONT)
         wait_gone(left, 2)
     stuck = [pid for pid in pids if alive(pid)]
     for pid in stuck:
