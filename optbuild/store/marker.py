@@ -17,12 +17,14 @@ Kind = Literal["build", "cache"]
 MARKER = ".optbuild-folder"
 _TEXT = "made by optbuild as a {kind} folder: `optbuild clean` deletes what optbuild made in it\n"
 
-# What optbuild itself makes at the top of each kind of folder (a build folder also holds one
-# folder per recipe, which the caller names).
+# The stat cache (optbuild.digest), its SQLite companions, and the copies of a damaged one set aside.
+_STATCACHE = {f"statcache.sqlite{part}{aside}" for part in ("", "-journal", "-wal", "-shm")
+              for aside in ("", ".damaged")}
+# What optbuild itself makes at the top of each kind of folder, its marker aside (a build
+# folder also holds one folder per recipe, which the caller names).
 MADE_INSIDE: dict[Kind, frozenset[str]] = {
-    "build": frozenset({".optbuild", ".logs", ".lockfile.lock", MARKER}),
-    "cache": frozenset({"cas", "ac", "tmp", "locks", "failed", "state", "stats.jsonl", "statcache.sqlite",
-                        "statcache.sqlite-journal", "statcache.sqlite-wal", "statcache.sqlite-shm", MARKER}),
+    "build": frozenset({".optbuild", ".logs", ".lockfile.lock"}),
+    "cache": frozenset({"cas", "ac", "tmp", "locks", "failed", "state", "stats.jsonl", *_STATCACHE}),
 }
 # What only optbuild puts in such a folder, so that one made before markers existed is known:
 # a cache holds all of these folders, a build folder at least one of them.
