@@ -821,9 +821,10 @@ class RemoteSession:
         """Upload ``entry``'s blobs (those the remote lacks), then the entry.
 
         Returns "uploaded", "present" (``skip_if_present`` and the remote already has an
-        acceptable entry for the key), "refused" (the remote holds a valid entry signed
-        with a key this host lacks: it is left alone), "failed" or "off" (remote disabled
-        or read-only). The caller holds the local store's shared gc lock so the blobs stay put.
+        acceptable entry for the key), "refused" (the remote holds a valid signed entry and
+        this host has no key: it is left alone; a key holder meeting one signed with another
+        key uploads its own beside it), "failed" or "off" (remote disabled or read-only). The
+        caller holds the local store's shared gc lock so the blobs stay put.
         """
         if not self._usable(writing=True):
             return "off"
