@@ -86,9 +86,9 @@ def idle_limit(root: str) -> float:
 
 def socket_dir(root: str) -> str:
     """The private folder of the server's socket and lock: $XDG_RUNTIME_DIR/optbuild (the
-    user's own tmpfs, where set), else the project's build/.optbuild/server."""
+    user's own tmpfs, where set and there), else the project's build/.optbuild/server."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    if os.path.isabs(runtime):
+    if os.path.isabs(runtime) and os.path.isdir(runtime):
         return os.path.join(runtime, "optbuild")
     from optbuild import noop
 

@@ -78,6 +78,13 @@ def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 @pytest.fixture(autouse=True)
+def sockets_in_the_build_folder(monkeypatch):
+    """Servers' sockets and lock files under the test's own folder, not the user's
+    $XDG_RUNTIME_DIR (a test that wants it there sets it)."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def job_control():
     """Clients start with SIGTSTP at its default, as a shell with job control starts them: the
     test runner may run with it ignored, which they would inherit."""
@@ -521,13 +528,21 @@ def test_another_user_cannot_even_reach_the_socket(tmp_path, servers):
                           check=False).returncode == 13
 
 
-def test_the_socket_lives_in_a_private_folder(tmp_path, servers):
+@pytest.mark.parametrize("runtime", ["XDG_RUNTIME_DIR", "the build folder"])
+def test_the_socket_lives_in_a_private_folder(tmp_path, servers, monkeypatch, runtime):
     proj = probe_project(tmp_path / "proj")
     servers.append(proj.root)
+    if runtime == "XDG_RUNTIME_DIR":
+        (tmp_path / "run").mkdir(mode=0o700)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+        expected = tmp_path / "run" / "optbuild"
+    else:
+        expected = proj.root / "build" / ".optbuild" / "server"
     time.sleep(RACY_S)
     assert optbuild(proj.root, "build").returncode == 0
     server = wait_for_server(proj.root)
     folder = Path(protocol.socket_dir(os.path.realpath(proj.root)))
+    assert folder == expected and folder.is_dir()
     st = folder.lstat()
     assert stat.S_ISDIR(st.st_mode) and st.st_mode & 0o777 == 0o700 and st.st_uid == os.getuid()
     assert protocol.server_pid(os.path.realpath(proj.root)) == server["pid"]
