@@ -176,6 +176,7 @@ def main() -> None:
         make_bucket(endpoint, "noop")
         s3 = f'[remote]\nurl = "s3://noop/cache"\nendpoint_url = "{endpoint}"\n'
         shared = tmp / "shared-mount"
+        shared.mkdir()  # a file:// remote must exist: optbuild does not create it
         text = chain(args.steps)
         kinds = 'text = "kinds.py:Text"\njoin = "kinds.py:Join"'
         proj_s3 = project(tmp / "noop-s3", s3, text, kinds)

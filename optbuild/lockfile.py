@@ -118,7 +118,7 @@ def _move_aside(path: Path) -> Path:
 
 def update(path: Path, records: dict[str, dict[str, Any]], lock_path: Path) -> bool:
     """Merge ``records`` into the lock file under ``lock_path``; returns whether it changed."""
-    with locked(lock_path, mode=0o666):
+    with locked(lock_path):
         state = load(path)
         if state.damage is not None:
             log.warning("moved the damaged %s (%s) to %s", path, state.damage, _move_aside(path))
