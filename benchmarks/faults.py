@@ -1,6 +1,8 @@
-"""Fault figures: does the cache survive kills, races, corruption and a hostile remote?
+"""Fault figures: does the cache survive kills, races, corruption, a hostile remote, forged
+build-farm tasks and the build server?
 
     python benchmarks/faults.py [--kills 100] [--builders 4 --runs 25] [--rounds 3] [--edits 6]
+                                [--forgeries 10] [--rewirings 8] [--only CATEGORY...]
                                 [--quick] [--json]
 
 Every category runs in throw-away projects (the fast test kinds of tests/fixtures/kinds.py
@@ -27,7 +29,23 @@ tries, builds that failed when they should not have, invariant violations, data 
      interpreter (its .pyc written to __pycache__, as a test run or a REPL leaves it), then
      edited within the same second at the same size (`SCALE = 21.25` -> `SCALE = 21.75`,
      mtime set back): CPython would take that .pyc as current. The build that follows must
-     export a model computing the new value (a build that says ok with the old one lost data).
+     export a model computing the new value (a build that says ok with the old one lost data);
+  6. dask-forged: a `dask scheduler` and two `optbuild worker` nodes on 127.0.0.1 (the signed
+     file:// remote on their command line, the signing key in their own environment); after an
+     honest build on them, forged tasks go straight to the scheduler: a real step's key and
+     key material with other input bytes or other upstream outputs, other key material under
+     the real key, another class of the kind's file, a built-in kind's implementation. A try
+     loses data if the node builds it, or the remote changes at all, or a key holder with an
+     empty cache then restores anything but the honest outputs;
+  7. unsigned-rewired: on an unsigned file:// remote, one output of an entry is pointed at
+     another blob of the remote (every other try with the size it records made to match, so
+     that the entry names an intact blob, only not its own); `optbuild cache audit` must not
+     say all intact (a violation), and a fresh host's build must give what a clean local
+     build gives (else data lost);
+  8. server: the kills and stale bytecode categories again with the build server on
+     (OPTBUILD_SERVER=1; ENV keeps it off elsewhere), then `optbuild server stop` in each of
+     their projects. Whatever the run leaves running (a server, a fork server, a Dask node:
+     each carries FAULTS_SUITE_RUN in its environment) is killed by pid at the end, and said.
 
 Exits 1 if any data was lost. Checks that fail today are reported, never a crash.
 """
@@ -54,11 +72,14 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
+from faults_dask import FORGERIES, Farm, Forged, deps_of, honest_task, send, start_farm
+
 REPO = Path(__file__).resolve().parent.parent
 KINDS = REPO / "tests" / "fixtures" / "kinds.py"
 # As on a user's machine: bytecode cached (see bench.py).
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "OPTBUILD_REMOTE")},
-       "OPTBUILD_SERVER": "0"}  # no build server left in the temporary projects
+       "OPTBUILD_SERVER": "0"}  # no build server left in the temporary projects (with_server turns it on)
+RUN_MARKER = "FAULTS_SUITE_RUN"  # in ENV, with a value of this run's own: finds what it left running
 SIGNING_ENV = "FAULTS_SIGNING_KEY"
 SIGNING_KEY = "faults-suite-signing-key"
 BUILD_TIMEOUT = 120.0  # a follow-up build slower than this is taken to wait on a stale lock
@@ -94,6 +115,14 @@ class Blob(Step):
                 f.flush()
                 time.sleep(self.params.sleep / len(chunks))
         (ctx.out_dir / "data.txt").write_text(text + "|" + hashlib.sha256(data).hexdigest()[:16])
+
+
+class Shadow(Blob):
+    """Blob's params, other bytes: a forged Dask task names it under a Blob step's key."""
+
+    def run(self, ctx: StepContext) -> None:
+        (ctx.out_dir / "blob.bin").write_bytes(b"shadow")
+        (ctx.out_dir / "data.txt").write_text("forged by Shadow")
 '''
 
 PIPELINE = """\
@@ -265,7 +294,7 @@ class References:
         if variant not in self.done:
             root = self.root
             set_input(root, variant)
-            run = optbuild(root, "build", "--no-remote")
+            run = optbuild(root, "build", "--no-remote", env={"OPTBUILD_SERVER": "0"})  # the server's judge
             if run.returncode != 0:
                 sys.exit(f"reference build failed (the suite cannot judge anything):\n{run.stderr[-3000:]}")
             self.done[variant] = build_digests(root)
@@ -374,8 +403,8 @@ def check_build(fig: Figures, root: Path, expected: dict[str, str], label: str, 
 
 
 # --- 1. kills ------------------------------------------------------------------------------
-def suite_kills(tmp: Path, refs: References, kills: int, rng: random.Random) -> Figures:
-    fig = Figures("kills")
+def suite_kills(tmp: Path, refs: References, kills: int, rng: random.Random, name: str = "kills") -> Figures:
+    fig = Figures(name)
     started = time.perf_counter()
     root = make_project(tmp / "kills")
     first = optbuild(root, "build", "--no-remote")
@@ -383,9 +412,11 @@ def suite_kills(tmp: Path, refs: References, kills: int, rng: random.Random) -> 
         fig.failed += 1
         fig.note(f"first build failed: {first.tail()}")
         return fig
+    shutil.rmtree(root / "cache")  # a full build again, timed as the kills' builds run: through the
+    full = optbuild(root, "build", "--no-remote").seconds  # build server where it is on (the first starts it)
     noop = optbuild(root, "build", "--no-remote").seconds
     # kill within the time the build about to run takes (a no-op one is over in `noop`)
-    typical = {"edit": first.seconds, "drop-entries": first.seconds * 0.7, "wipe-cache": first.seconds,
+    typical = {"edit": full, "drop-entries": full * 0.7, "wipe-cache": full,
                "wipe-build": noop * 1.5, "none": noop * 1.2}
     current = VARIANTS[0]
     for i in range(kills):
@@ -972,8 +1003,8 @@ def exported_scale(model: Path) -> float:
     return float(out.ravel()[0])
 
 
-def suite_bytecode(tmp: Path, edits: int, rng: random.Random) -> Figures:
-    fig = Figures("stale bytecode")
+def suite_bytecode(tmp: Path, edits: int, rng: random.Random, name: str = "stale bytecode") -> Figures:
+    fig = Figures(name)
     started = time.perf_counter()
     root = tmp / "bytecode"
     helper = root / "recipes" / "m" / "helper.py"
@@ -1015,16 +1046,230 @@ def suite_bytecode(tmp: Path, edits: int, rng: random.Random) -> Figures:
     return fig
 
 
+# --- 6. forged Dask tasks -------------------------------------------------------------------
+KIND_FILES = {"text": "kinds.py", "join": "kinds.py", "blob": "blob.py"}  # as make_project maps them
+FORGED_BYTES = b"forged by the fault suite"
+
+
+def _lock_keys(root: Path) -> dict[str, str]:
+    return {sid: rec["key"] for sid, rec in json.loads((root / "optbuild.lock").read_text())["steps"].items()}
+
+
+def _forged_tasks(root: Path, remote: Path, keys: dict[str, str], rng: random.Random, count: int) -> list[Forged]:
+    """``count`` forged tasks, every forgery in turn, each on a step it applies to, made from
+    the honest build's remote entries. The attacker's bytes are put in the remote first, so
+    that only the node's own checks stand between them and a signed entry."""
+    from optbuild.digest import digest_bytes
+
+    digest = digest_bytes(FORGED_BYTES)
+    blob_path(remote, digest).parent.mkdir(parents=True, exist_ok=True)
+    put(blob_path(remote, digest), FORGED_BYTES)
+    entries = {sid: json.loads(_split(entry_path(remote, key).read_bytes())[1]) for sid, key in keys.items()}
+    deps = deps_of(PIPELINE, "faults")
+    forgeries = list(FORGERIES.items())
+    tasks: list[Forged] = []
+    while len(tasks) < count:
+        name, forge = forgeries[len(tasks) % len(forgeries)]
+        for sid in rng.sample(sorted(keys), len(keys)):
+            entry = entries[sid]
+            honest = honest_task(entry, entries, deps[sid], KIND_FILES[entry["ingredients"]["kind"]], root,
+                                 remote.as_uri())
+            if forged := forge(honest, digest, len(FORGED_BYTES)):
+                tasks.append(Forged(forged.task, f"{name} on {sid}: {forged.what}", forged.because))
+                break
+        else:
+            raise RuntimeError(f"the forgery {name!r} applies to no step of the pipeline")
+    return tasks
+
+
+def _judge_answer(fig: Figures, forged: Forged, answer: dict) -> bool:
+    """Whether the node built and stored the forged task (data lost). A task that failed
+    unrefused (the node ran it, or failed to fetch) is a violation, and a refusal for another
+    reason than the forgery is noted: those tries proved less than they meant to."""
+    error = str(answer.get("error", ""))
+    if answer.get("ok"):
+        fig.note(f"{forged.what}: the node built it and stored a signed entry")
+        return True
+    if not error.startswith("refused:"):
+        fig.violations += 1
+        fig.note(f"{forged.what}: not refused, it failed: {error[:200]}")
+        return False
+    if forged.because in error:
+        fig.count("refused, naming the forgery")
+    else:
+        fig.count("refused for another reason")
+        fig.note(f"{forged.what}: refused, but not for the forgery: {error[:200]}")
+    return False
+
+
+def suite_dask_forged(tmp: Path, refs: References, tries: int, rng: random.Random) -> Figures:
+    fig = Figures("dask-forged")
+    started = time.perf_counter()
+    top = tmp / "dask"
+    remote = top / "remote"
+    remote.mkdir(parents=True)
+    farm = start_farm(top / "farm", remote.as_uri(), 2, ENV, {"OPTBUILD_SIGNING_KEY": SIGNING_KEY})
+    try:
+        _forge(fig, top, remote, farm, refs, tries, rng)
+    finally:
+        farm.stop()
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
+def _forge(fig: Figures, top: Path, remote: Path, farm: Farm, refs: References, tries: int,
+           rng: random.Random) -> None:
+    """An honest signed build on the farm, then each forged task straight to the scheduler,
+    judged by the node's answer, the remote (byte for byte as the honest build left it) and
+    what a key holder with an empty cache restores from it."""
+    env = {SIGNING_ENV: SIGNING_KEY}
+    expected = refs(VARIANTS[0])
+    origin = make_project(top / "origin", remote=f'executor = "dask"\nscheduler = "{farm.address}"\n'
+                          + _remote_toml(remote.as_uri(), True))
+    run = optbuild(origin, "build", env=env)
+    if run.returncode != 0 or build_digests(origin) != expected:
+        fig.failed += 1
+        fig.note(f"the honest build on the farm failed or differs from a local one: {run.tail()}")
+        fig.keep("honest build", run)
+        return
+    keys = _lock_keys(origin)
+    tasks = _forged_tasks(origin, remote, keys, rng, tries)
+    honest = top / "remote-honest"
+    shutil.copytree(remote, honest)
+    for n, forged in enumerate(tasks):
+        fig.tries += 1
+        before = snapshot(remote, [])
+        lost = _judge_answer(fig, forged, send(farm, forged.task))
+        after = snapshot(remote, [])
+        if changed := sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)):
+            lost = True
+            fig.note(f"{forged.what}: the remote changed: {changed[:4]}")
+        holder = make_project(top / f"holder-{n}", remote=_remote_toml(remote.as_uri(), True))
+        lost_before = fig.data_lost
+        check_build(fig, holder, expected, f"key holder after {forged.what}", env=env, verify=False)
+        fig.data_lost = lost_before + (lost or fig.data_lost > lost_before)
+        shutil.rmtree(holder, ignore_errors=True)
+        if changed:  # the next try starts from the honest remote
+            shutil.rmtree(remote)
+            shutil.copytree(honest, remote)
+
+
+# --- 7. rewired unsigned entries ------------------------------------------------------------
+def _rewire(remote: Path, key: str, rng: random.Random, resize: bool) -> str:
+    """Point one output of the entry ``key`` at another blob of the remote; ``resize``: its
+    size made to match, so that the entry names an intact blob, only not its own (on an
+    unsigned remote nothing says so), else the size it recorded kept (a blob of another size)."""
+    path = entry_path(remote, key)
+    data = json.loads(path.read_bytes())
+    name = rng.choice(sorted(data["outputs"]))
+    own = data["outputs"][name]
+    blob = rng.choice(sorted(p for p in (remote / "cas").glob("*/*") if p.parent.name + p.name != own["digest"]))
+    size = blob.stat().st_size
+    data["outputs"][name] = {**own, "digest": blob.parent.name + blob.name, "size": size if resize else own["size"]}
+    put(path, json.dumps(data).encode())
+    return f"{name} rewired to a blob of {size} bytes, " + ("its size too" if resize else f"size {own['size']} kept")
+
+
+def _audit_said_intact(fig: Figures, root: Path, label: str) -> None:
+    """`cache audit` against the remote must not call a rewired remote intact."""
+    audit = optbuild(root, "cache", "audit")
+    if audit.returncode == 0 and "all intact" in audit.stdout:
+        fig.violations += 1
+        fig.note(f"{label}: cache audit says all intact")
+    if "(identical outputs, or a rewired entry)" in audit.stdout:
+        fig.count("audit noted a blob several steps name")
+
+
+def suite_rewired(tmp: Path, refs: References, tries: int, rng: random.Random) -> Figures:
+    fig = Figures("unsigned-rewired")
+    started = time.perf_counter()
+    top = tmp / "rewired"
+    remote = top / "remote"
+    remote.mkdir(parents=True)
+    toml = _remote_toml(remote.as_uri(), False)
+    origin = make_project(top / "origin", remote=toml)
+    first = optbuild(origin, "build")
+    keys = _lock_keys(origin) if first.returncode == 0 else {}
+    set_input(origin, VARIANTS[2])  # another build's blobs, to rewire entries to
+    if first.returncode != 0 or optbuild(origin, "build").returncode != 0:
+        fig.failed += 1
+        fig.note(f"the builds that fill the remote failed: {first.tail()}")
+        return fig
+    expected = refs(VARIANTS[0])
+    order = rng.sample(sorted(keys), len(keys))
+    for n in range(tries):
+        sid = order[n % len(order)]
+        original = entry_path(remote, keys[sid]).read_bytes()
+        label = f"{sid}: {_rewire(remote, keys[sid], rng, resize=n % 2 == 0)}"
+        fig.tries += 1
+        fresh = make_project(top / f"fresh-{n}", remote=toml)
+        _audit_said_intact(fig, fresh, label)
+        check_build(fig, fresh, expected, label, verify=False)
+        put(entry_path(remote, keys[sid]), original)
+        shutil.rmtree(fresh, ignore_errors=True)
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
+# --- 8. the build server on -----------------------------------------------------------------
+def with_server(tmp: Path, body: Callable[[Path], Figures]) -> Figures:
+    """``body`` run in a folder of its own with the build server on (OPTBUILD_SERVER=1), then
+    `optbuild server stop` in each of its projects (a server idles 15 minutes otherwise). The
+    builds the servers ran are counted (those of the last server of each project: wiping
+    build/ starts another): none would mean the category never used one."""
+    folder = Path(tempfile.mkdtemp(dir=tmp, prefix="server-"))
+    ENV["OPTBUILD_SERVER"] = "1"
+    try:
+        fig = body(folder)
+    finally:
+        ENV["OPTBUILD_SERVER"] = "0"
+        served = sum(_stop_server(config.parent) for config in sorted(folder.glob("*/optbuild.toml")))
+    fig.count("builds the last build servers ran", served)
+    return fig
+
+
+def _stop_server(root: Path) -> int:
+    """Stop the project's build server (if one runs); how many builds it ran."""
+    status = optbuild(root, "server", "status", "--json", timeout=60)
+    try:
+        builds = int(json.loads(status.stdout).get("builds") or 0)
+    except (ValueError, AttributeError, TypeError):
+        builds = 0
+    optbuild(root, "server", "stop", timeout=60)
+    return builds
+
+
+def leftovers() -> list[int]:
+    """Processes this run started that still live (build servers, fork servers, Dask nodes):
+    every one inherits RUN_MARKER in its environment."""
+    mine = f"{RUN_MARKER}={ENV[RUN_MARKER]}".encode() + b"\0"
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with suppress(OSError):
+            if int(proc.name) != os.getpid() and mine in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+    return found
+
+
+def reap() -> None:
+    """SIGKILL, by pid, what this run left running (nothing, when all went well)."""
+    if pids := leftovers():
+        log(f"killing {len(pids)} processes this run left running: {pids}")
+        for pid in pids:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
 # --- report --------------------------------------------------------------------------------
 def table(figures: list[Figures]) -> str:
-    head = f"{'category':<16} {'tries':>6} {'failed':>7} {'violations':>11} {'data lost':>10} {'time s':>8}"
+    head = f"{'category':<18} {'tries':>6} {'failed':>7} {'violations':>11} {'data lost':>10} {'time s':>8}"
     rows = [head, "-" * len(head)]
     for f in figures:
-        rows.append(f"{f.name:<16} {f.tries:>6} {f.failed:>7} {f.violations:>11} {f.data_lost:>10} {f.seconds:>8.1f}")
+        rows.append(f"{f.name:<18} {f.tries:>6} {f.failed:>7} {f.violations:>11} {f.data_lost:>10} {f.seconds:>8.1f}")
     total = Figures("total", sum(f.tries for f in figures), sum(f.failed for f in figures),
                     sum(f.violations for f in figures), sum(f.data_lost for f in figures),
                     sum(f.seconds for f in figures))
-    rows += ["-" * len(head), (f"{total.name:<16} {total.tries:>6} {total.failed:>7} {total.violations:>11} "
+    rows += ["-" * len(head), (f"{total.name:<18} {total.tries:>6} {total.failed:>7} {total.violations:>11} "
                                f"{total.data_lost:>10} {total.seconds:>8.1f}")]
     return "\n".join(rows)
 
@@ -1051,6 +1296,10 @@ def guarded(fig_name: str, body: Callable[[], Figures]) -> Figures:
         return fig
 
 
+CATEGORIES = ["kills", "concurrent", "corruptions", "hostile", "bytecode", "dask-forged", "unsigned-rewired",
+              "server"]
+
+
 def main() -> int:
     global QUIET, VERBOSE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1059,49 +1308,61 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=25, help="builds per concurrent builder")
     parser.add_argument("--rounds", type=int, default=3, help="passes over the corruption / hostile cases")
     parser.add_argument("--edits", type=int, default=6, help="same-second helper edits (stale bytecode)")
-    parser.add_argument("--only", nargs="*", choices=["kills", "concurrent", "corruptions", "hostile", "bytecode"])
+    parser.add_argument("--forgeries", type=int, default=10, help="forged tasks sent to the Dask scheduler")
+    parser.add_argument("--rewirings", type=int, default=8, help="unsigned remote entries rewired")
+    parser.add_argument("--only", nargs="*", choices=CATEGORIES)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="10 kills, 2 x 5 builders, one round, 3 edits")
+    parser.add_argument("--quick", action="store_true",
+                        help="10 kills, 2 x 5 builders, one round, 3 edits, 5 forgeries, 3 rewirings")
     parser.add_argument("--json", action="store_true", help="figures as JSON on stdout")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (to look at failures)")
     parser.add_argument("--verbose", action="store_true", help="show the stderr of the first bad runs")
     args = parser.parse_args()
     corruptions, hostile = list(CORRUPTIONS), [*HOSTILE_PLAIN, *HOSTILE_SIGNED]
-    if args.quick:  # every kind of corruption, a sample of the hostile entries (0.5 s per CLI start)
+    if args.quick:  # every kind of corruption and forgery, a sample of the hostile entries (0.5 s per CLI start)
         args.kills, args.builders, args.runs, args.rounds, args.edits = 10, 2, 5, 1, 3
+        args.forgeries, args.rewirings = len(FORGERIES), 3
     QUIET, VERBOSE = args.json, args.verbose
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     rng = random.Random(seed)
     if args.quick:
         hostile = rng.sample(list(HOSTILE_PLAIN), 4) + rng.sample(list(HOSTILE_SIGNED), 2)
-    only = set(args.only or ["kills", "concurrent", "corruptions", "hostile", "bytecode"])
+    only = set(args.only or CATEGORIES)
     tmp = Path(tempfile.mkdtemp(prefix="optbuild-faults-"))
+    ENV[RUN_MARKER] = tmp.name
     log(f"fault suite, seed {seed}, in {tmp}")
     figures: list[Figures] = []
+
+    def category(selected: str, heading: str, body: Callable[[], Figures], name: str = "") -> None:
+        if selected in only:
+            log(heading)
+            figures.append(guarded(name or selected, body))
+            log(describe(figures[-1]))
+
     try:
         refs = References(tmp)
         refs(VARIANTS[0])
-        if "kills" in only:
-            log(f"1. kills: {args.kills}")
-            figures.append(guarded("kills", lambda: suite_kills(tmp, refs, args.kills, rng)))
-            log(describe(figures[-1]))
-        if "concurrent" in only:
-            log(f"2. concurrent builders: {args.builders} x {args.runs}, gc beside them")
-            figures.append(guarded("concurrent", lambda: suite_concurrent(tmp, refs, args.builders, args.runs, rng)))
-            log(describe(figures[-1]))
-        if "corruptions" in only:
-            log(f"3. corruptions: {len(corruptions)} kinds x {args.rounds}")
-            figures.append(guarded("corruptions", lambda: suite_corruptions(tmp, refs, args.rounds, rng, corruptions)))
-            log(describe(figures[-1]))
-        if "hostile" in only:
-            log(f"4. hostile remote entries: {len(hostile)} kinds x {args.rounds}: {', '.join(hostile)}")
-            figures.append(guarded("hostile remote", lambda: suite_hostile(tmp, refs, args.rounds, rng, hostile)))
-            log(describe(figures[-1]))
-        if "bytecode" in only:
-            log(f"5. stale bytecode: {args.edits} same-second helper edits after an import")
-            figures.append(guarded("stale bytecode", lambda: suite_bytecode(tmp, args.edits, rng)))
-            log(describe(figures[-1]))
+        category("kills", f"1. kills: {args.kills}", lambda: suite_kills(tmp, refs, args.kills, rng))
+        category("concurrent", f"2. concurrent builders: {args.builders} x {args.runs}, gc beside them",
+                 lambda: suite_concurrent(tmp, refs, args.builders, args.runs, rng))
+        category("corruptions", f"3. corruptions: {len(corruptions)} kinds x {args.rounds}",
+                 lambda: suite_corruptions(tmp, refs, args.rounds, rng, corruptions))
+        category("hostile", f"4. hostile remote entries: {len(hostile)} kinds x {args.rounds}: {', '.join(hostile)}",
+                 lambda: suite_hostile(tmp, refs, args.rounds, rng, hostile), "hostile remote")
+        category("bytecode", f"5. stale bytecode: {args.edits} same-second helper edits after an import",
+                 lambda: suite_bytecode(tmp, args.edits, rng), "stale bytecode")
+        category("dask-forged", f"6. forged Dask tasks: {args.forgeries} ({', '.join(FORGERIES)})",
+                 lambda: suite_dask_forged(tmp, refs, args.forgeries, rng))
+        category("unsigned-rewired", f"7. unsigned remote entries rewired to other blobs: {args.rewirings}",
+                 lambda: suite_rewired(tmp, refs, args.rewirings, rng))
+        category("server", f"8. the build server on: {args.kills} kills",
+                 lambda: with_server(tmp, lambda at: suite_kills(at, refs, args.kills, rng, "kills +server")),
+                 "kills +server")
+        category("server", f"8. the build server on: {args.edits} same-second edits",
+                 lambda: with_server(tmp, lambda at: suite_bytecode(at, args.edits, rng, "bytecode +server")),
+                 "bytecode +server")
     finally:
+        reap()
         if args.keep:
             log(f"kept {tmp}")
         else:
