@@ -78,10 +78,10 @@ def _stop(root: str, pid: int) -> str:
 
     if not protocol.stopped(pid):
         try:
-            protocol.request(root, {"op": "stop"}, timeout=ASK_S)
+            answer = protocol.request(root, {"op": "stop"}, timeout=ASK_S)
         except (OSError, ValueError):  # busy with a build, or hung
-            pass
-        if _gone(pid, STOP_S):
+            answer = None
+        if answer is not None and _gone(pid, STOP_S):
             return "stopped"
     deadline = time.monotonic() + STOP_S
     while time.monotonic() < deadline:  # again and again: one cancelling a build ignores it until it is done

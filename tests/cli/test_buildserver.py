@@ -601,6 +601,33 @@ def test_a_stopped_server_is_named_and_skipped_and_server_stop_ends_it(tmp_path,
     assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
 
 
+STUBBORN = """
+import signal, sys, time
+from optbuild.buildserver.server import _claim
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a server stuck in a build that never ends
+_claim(sys.argv[1])
+print("holding", flush=True)
+time.sleep(300)
+"""
+
+
+def test_server_stop_kills_a_server_that_ignores_sigterm(tmp_path, servers):
+    """A process that holds the project's server lock, answers nothing and ignores SIGTERM."""
+    proj = probe_project(tmp_path / "proj")
+    servers.append(proj.root)
+    root = os.path.realpath(proj.root)
+    with reaped(subprocess.Popen([sys.executable, "-c", STUBBORN, root], stdout=subprocess.PIPE, text=True)) as stub:
+        assert stub.stdout.readline() == "holding\n"
+        shown = optbuild(proj.root, "server", "status", timeout=30)
+        assert shown.returncode == 0 and f"build server pid {stub.pid} for {root} did not answer" in shown.stdout
+        started = time.monotonic()
+        stop = optbuild(proj.root, "server", "stop", timeout=60)
+        assert stop.returncode == 0 and f"killed (SIGKILL) the build server (pid {stub.pid})" in stop.stderr
+        assert time.monotonic() - started < 30
+        stub.wait(10)
+    assert stub.returncode == -signal.SIGKILL
+
+
 # --- staleness, caches --------------------------------------------------------------------------
 def test_a_server_declines_another_interpreter_a_changed_module_or_a_replaced_project(tmp_path, monkeypatch):
     root = tmp_path / "proj"
