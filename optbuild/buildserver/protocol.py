@@ -40,13 +40,13 @@ def enabled(root: str | None = None) -> bool:
     reports that in this process, before any server is consulted or started."""
     if not sys.platform.startswith("linux") or root is None:
         return False
+    switch = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if switch and switch not in ("1", "true", "yes", "on"):
+        return False
     build = build_section(root)
     if build is None:
         return False
-    switch = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if switch:
-        return switch in ("1", "true", "yes", "on")
-    return build.get("server") is True
+    return bool(switch) or build.get("server") is True
 
 
 def build_section(root: str) -> dict | None:
