@@ -1047,7 +1047,6 @@ def suite_bytecode(tmp: Path, edits: int, rng: random.Random, name: str = "stale
 
 
 # --- 6. forged Dask tasks -------------------------------------------------------------------
-KIND_FILES = {"text": "kinds.py", "join": "kinds.py", "blob": "blob.py"}  # as make_project maps them
 FORGED_BYTES = b"forged by the fault suite"
 
 
@@ -1072,8 +1071,7 @@ def _forged_tasks(root: Path, remote: Path, keys: dict[str, str], rng: random.Ra
         name, forge = forgeries[len(tasks) % len(forgeries)]
         for sid in rng.sample(sorted(keys), len(keys)):
             entry = entries[sid]
-            honest = honest_task(entry, entries, deps[sid], KIND_FILES[entry["ingredients"]["kind"]], root,
-                                 remote.as_uri())
+            honest = honest_task(entry, entries, deps[sid], root, remote.as_uri())
             if forged := forge(honest, digest, len(FORGED_BYTES)):
                 tasks.append(Forged(forged.task, f"{name} on {sid}: {forged.what}", forged.because))
                 break

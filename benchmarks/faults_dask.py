@@ -118,11 +118,11 @@ def deps_of(recipe: str, recipe_name: str) -> dict[str, dict[str, str]]:
 
 
 def honest_task(entry: dict[str, Any], entries: dict[str, dict[str, Any]], deps: dict[str, str],
-                kind_file: str, project: Path, remote_url: str) -> dict[str, Any]:
+                project: Path, remote_url: str) -> dict[str, Any]:
     """The task the coordinator sent for ``entry``'s step (its remote entry: key, key
     material, primary output), its upstream outputs those of ``entries`` (step id -> entry);
-    ``kind_file`` is the project file of the step's kind, whose class the key material names."""
-    implementation = f"project:{kind_file}:{entry['ingredients']['class']}"
+    the key material names the project file and class of the step's kind."""
+    implementation = f"project:{entry['ingredients']['class']}"
     files = {name: {"digest": digest, "size": (project / name).stat().st_size}
              for name, digest in entry["ingredients"]["files"].items()}
     inputs = {f: {"step": up, "primary": entries[up]["primary"], "outputs": entries[up]["outputs"]}

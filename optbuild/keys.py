@@ -91,8 +91,8 @@ def step_ingredients(
         "host": step.host_key(host),
     }
     impl_file, _, class_name = spec.implementation.rpartition(":")
-    if impl_file.endswith(".py"):  # a project kind: its file's bytes are in "files", the class it names here
-        material["class"] = class_name
+    if impl_file.endswith(".py"):  # a project kind: its file's bytes are in "files", which class of it runs here
+        material["class"] = f"{_display_path(Path(impl_file), project_root)}:{class_name}"
     return material
 
 

@@ -236,11 +236,14 @@ def _params(material: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
 
 def _check_implementation(doc: dict[str, Any], material: dict[str, Any]) -> None:
     """A kind installed on the node runs the implementation the node's registry names for
-    it; a project's kind runs from one of the key's files (only those are laid out)."""
+    it; a project's kind runs the file and class its key names."""
     from optbuild.steps import registry
 
     implementation, kind = str(doc["implementation"]), str(material["kind"])
     if implementation.startswith(PROJECT_KIND):
+        named = implementation[len(PROJECT_KIND):]
+        if named != material.get("class"):
+            raise Refused(f"the task runs {named} of the project, its key names {material.get('class')}")
         return
     try:
         known = registry.implementation_of(kind)

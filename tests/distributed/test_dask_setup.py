@@ -141,7 +141,7 @@ def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:
     {"files": ["../escaped.txt"]},
     {"files": ["/tmp/escaped.txt"]},
     {"inputs": {"input": "../../escaped.txt"}},
-    {"implementation": "project:../escaped.py:Kind"},
+    {"implementation": "project:../escaped.py:Kind", "class": "../escaped.py:Kind"},
     {"base_dir": "../.."},
 ], ids=["file-dotdot", "file-absolute", "upstream-dotdot", "kind-outside", "base-outside"])
 def test_a_task_never_writes_outside_its_scratch_folder(tmp_path, file_remote, monkeypatch, doc):
@@ -184,6 +184,10 @@ def test_a_node_refuses_a_task_that_is_not_what_its_key_says(tmp_path, file_remo
                                "its key is not that of its key material"),
         "another kind's code": (_forged(doc, lambda d: d.update(implementation="optbuild.steps.export:Export")),
                                 "'onnx' is implemented by optbuild.steps.source:OnnxSource here"),
+        "another class of the kind's file": (
+            _forged(_doc(file_remote, implementation="project:kinds.py:Kind", **{"class": "kinds.py:Kind"}),
+                    lambda d: d.update(implementation="project:kinds.py:Shadow")),
+            "the task runs kinds.py:Shadow of the project, its key names kinds.py:Kind"),
         "a key made for another GPU": (_doc(file_remote, host={"gpu.count": 1}),
                                        "its key was made for another host (gpu.count = 1 in its key, 0 here)"),
     }
