@@ -1049,8 +1049,8 @@ class RemoteAudit:
 
     def __str__(self) -> str:
         checked = "sizes and digests" if self.rehashed else "sizes (--rehash: digests too)"
-        lines = [f"remote: checked {self.entries} entries and {self.blobs} blobs ({checked}): "
-                 + ("all intact" if self.ok else "PROBLEMS FOUND")]
+        verdict = "PROBLEMS FOUND" if not self.ok else "all intact" if self.signed else "no problem found, unsigned"
+        lines = [f"remote: checked {self.entries} entries and {self.blobs} blobs ({checked}): {verdict}"]
         lines += [f"  {p}" for p in self.problems]
         if self.orphan_blobs:
             lines.append(f"  {self.orphan_blobs} blobs that no entry names")
