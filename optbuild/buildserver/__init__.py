@@ -12,14 +12,16 @@ project) or a cancel starts none.
 **Client** (``client``; standard library only, imported after the no-op fast path
 declined): connects to the project's server over a Unix socket and sends, in one message,
 the arguments, the working folder, the whole environment, the umask, the moment the build
-started and its identity (``protocol.identity``), with its stdin, stdout and stderr
-attached (SCM_RIGHTS): the server writes straight to the user's terminal. Ctrl-C, SIGTERM,
+started and its identity (``protocol.identity``); once the server answers that it will run
+the build, its stdin, stdout and stderr (SCM_RIGHTS): the server writes straight to the
+user's terminal, and a server that is busy or stuck never holds it open. Ctrl-C, SIGTERM,
 SIGHUP and Ctrl-Z are forwarded as messages (``jobcontrol`` stops the build's processes);
 the server answers with the exit code. With no server running the build runs in-process as
 without one, and a server is started once it has ended (its imports would compete with the
-build's for the CPU; it is ready for the next build). A stopped server (SIGSTOP, a
-debugger) is seen before the client's terminal is sent and while it waits: the client
-names its pid and how to end it, and builds in-process.
+build's for the CPU; it is ready for the next build). A server seen stopped (SIGSTOP, a
+debugger), or silent for ``client.WAIT_LIMIT_S`` (a long build for another client, or
+hung), does not hold the build: the client names its pid and how to end it, and builds
+in-process.
 
 **Address.** A socket in a private folder: ``$XDG_RUNTIME_DIR/optbuild`` where that is
 set, else the build folder's ``.optbuild/server``, made 0700 and checked (a folder, not a

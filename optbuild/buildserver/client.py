@@ -23,6 +23,7 @@ from optbuild.buildserver.protocol import (
 )
 
 WAIT_NOTE_S = 3.0  # a client waiting longer than this for its build to start says so
+WAIT_LIMIT_S = 20.0  # ... and builds in-process after this long (the server is busy or hung)
 POLL_S = 0.25  # while it waits: how often it looks whether the server is stopped
 
 
@@ -30,25 +31,30 @@ class _Declined(Exception):
     pass
 
 
-class _Hung(Exception):
-    """The server is stopped (SIGSTOP, a debugger): it will not answer until continued."""
+class _Unanswered(Exception):
+    """The server does not take the build: stopped (SIGSTOP, a debugger: it will not answer
+    until continued), or silent for WAIT_LIMIT_S (a long build for another client, or hung)."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, stopped: bool):
         super().__init__(pid)
-        self.pid = pid
+        self.pid, self.stopped = pid, stopped
 
     def warning(self) -> str:
-        return (f"warning: the build server (pid {self.pid}) is stopped and does not answer; building in "
-                f"this process. `optbuild server stop` ends it (or `kill -9 {self.pid}`)")
+        if self.stopped:
+            return (f"warning: the build server (pid {self.pid}) is stopped and does not answer; building in "
+                    f"this process. `optbuild server stop` ends it (or `kill -9 {self.pid}`)")
+        return (f"warning: the build server (pid {self.pid}) has not answered in {WAIT_LIMIT_S:g} s (a long "
+                "build for another client, or hung); building in this process. `optbuild server stop` ends "
+                f"it (or `kill -9 {self.pid}`)")
 
 
 def try_build(argv: list[str], directory: str | None) -> tuple[int | None, str | None]:
     """(the build's exit code from the project's server, None); or (None, the project root
     whose server to start after an in-process build, or None to start none).
 
-    A stopped server does not hold the build: the client says so, naming its pid, and
-    builds in this process (as without a server: the build is what was asked for; the
-    warning says how to end the server)."""
+    A stopped or silent server does not hold the build: the client says so, naming its
+    pid, and builds in this process (as without a server: the build is what was asked for;
+    the warning says how to end the server)."""
     from optbuild.projectroot import project_root
 
     root = project_root(directory)
@@ -66,7 +72,7 @@ def try_build(argv: list[str], directory: str | None) -> tuple[int | None, str |
     except _Declined as exc:
         debug(f"declined: {exc}; building in this process, then starting another")
         return None, root
-    except _Hung as exc:
+    except _Unanswered as exc:
         print(exc.warning(), file=sys.stderr, flush=True)
         return None, None
     finally:
@@ -76,13 +82,13 @@ def try_build(argv: list[str], directory: str | None) -> tuple[int | None, str |
 
 def _unanswered(root: str) -> str | None:
     """After a connection no server took: the root whose server to start after the build
-    (none runs), or None (one runs, busy; _Hung: one runs, stopped)."""
+    (none runs), or None (one runs, busy; _Unanswered: one runs, stopped)."""
     pid = server_pid(root)
     if pid is None:
         debug("none runs: building in this process, then starting one")
         return root
     if stopped(pid):
-        raise _Hung(pid)
+        raise _Unanswered(pid, stopped=True)
     debug(f"pid {pid} did not take the connection: building in this process")
     return None
 
@@ -152,29 +158,30 @@ class _Signals:
 
 
 def _build_through(sock, argv: list[str]) -> int:
+    """The build, asked for; the terminal sent once the server is ready to run it (a busy,
+    stopped or hung server never holds it open: `optbuild build | tee` ends with the
+    client); then its exit code."""
     from optbuild import noop
 
     pid = peer_creds(sock)[0]
-    if pid > 0 and stopped(pid):  # before its terminal is sent: a stopped server would hold it open
-        raise _Hung(pid)
+    if pid > 0 and stopped(pid):
+        raise _Unanswered(pid, stopped=True)
     umask = os.umask(0o022)
     os.umask(umask)
-    fds, wrap = _stdio()
     doc = {"op": "build", "identity": identity(), "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
-           "umask": umask, "started_ns": noop.started_ns(), "stdio": wrap, "pid": os.getpid()}
+           "umask": umask, "started_ns": noop.started_ns(), "pid": os.getpid()}
     try:
-        send(sock, doc, fds)
+        send(sock, doc)
     except OSError as exc:  # the server ended meanwhile, or the request is too large
         raise _Declined(f"the request could not be sent ({exc})") from None
-    finally:
-        for fd in fds[:]:
-            if fd > 2:
-                os.close(fd)
     signals = _Signals(sock)
     try:
         answer = _first_answer(sock, pid)
-        if answer is None or "declined" in answer:
-            raise _Declined(answer["declined"] if answer else "the server ended before answering")
+        if answer is not None and "ready" in answer:
+            _send_stdio(sock)
+            answer = _recv_answer(sock)
+        if answer is None or "accepted" not in answer:
+            raise _Declined(answer.get("declined", "no reason") if answer else "the server ended before answering")
         signals.accepted = True
         debug(f"build served by pid {answer['pid']}")
         answer = _recv_answer(sock)
@@ -187,13 +194,27 @@ def _build_through(sock, argv: list[str]) -> int:
         signals.restore()
 
 
+def _send_stdio(sock) -> None:
+    """The client's stdin, stdout and stderr, and how Python wraps them, to the server."""
+    fds, wrap = _stdio()
+    try:
+        send(sock, {"op": "stdio", "stdio": wrap}, fds)
+    except OSError as exc:
+        raise _Declined(f"the terminal could not be sent ({exc})") from None
+    finally:
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+
+
 def _first_answer(sock, pid: int) -> dict | None:
-    """The server's first answer (accepted, declined), waited for while it runs: it may be
-    starting, or building for another client (one build at a time). _Hung when it is seen
-    stopped; None when it ended without one."""
+    """The server's first answer (ready, declined), waited for while it runs: it may be
+    starting, or building for another client (one build at a time). _Unanswered when it is
+    seen stopped, or silent for WAIT_LIMIT_S; None when it ended without one."""
     import time
 
-    noted = time.monotonic() + WAIT_NOTE_S
+    started = time.monotonic()
+    noted = False
     sock.settimeout(POLL_S)
     try:
         while True:
@@ -203,12 +224,14 @@ def _first_answer(sock, pid: int) -> dict | None:
                 pass
             except (OSError, ValueError):
                 return None
-            if pid > 0 and stopped(pid):
-                raise _Hung(pid)
-            if noted and time.monotonic() > noted:
+            waited = time.monotonic() - started
+            held = pid > 0 and stopped(pid)
+            if held or waited > WAIT_LIMIT_S:
+                raise _Unanswered(pid, stopped=held)
+            if not noted and waited > WAIT_NOTE_S:
                 print(f"optbuild: waiting for the build server (pid {pid}: it is starting, or building this "
                       "project for another client)", file=sys.stderr, flush=True)
-                noted = 0
+                noted = True
     finally:
         sock.settimeout(None)
 

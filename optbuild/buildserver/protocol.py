@@ -21,7 +21,7 @@ DEFAULT_IDLE_S = 900.0
 LOG = os.path.join(".optbuild", "server.log")  # under the build folder
 LOG_KEPT_BYTES = 1 << 20  # a server starting beside a larger log moves it to server.log.1
 MAX_REQUEST = 1 << 20
-PROTOCOL = 3
+PROTOCOL = 4
 SOCKET_DIR_MODE = 0o700
 # Limits a build inherits from the process that runs it (see limits()).
 _RLIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK",

@@ -244,10 +244,9 @@ class Server:
             elif op == "stop":
                 _STATE.stop = "optbuild server stop"
                 send(conn, {"stopping": True, "pid": os.getpid()})
-            elif op == "build" and len(fds) == 3:
+            elif op == "build" and not fds:
                 conn.settimeout(None)
-                owned, fds = fds, []  # build() closes them, whatever happens
-                self.build(conn, doc, owned)
+                self.build(conn, doc)
         except OSError:
             pass
         finally:
@@ -262,16 +261,21 @@ class Server:
                 "idle_limit_s": self.idle_s, "log": os.path.join(self.build_dir, LOG),
                 "fork_servers": self.pool.describe() if self.pool is not None else []}
 
-    def build(self, conn, doc: dict, fds: list[int]) -> None:
+    def build(self, conn, doc: dict) -> None:
         import threading
         import time
 
         why = self.why_declined(conn, doc)
         if why is not None:
-            for fd in fds:
-                os.close(fd)
             self.decline(conn, why)
             return
+        fds, wrap = self.terminal(conn)
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            _log("a client left before sending its terminal")
+            return
+        doc = {**doc, "stdio": wrap}
         started = time.time_ns()
         self.builds += 1
         _log(f"build {self.builds} for pid {doc.get('pid')}: optbuild {' '.join(doc['argv'])} (in {doc['cwd']})")
@@ -314,6 +318,25 @@ class Server:
             self.watch_modules(started)
             self.check_threads(threads | {watcher} if threads else set())
             _log(f"build {self.builds} ended: " + ("not started" if code is None else f"exit {code}"))
+
+    def terminal(self, conn) -> tuple[list[int], dict]:
+        """The client's stdin, stdout and stderr (and how it wraps them), asked for once its
+        build will run: a server that is busy or stopped meanwhile never holds them open."""
+        import json
+        import socket
+
+        try:
+            send(conn, {"ready": True})
+            conn.settimeout(10)
+            message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+            conn.settimeout(None)
+        except OSError:
+            return [], {}
+        try:
+            wrap = json.loads(message).get("stdio") or {}
+        except (ValueError, AttributeError):
+            wrap = {}
+        return fds, wrap
 
     def why_declined(self, conn, doc: dict) -> str | None:
         """Why this client's build must run in its own process; None to serve it."""

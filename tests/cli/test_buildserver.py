@@ -601,29 +601,38 @@ def test_a_stopped_server_is_named_and_skipped_and_server_stop_ends_it(tmp_path,
     assert wait_gone([server["pid"], *fork_server_pids(server)], 10)
 
 
-STUBBORN = """
-import signal, sys, time
+SILENT = """
+import signal, socket, sys, time
+from optbuild.buildserver import protocol
 from optbuild.buildserver.server import _claim
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a server stuck in a build that never ends
-_claim(sys.argv[1])
-print("holding", flush=True)
+folder, _ = _claim(sys.argv[1])
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(folder.file(protocol.socket_name(sys.argv[1])))
+listener.listen(16)
+print("listening", flush=True)
 time.sleep(300)
 """
 
 
-def test_server_stop_kills_a_server_that_ignores_sigterm(tmp_path, servers):
-    """A process that holds the project's server lock, answers nothing and ignores SIGTERM."""
+def test_a_silent_server_is_given_up_on_and_server_stop_kills_it(tmp_path, servers):
+    """A process that holds the project's server lock and socket, answers nothing and
+    ignores SIGTERM: a build waits client.WAIT_LIMIT_S for it, not forever, and its pipes
+    are not held open (capture_output returns); stop ends it with SIGKILL."""
     proj = probe_project(tmp_path / "proj")
     servers.append(proj.root)
     root = os.path.realpath(proj.root)
-    with reaped(subprocess.Popen([sys.executable, "-c", STUBBORN, root], stdout=subprocess.PIPE, text=True)) as stub:
-        assert stub.stdout.readline() == "holding\n"
+    with reaped(subprocess.Popen([sys.executable, "-c", SILENT, root], stdout=subprocess.PIPE, text=True)) as stub:
+        assert stub.stdout.readline() == "listening\n"
+        started = time.monotonic()
+        built = optbuild(proj.root, "build", timeout=90)
+        assert client.WAIT_LIMIT_S < time.monotonic() - started < client.WAIT_LIMIT_S + 30
+        assert built.returncode == 0 and proj.read("build/r/p/data.txt") == "None one", built.stderr
+        assert f"the build server (pid {stub.pid}) has not answered in {client.WAIT_LIMIT_S:g} s" in built.stderr
         shown = optbuild(proj.root, "server", "status", timeout=30)
         assert shown.returncode == 0 and f"build server pid {stub.pid} for {root} did not answer" in shown.stdout
-        started = time.monotonic()
         stop = optbuild(proj.root, "server", "stop", timeout=60)
         assert stop.returncode == 0 and f"killed (SIGKILL) the build server (pid {stub.pid})" in stop.stderr
-        assert time.monotonic() - started < 30
         stub.wait(10)
     assert stub.returncode == -signal.SIGKILL
 
