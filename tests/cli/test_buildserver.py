@@ -188,20 +188,26 @@ def test_a_server_whose_temporary_folder_is_gone_builds_as_a_fresh_process_would
 
 
 def test_a_client_in_another_mount_namespace_builds_in_its_own_process(tmp_path, servers):
-    """It may see other files, or the same ones read-only, at the same paths."""
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
-        pytest.skip("unshare -m is not allowed here (test_world_names_the_mount_namespace_and_root covers it)")
+    """Its files may differ at the same paths: here its cache is read-only (a bind mount in
+    its own namespace); the server, which could write there, must not build for it."""
+    if subprocess.run(["unshare", "-m", "mount", "--bind", "/", "/"], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("unshare -m and mount are not allowed here (test_world_names_the_mount_namespace_and_root "
+                    "covers the comparison)")
     proj = probe_project(tmp_path / "proj")
     servers.append(proj.root)
     time.sleep(RACY_S)
     assert optbuild(proj.root, "build").returncode == 0
     server = wait_for_server(proj.root)
+    entries = sorted((proj.root / "cache").rglob("*.json"))
     proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
-    unshared = subprocess.run(["unshare", "-m", sys.executable, "-m", "optbuild", "build"], cwd=proj.root,
-                              capture_output=True, text=True, timeout=120, check=False,
-                              env={**os.environ, **SERVED})
-    assert unshared.returncode == 0, unshared.stderr
+    read_only = ("mount --bind cache cache && mount -o remount,bind,ro cache && "
+                 f"exec {sys.executable} -m optbuild build")
+    unshared = subprocess.run(["unshare", "-m", "sh", "-c", read_only], cwd=proj.root, capture_output=True,
+                              text=True, timeout=120, check=False, env={**os.environ, **SERVED})
     assert served_by(unshared.stderr) is None and "the client's setup differs (mount namespace)" in unshared.stderr
+    assert unshared.returncode == 1 and "is read-only here" in unshared.stderr  # as in-process, and said so
+    assert sorted((proj.root / "cache").rglob("*.json")) == entries
     assert wait_gone([server["pid"]], 20)
 
 
