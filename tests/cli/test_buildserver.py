@@ -1,7 +1,10 @@
-"""The build server (optbuild.buildserver), on: a build after the first goes through it, with
-the client's environment, folder and terminal; Ctrl-C and a killed client cancel as locally;
-a changed module restarts it; it ends when idle; only its own user can talk to it. Every
-test stops the servers it started (and kills them if they do not stop)."""
+"""The build server (optbuild.buildserver): off unless asked; where on, a build after the
+first goes through it, with the client's environment, folder and terminal, and a client
+whose world differs (environment, TMPDIR, mount namespace, limits, modules) builds in its
+own process; Ctrl-C and a killed client cancel as locally; a stopped or silent server is
+named and passed by, and `server stop` ends it; a project that does not load starts none;
+only its own user can reach it, through a private folder. Every test stops the servers it
+started (and kills them if they do not stop)."""
 
 from __future__ import annotations
 
