@@ -153,7 +153,7 @@ def lock_name(root: str) -> str:
 def server_pid(root: str) -> int | None:
     """The pid of the server of ``root`` while it runs, answering or not (from its lock
     file); None when none runs."""
-    import fcntl
+    from optbuild.store.flock import try_lock
 
     try:
         with PrivateDir(socket_dir(root), create=False) as folder:
@@ -161,11 +161,9 @@ def server_pid(root: str) -> int | None:
     except (FileNotFoundError, PermissionError):
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:  # held: a server runs
-            return int(os.read(fd, 32) or b"0") or None
-        return None
+        if try_lock(fd, shared=True):
+            return None  # nobody holds it: no server runs
+        return int(os.read(fd, 32) or b"0") or None
     except ValueError:
         return None
     finally:

@@ -489,22 +489,19 @@ def _claim(root: str) -> tuple[PrivateDir, int]:
     held (flock; with this pid in it) for as long as this process runs, a stale socket of a
     server that died replaced. Waits a little for a server that is ending (it declined a
     client); BlockingIOError if another one runs."""
-    import fcntl
     import time
+
+    from optbuild.store.flock import try_lock
 
     folder = PrivateDir(socket_dir(root), create=True)
     fd = os.open(folder.file(lock_name(root)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     deadline = time.monotonic() + 3
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                folder.close()
-                raise
-            time.sleep(0.1)
+    while not try_lock(fd):
+        if time.monotonic() > deadline:
+            os.close(fd)
+            folder.close()
+            raise BlockingIOError(f"another build server holds {lock_name(root)}")
+        time.sleep(0.1)
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     try:

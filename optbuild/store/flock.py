@@ -59,12 +59,21 @@ def locked(path: Path, *, shared: bool = False, read_only: bool = False, mode: i
 def _take(fd: int, operation: int, path: Path, waiting: Callable[[list[int]], None] | None) -> None:
     """``flock`` ``fd``; when it would wait and ``waiting`` is given, say so first."""
     if waiting is not None:
-        try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        if try_lock(fd, shared=operation == fcntl.LOCK_SH):
             return
-        except BlockingIOError:
-            waiting(holders(path))
+        waiting(holders(path))
     fcntl.flock(fd, operation)
+
+
+def try_lock(fd: int, *, shared: bool = False) -> bool:
+    """``flock`` the open file ``fd`` without waiting: whether it is now held (False: another
+    holds it). For a lock held as long as a process runs (the build server's), which
+    ``locked``'s block cannot express."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def holders(path: Path) -> list[int]:

@@ -57,7 +57,8 @@ def test_the_walk_sees_every_kind_of_import(tmp_path):
 
 
 def test_the_flock_helper_is_the_only_caller_of_flock():
-    """One file-locking helper: the cache's locks and optbuild.lock's lock both use it."""
+    """One file-locking helper: the cache's locks, optbuild.lock's lock and the build server's
+    lock file all use it."""
     callers = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
                      if "fcntl.flock(" in path.read_text())
     assert callers == ["optbuild/store/flock.py"], callers
