@@ -107,7 +107,7 @@ def bench_synthetic(steps: int, runs: int) -> None:
 
 
 def bench_hash(gib: float) -> None:
-    from optbuild.digest import FileHasher
+    from optbuild.common.digest import FileHasher
 
     with tempfile.TemporaryDirectory() as tmp:
         big = Path(tmp) / "big.bin"

@@ -1061,7 +1061,7 @@ def _forged_tasks(root: Path, remote: Path, keys: dict[str, str], rng: random.Ra
     """``count`` forged tasks, every forgery in turn, each on a step it applies to, made from
     the honest build's remote entries. The attacker's bytes are put in the remote first, so
     that only the node's own checks stand between them and a signed entry."""
-    from optbuild.digest import digest_bytes
+    from optbuild.common.digest import digest_bytes
 
     digest = digest_bytes(FORGED_BYTES)
     blob_path(remote, digest).parent.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild import lockfile
-from optbuild.digest import FileHasher
-from optbuild.errors import (
+from optbuild.build import lockfile
+from optbuild.build.executor import Executor, Options, Outcome
+from optbuild.build.report import Reporter
+from optbuild.build.status import Status
+from optbuild.common.digest import FileHasher
+from optbuild.common.errors import (
     DiskFullError,
     OptbuildError,
     Problem,
@@ -23,18 +26,15 @@ from optbuild.errors import (
     describe_os_error,
     is_disk_full,
 )
-from optbuild.executor import Executor, Options, Outcome
-from optbuild.fingerprint import Fingerprint
-from optbuild.graph import StepGraph
-from optbuild.paths import folder_problem
-from optbuild.recipe import Project, load_project
-from optbuild.report import Reporter
-from optbuild.status import Status
+from optbuild.common.fingerprint import Fingerprint
+from optbuild.common.paths import folder_problem
+from optbuild.common.toolchain import Toolchain
+from optbuild.process.pool import WorkerPool
+from optbuild.project.graph import StepGraph
+from optbuild.project.recipe import Project, load_project
 from optbuild.store.local import LocalStore
 from optbuild.store.marker import MADE_INSIDE, MARKER, Kind, make_folder, ownership
 from optbuild.store.remote import RemoteStore, open_remote
-from optbuild.toolchain import Toolchain
-from optbuild.workerpool import WorkerPool
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Workspace:
 def open_workspace(start: Path | None = None, *, remote: str | bool | None = None,
                    overrides: list[str] | None = None) -> Workspace:
     """``remote``: a URL overrides ``[remote] url`` and $OPTBUILD_REMOTE; False turns it off.
-    ``overrides``: parameters set for this run (``-S``, see optbuild.overrides)."""
+    ``overrides``: parameters set for this run (``-S``, see optbuild.project.overrides)."""
     project = load_project(start, overrides)
     graph = StepGraph(project.steps)
     hasher = FileHasher(project.cache_dir / "statcache.sqlite")

@@ -1,4 +1,4 @@
-"""optbuild.compare: one set of metrics for the per-feed checks and verify's figures."""
+"""optbuild.model.compare: one set of metrics for the per-feed checks and verify's figures."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-from optbuild import compare
+from optbuild.model import compare
 
 
 def test_max_errors_are_relative_to_the_reference_scale():
@@ -91,6 +91,6 @@ def test_the_table_and_strict_json():
 
 
 def test_importing_it_loads_no_numpy():
-    code = "import sys, optbuild.compare, optbuild.steps.verify; print('numpy' in sys.modules)"
+    code = "import sys, optbuild.model.compare, optbuild.steps.verify; print('numpy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"

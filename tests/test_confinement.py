@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from optbuild.errors import ProjectError
-from optbuild.recipe import load_project
+from optbuild.common.errors import ProjectError
+from optbuild.project.recipe import load_project
 
 SOURCE = '[steps.recipes]\nkind = "text"\npath = "../data/input.txt"\n'
 

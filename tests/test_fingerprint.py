@@ -11,8 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
-from optbuild.fingerprint import Fingerprint, cuda_visible_order, describe_change
-from optbuild.keys import describe_changes
+from optbuild.build.keys import describe_changes
+from optbuild.common.fingerprint import Fingerprint, cuda_visible_order, describe_change
 
 GPU_FIELDS = ("gpu.count", "gpu.driver", "gpu.0.name", "gpu.0.compute_capability",
               "gpu.0.memory_mib", "gpu.0.uuid", "cuda.driver_version")
@@ -48,7 +48,7 @@ def test_host_without_gpu_is_complete_and_fast():
 def test_tool_versions_come_from_metadata_without_importing_the_tools():
     code = (
         "import sys\n"
-        "from optbuild.fingerprint import Fingerprint\n"
+        "from optbuild.common.fingerprint import Fingerprint\n"
         "f = Fingerprint()\n"
         "values = [f.get(n) for n in ('gpu.count', 'cuda.driver_version', 'tensorrt.version',"
         " 'tensorrt_rtx.version', 'onnxruntime.version')]\n"

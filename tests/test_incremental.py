@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from optbuild.toolchain import Toolchain
+from optbuild.common.toolchain import Toolchain
 
 ALL = ["chain:mid", "chain:out", "chain:side", "chain:src"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from optbuild.digest import FileHasher, hash_file
-from optbuild.keys import action_key, describe_changes
+from optbuild.build.keys import action_key, describe_changes
+from optbuild.common.digest import FileHasher, hash_file
 from optbuild.store.entry import canonical_json
 
 

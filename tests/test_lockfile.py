@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from optbuild import lockfile
-from optbuild.atomic import write_atomic
+from optbuild.build import lockfile
+from optbuild.common.atomic import write_atomic
 
 DAMAGED = "{ not json"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from plugins.projects import CONFIG, ProjectDir
 
-from optbuild.recipe import load_project
+from optbuild.project.recipe import load_project
 
 MATRIX = """\
 [steps.up]

@@ -8,9 +8,9 @@ import json
 import pytest
 from plugins.projects import CONFIG, PIPELINE, ProjectDir
 
-from optbuild.errors import ProjectError
-from optbuild.overrides import parse_override
-from optbuild.recipe import load_project
+from optbuild.common.errors import ProjectError
+from optbuild.project.overrides import parse_override
+from optbuild.project.recipe import load_project
 
 
 @pytest.mark.parametrize("text, step, param, value", [

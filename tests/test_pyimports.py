@@ -1,4 +1,4 @@
-"""optbuild.pyimports.local_imports: the project-local files a model file imports, by reading."""
+"""optbuild.common.pyimports.local_imports: the project-local files a model file imports, by reading."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from plugins.steps import MODELS, REPO
 
-from optbuild.pyimports import local_imports
+from optbuild.common.pyimports import local_imports
 
 
 def write(root: Path, files: dict[str, str]) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from optbuild.errors import ProjectError
-from optbuild.recipe import load_project
+from optbuild.common.errors import ProjectError
+from optbuild.project.recipe import load_project
 
 
 def problems(project) -> list[str]:

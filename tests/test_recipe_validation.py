@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optbuild.errors import ProjectError
-from optbuild.recipe import load_project
+from optbuild.common.errors import ProjectError
+from optbuild.project.recipe import load_project
 
 
 def problems(project) -> list[str]:
@@ -51,7 +51,7 @@ def test_cross_recipe_reference_is_resolved(project):
 
 
 def test_cycle_is_named(project):
-    from optbuild.graph import StepGraph
+    from optbuild.project.graph import StepGraph
 
     project.write("recipes/loop.toml", '[steps.a]\nkind = "join"\ninput = "b"\n\n[steps.b]\nkind = "join"\ninput = "a"\n')
     with pytest.raises(ProjectError) as info:

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from plugins.projects import CONFIG, ProjectDir
 
-from optbuild import reference
-from optbuild.steps import registry
+from optbuild.steps import reference, registry
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxsim", "onnxslim")

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from optbuild.digest import FileHasher
+from optbuild.common.digest import FileHasher
 from optbuild.store.local import LocalStore
 
 SLOW = '\n[steps.slow]\nkind = "join"\ninput = "src"\nsuffix = "-slow"\nsleep = 1.5\n'

@@ -6,10 +6,10 @@ import pytest
 from plugins.fastpath import optbuild
 from plugins.projects import CONFIG, ProjectDir
 
-from optbuild.errors import Problem
-from optbuild.recipe import load_project
-from optbuild.template import instantiate
-from optbuild.tomlsource import load_toml
+from optbuild.common.errors import Problem
+from optbuild.project.recipe import load_project
+from optbuild.project.template import instantiate
+from optbuild.project.tomlsource import load_toml
 
 TEMPLATE = """\
 # the pipeline every model goes through

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from optbuild.units import human_size, parse_size
+from optbuild.common.units import human_size, parse_size
 
 
 @pytest.mark.parametrize(("text", "expected"), [

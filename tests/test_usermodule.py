@@ -1,4 +1,4 @@
-"""optbuild.usermodule: a user's file imported by path, its folder on sys.path only while needed."""
+"""optbuild.common.usermodule: a user's file imported by path, its folder on sys.path only while needed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from plugins.edits import compile_to_pycache, edit_within_the_same_second
 
-from optbuild import usermodule
+from optbuild.common import usermodule
 
 
 def write(path: Path, text: str) -> Path:

@@ -1,5 +1,5 @@
 """Steps run in children forked from a server that has imported their tools once
-(optbuild.zygote, optbuild.workerpool): as isolated as a fresh process per step."""
+(optbuild.process.forkserver, optbuild.process.pool): as isolated as a fresh process per step."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from plugins.projects import CONFIG, FIXTURES, ProjectDir
 
-from optbuild.workerpool import WorkerPool
+from optbuild.process.pool import WorkerPool
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
 
@@ -135,7 +135,7 @@ def _processes_of(builder: int) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"optbuild.zygote" in argv and str(builder).encode() in argv:
+            if b"optbuild.process.forkserver" in argv and str(builder).encode() in argv:
                 found.append(int(entry.name))
     return found
 
@@ -162,9 +162,9 @@ def test_a_killed_builder_leaves_no_server_and_no_step_running(tmp_path):
         builder.communicate()
 
 
-# --- a pool that outlives builds (a build server's, optbuild.buildserver) ------------------------
+# --- a pool that outlives builds (a build server's, optbuild.cli.buildserver) ------------------------
 def test_a_served_pool_outlives_builds_and_says_when_a_module_it_imported_changed(tmp_path):
-    from optbuild.workerpool import ServedPool
+    from optbuild.process.pool import ServedPool
 
     (tmp_path / "preloadme.py").write_text("VALUE = 1\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
@@ -187,7 +187,7 @@ def test_a_served_pool_outlives_builds_and_says_when_a_module_it_imported_change
 
 
 def test_a_fork_server_that_died_makes_a_served_pool_stale(tmp_path):
-    from optbuild.workerpool import ONNX_TOOLS, ServedPool
+    from optbuild.process.pool import ONNX_TOOLS, ServedPool
 
     pool = ServedPool(tmp_path, env=dict(os.environ))
     try:

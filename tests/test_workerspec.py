@@ -1,4 +1,4 @@
-"""The executor and its worker process talk through typed messages (optbuild.workerspec):
+"""The executor and its worker process talk through typed messages (optbuild.process.spec):
 the spec round-trips, and whatever a worker leaves behind (nothing, a crash, garbage) is a
 clear step failure, never an exception out of the build."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import optbuild.workerspec
-from optbuild.executor import read_result
-from optbuild.status import Status
-from optbuild.workerspec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
+import optbuild.process.spec
+from optbuild.build.executor import read_result
+from optbuild.build.status import Status
+from optbuild.process.spec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
 
 
 def make_spec() -> WorkerSpec:
@@ -54,7 +54,7 @@ def test_metrics_json_cannot_hold_are_written_as_text():
 
 
 def test_the_padding_of_a_reserved_result_file_is_accepted():
-    text = WorkerResult(ok=True).to_json() + " " * 4096  # see optbuild.worker's RESULT_RESERVE
+    text = WorkerResult(ok=True).to_json() + " " * 4096  # see optbuild.process.child's RESULT_RESERVE
     assert WorkerResult.from_json(text).ok
 
 
@@ -110,7 +110,7 @@ def test_a_worker_that_writes_garbage_fails_its_step_clearly_and_is_not_remember
 
 def test_the_worker_spec_module_stays_light():
     """The worker imports it before anything else: standard library only."""
-    tree = ast.parse(Path(optbuild.workerspec.__file__).read_text())
+    tree = ast.parse(Path(optbuild.process.spec.__file__).read_text())
     modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert all(m.split(".")[0] in sys.stdlib_module_names or m == "__future__" for m in modules), modules

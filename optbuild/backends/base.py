@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 if typing.TYPE_CHECKING:
     import numpy as np
 
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 # What an artifact says of itself: its engine.json (or, before it is built, what its step will
 # write there), e.g. {"backend": "tensorrt-rtx", "targets": ["sm86"]}; empty for a plain model.

@@ -14,12 +14,12 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild import plugins
 from optbuild.backends.base import Backend, Manifest, Runner
-from optbuild.errors import StepError
+from optbuild.common import plugins
+from optbuild.common.errors import StepError
 
 if TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 ENTRY_POINT_GROUP = "optbuild.backends"
 MANIFEST = "engine.json"  # beside an engine: its backend and what it was built for

@@ -1,7 +1,7 @@
 """``optbuild`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
 Only the standard library's os and sys are imported here, so that a no-op ``build`` can
-settle from its stamp (optbuild.noop) first; argparse and the subcommand modules are
+settle from its stamp (optbuild.cli.noop) first; argparse and the subcommand modules are
 imported when the normal path runs, and heavy libraries only inside the steps that need them.
 """
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None, *, fast_path: bool = True) -> int:
 
 
 def _main(argv: list[str] | None, fast_path: bool) -> int:
-    from optbuild import noop
+    from optbuild.cli import noop
 
     arguments = sys.argv[1:] if argv is None else list(argv)
     serve_root = None  # a project whose build server to start once this build has ended
@@ -136,14 +136,14 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
         if (code := noop.try_fast_path(arguments)) is not None:
             return code
         if (split := noop.split_build_args(arguments)) is not None:
-            from optbuild.buildserver import client
+            from optbuild.cli.buildserver import client
 
             code, serve_root = client.try_build(arguments, split[0])
             if code is not None:
                 return code
     code = _run_command(arguments)
     if serve_root is not None and code in (0, 1):  # not after an error (an invalid project) or a cancel
-        from optbuild.buildserver import client
+        from optbuild.cli.buildserver import client
 
         client.spawn(serve_root)
     return code
@@ -152,7 +152,7 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
 def _run_command(arguments: list[str]) -> int:
     import importlib
 
-    from optbuild.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
+    from optbuild.common.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
 
     args = _parser().parse_args(arguments)
     module = importlib.import_module(f"optbuild.cli.{args.command}")

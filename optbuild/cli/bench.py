@@ -2,7 +2,7 @@
 
 Builds the targets first (from the cache when nothing changed), then measures every ONNX /
 ORT-format model with onnxruntime (CPU provider), with PyTorch eager as the baseline where a
-recipe exports from PyTorch; see optbuild.bench. Heavy libraries load only in ``run``.
+recipe exports from PyTorch; see optbuild.cli.measure. Heavy libraries load only in ``run``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild import bench as benchmod
-    from optbuild.report import make_reporter, write_line
+    from optbuild.build.report import make_reporter, write_line
+    from optbuild.cli import measure as benchmod
 
     options = benchmod.BenchOptions(runs=args.runs, warmup=args.warmup, batch=args.batch,
                                     threads=args.threads, build=not args.no_build, plot=args.plot)

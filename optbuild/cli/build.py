@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from optbuild.workerpool import WorkerPool
+    from optbuild.process.pool import WorkerPool
 
 
 def add_remote_flags(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +45,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 def scheduler_override(args: argparse.Namespace) -> str | None:
     """--scheduler, checked as [build] scheduler is."""
-    from optbuild.errors import OptbuildError
-    from optbuild.recipe import check_scheduler
+    from optbuild.common.errors import OptbuildError
+    from optbuild.project.recipe import check_scheduler
 
     try:
         return check_scheduler(args.scheduler) if args.scheduler else None
@@ -68,7 +68,7 @@ def report_remote(args: argparse.Namespace, result) -> None:
     """The cache statistics line (the --json stream has the "cache" event instead)."""
     if args.json:
         return
-    from optbuild.runstats import describe_stats
+    from optbuild.build.runstats import describe_stats
 
     for event in result.reporter.events:
         if event.get("event") == "cache":
@@ -76,9 +76,9 @@ def report_remote(args: argparse.Namespace, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild.buildserver.server import served_pool
-    from optbuild.projectroot import project_root
-    from optbuild.workerpool import WorkerPool
+    from optbuild.cli.buildserver.server import served_pool
+    from optbuild.common.projectroot import project_root
+    from optbuild.process.pool import WorkerPool
 
     # first: the fork server imports the steps' tools while optbuild loads the project and
     # plans; in a build server, its fork servers are already warm (their close is a no-op)
@@ -92,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
-    from optbuild import api, noop
-    from optbuild.report import make_reporter
-    from optbuild.status import Status
+    from optbuild import api
+    from optbuild.build.report import make_reporter
+    from optbuild.build.status import Status
+    from optbuild.cli import noop
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     noop.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
@@ -115,5 +116,5 @@ def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
             print(f"  {sid}" + (f"  ({reasons})" if reasons else ""), file=sys.stderr)
     if not result.ok:
         return 1
-    noop.record(ws, result)  # the next `optbuild build` may settle from it (see optbuild.noop)
+    noop.record(ws, result)  # the next `optbuild build` may settle from it (see optbuild.cli.noop)
     return 0

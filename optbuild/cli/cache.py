@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.cli.build import add_remote_flags, remote_override
-from optbuild.units import human_size, parse_size
+from optbuild.common.units import human_size, parse_size
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
@@ -52,7 +52,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild import api, lockfile
+    from optbuild import api
+    from optbuild.build import lockfile
     from optbuild.store.local import GC_GRACE_S
 
     command = args.cache_command
@@ -116,7 +117,8 @@ def _say_gc_waits(root: Path) -> Callable[[list[int]], None]:
 
 # --- push / pull -------------------------------------------------------------------------
 def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
-    from optbuild import runstats, transfer
+    from optbuild.build import runstats
+    from optbuild.cli import transfer
 
     if ws.remote is None:
         print("error: no remote cache: set [remote] url in optbuild.toml, $OPTBUILD_REMOTE or --remote URL",
@@ -140,7 +142,7 @@ def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
         else:
             host = None
             if args.fingerprint is not None:
-                from optbuild.fingerprint import Fingerprint
+                from optbuild.common.fingerprint import Fingerprint
 
                 try:
                     host = Fingerprint.load(args.fingerprint)
@@ -310,7 +312,7 @@ def _local_counts(record: dict[str, Any]) -> dict[str, int] | None:
     Records written before unavailable steps had a count of their own counted them as
     misses; their status counts say how many to move.
     """
-    from optbuild.status import Status
+    from optbuild.build.status import Status
 
     local = record.get("local")
     if not isinstance(local, dict):
@@ -330,7 +332,7 @@ def _int(value: Any) -> int:
 
 
 def _stats(ws: Workspace, args: argparse.Namespace) -> int:
-    from optbuild.runstats import describe_mismatches, read_stats
+    from optbuild.build.runstats import describe_mismatches, read_stats
 
     records = read_stats(ws.store.root)
     totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0, "unavailable": 0},

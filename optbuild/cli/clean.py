@@ -12,7 +12,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit 1 when a configured folder was left whole: nothing says optbuild made it."""
     from optbuild import api
-    from optbuild.recipe import load_project
+    from optbuild.project.recipe import load_project
 
     cleaned = api.clean(load_project(args.directory), cache=args.cache)
     for path in cleaned.removed:

@@ -24,8 +24,8 @@ def _lock_file(directory: Path | None) -> Path:
     the recipes: a diff still works while a recipe does not validate."""
     import tomllib
 
-    from optbuild.errors import OptbuildError
-    from optbuild.projectroot import CONFIG_NAME, project_root
+    from optbuild.common.errors import OptbuildError
+    from optbuild.common.projectroot import CONFIG_NAME, project_root
 
     root = project_root(directory)
     if root is None:
@@ -42,8 +42,8 @@ def _lock_file(directory: Path | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from optbuild import lockdiff, lockfile
-    from optbuild.errors import OptbuildError
+    from optbuild.build import lockdiff, lockfile
+    from optbuild.common.errors import OptbuildError
 
     lock = _lock_file(args.directory)
     if not lock.exists():

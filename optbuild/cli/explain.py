@@ -21,7 +21,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def resolve(ws: Workspace, target: str) -> str:
     """``target`` ("recipe:step", or a step name one recipe has) as a step id; else an error
     that suggests the closest step and lists the steps it may have meant."""
-    from optbuild.errors import OptbuildError
+    from optbuild.common.errors import OptbuildError
 
     steps = ws.project.steps
     if target in steps:
@@ -51,8 +51,8 @@ def _is_set(value: Any) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.fingerprint import Fingerprint
-    from optbuild.status import Status
+    from optbuild.build.status import Status
+    from optbuild.common.fingerprint import Fingerprint
 
     ws = api.open_workspace(args.directory)
     try:

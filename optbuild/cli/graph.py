@@ -11,8 +11,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild.graph import StepGraph
-    from optbuild.recipe import load_project
+    from optbuild.project.graph import StepGraph
+    from optbuild.project.recipe import load_project
 
     graph = StepGraph(load_project(args.directory).steps)
     selected = graph.select(args.targets)

@@ -20,10 +20,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild import reference
-    from optbuild.errors import OptbuildError
-    from optbuild.recipe import project_kinds
-    from optbuild.steps import registry
+    from optbuild.common.errors import OptbuildError
+    from optbuild.project.recipe import project_kinds
+    from optbuild.steps import reference, registry
 
     local = project_kinds(Path.cwd())
     if args.kind is None:

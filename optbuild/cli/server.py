@@ -23,9 +23,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0: it runs (status), or it was stopped / none ran (stop); 1: none runs (status)."""
-    from optbuild.buildserver import protocol
-    from optbuild.errors import OptbuildError
-    from optbuild.projectroot import CONFIG_NAME, project_root
+    from optbuild.cli.buildserver import protocol
+    from optbuild.common.errors import OptbuildError
+    from optbuild.common.projectroot import CONFIG_NAME, project_root
 
     root = project_root(args.directory)
     if root is None:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace, root: str, pid: int | None) -> int:
     """What the server says of itself; its pid alone when it does not answer."""
-    from optbuild.buildserver import protocol
+    from optbuild.cli.buildserver import protocol
 
     answer = None
     if pid is not None and not protocol.stopped(pid):
@@ -74,7 +74,7 @@ def _status(args: argparse.Namespace, root: str, pid: int | None) -> int:
 def _stop(root: str, pid: int) -> str:
     """End the server: asked (it stops between builds), then SIGTERM (cancelling a build it
     runs; a stopped one is continued to act on it), then SIGKILL; says which ended it."""
-    from optbuild.buildserver import protocol
+    from optbuild.cli.buildserver import protocol
 
     if not protocol.stopped(pid):
         try:

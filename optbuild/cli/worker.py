@@ -51,8 +51,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import socket
 
+    from optbuild.common.errors import OptbuildError
     from optbuild.distributed import require_distributed, require_tls_settings
-    from optbuild.errors import OptbuildError
 
     require_distributed()
     require_tls_settings(args.scheduler, "worker")
@@ -84,8 +84,8 @@ def _fields(fingerprint: Path | None) -> dict[str, Any]:
     """The fingerprint the node offers: recorded in ``fingerprint``, else probed here."""
     import json
 
-    from optbuild.errors import OptbuildError
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.errors import OptbuildError
+    from optbuild.common.fingerprint import Fingerprint
 
     if fingerprint is None:
         fields = Fingerprint().as_dict()
@@ -100,7 +100,7 @@ def _fields(fingerprint: Path | None) -> dict[str, Any]:
 
 def _remote(args: argparse.Namespace) -> Any:
     """The node's remote cache (``RemoteStore``), with the signing key of its own environment."""
-    from optbuild.errors import OptbuildError
+    from optbuild.common.errors import OptbuildError
     from optbuild.store.remote import open_remote
 
     key_env = args.signing_key_env or SIGNING_KEY_ENV

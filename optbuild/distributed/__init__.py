@@ -19,7 +19,7 @@ with its own signing key (``node.NodeConfig``).
 
 from __future__ import annotations
 
-from optbuild.errors import OptbuildError
+from optbuild.common.errors import OptbuildError
 
 
 def require_distributed() -> None:

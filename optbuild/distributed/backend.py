@@ -1,6 +1,6 @@
 """The dask executor's backend: each step that must build is one Dask task on a node.
 
-The coordinator (``optbuild.executor.Executor``) schedules, keys, looks up the caches and
+The coordinator (``optbuild.build.executor.Executor``) schedules, keys, looks up the caches and
 writes the lock file as for a local build; this backend only
 
 * places a step (``place``): among the nodes that ``optbuild worker`` started, those whose
@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbuild.build.executor import BackendUnavailable, BuildBackend, Cancelled, Executor, Placement
+from optbuild.build.keys import _display_path, key_files
+from optbuild.common.errors import OptbuildError, StepError
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.distributed.resources import MARKER, requested, satisfies
-from optbuild.errors import OptbuildError, StepError
-from optbuild.executor import BackendUnavailable, BuildBackend, Cancelled, Executor, Placement
-from optbuild.fingerprint import Fingerprint
-from optbuild.keys import _display_path, key_files
-from optbuild.recipe import StepSpec
+from optbuild.process.spec import WorkerResult
+from optbuild.project.recipe import StepSpec
 from optbuild.store.entry import ActionEntry, canonical_json
-from optbuild.workerspec import WorkerResult
 
 CONNECT_TIMEOUT_S = 10
 NODES_WAIT_S = 10.0  # how long a build waits for the first node to join

@@ -23,7 +23,7 @@ trusts none of it (anyone who reaches the scheduler can send a task):
    ``paths.confined``: nothing lands outside the scratch folder;
 4. it runs the step in its own process, as a local build does: a child of one of the node's
    fork servers, which have imported the step's tools once (``node_pool``; a fresh
-   ``python -m optbuild.worker`` where they cannot); a native crash kills that process,
+   ``python -m optbuild.process.child`` where they cannot); a native crash kills that process,
    not the node. The signing key's variable is not in that process's environment;
 5. it stores the outputs and the log in the node's cache and the remote CAS, then the action
    entry (blobs first, so the remote never names a blob it lacks; a node killed half-way
@@ -61,7 +61,7 @@ def node_pool(node: NodeConfig) -> Any:
     watched for changed modules: a node runs the optbuild it was started with, and is
     restarted to run another. Steps do not see the node's signing key in their environment."""
     global _POOL
-    from optbuild.workerpool import ServedPool
+    from optbuild.process.pool import ServedPool
 
     env = {name: value for name, value in os.environ.items() if name != node.remote.signing_key_env}
     with _NODE_LOCK:
@@ -134,8 +134,8 @@ class _Warnings:
 
 def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
     """Put the blob at ``store_path`` at ``root/name``, proven to stay inside ``root``."""
-    from optbuild.errors import OptbuildError
-    from optbuild.paths import confined
+    from optbuild.common.errors import OptbuildError
+    from optbuild.common.paths import confined
     from optbuild.store.entry import EntryError, check_relative_path
 
     try:
@@ -175,7 +175,7 @@ def _run(doc: dict[str, Any], tmp: Path, node: NodeConfig) -> dict[str, Any]:
     out_dir, state = tmp / "out", tmp / "state"
     out_dir.mkdir()
     state.mkdir()
-    from optbuild.workerspec import WorkerSpec
+    from optbuild.process.spec import WorkerSpec
 
     spec = WorkerSpec(implementation=implementation, step_id=step_id, params=_params(material, doc),
                       base_dir=str(base_dir), project_root=str(project), inputs=inputs,
@@ -189,7 +189,7 @@ def _run(doc: dict[str, Any], tmp: Path, node: NodeConfig) -> dict[str, Any]:
     assert proc is not None  # None only when cancelled before it started
     code = proc.poll(None)
     duration = time.perf_counter() - started
-    from optbuild.executor import read_result
+    from optbuild.build.executor import read_result
 
     result = read_result(tmp / "result.json", code, tmp)
     log_bytes = log_path.read_bytes()
@@ -211,7 +211,7 @@ def _material(doc: dict[str, Any]) -> dict[str, Any]:
     """The key material of what this task builds: the task's, with the digests of the files
     and upstream outputs it fetches (``_fetch`` checks each blob against its digest).
     Refused unless its key (``keys.action_key``, as the coordinator computes it) is the task's."""
-    from optbuild.keys import action_key, describe_changes
+    from optbuild.build.keys import action_key, describe_changes
 
     sent = doc["ingredients"]
     material = {**sent,
@@ -279,7 +279,7 @@ def _store(tmp: Path, cache: Any) -> tuple[Any, Any]:
     """(the store the task fetches into and stores in, the node's cache settings): the
     node's blob cache, shared by its tasks and kept between them, where it has one
     (``optbuild worker --cache``); else a throw-away store in the scratch folder."""
-    from optbuild.digest import FileHasher
+    from optbuild.common.digest import FileHasher
     from optbuild.store.local import LocalStore
 
     if cache is None or not cache.max_bytes:
@@ -295,8 +295,8 @@ def _fetch(doc: dict[str, Any], session: Any, store: Any, tmp: Path, project: Pa
            warnings: _Warnings) -> dict[str, Any]:
     """Every input file into ``project`` and every upstream output into a folder of its own,
     from ``store`` where it holds them, else from the remote; the inputs' ArtifactSpecs."""
+    from optbuild.process.spec import ArtifactSpec
     from optbuild.store.remote import TransferError
-    from optbuild.workerspec import ArtifactSpec
 
     def blob(digest: str, size: int, label: str) -> Path:
         path = session.download_blob(digest, size, store, label)
@@ -327,7 +327,7 @@ def _fetch(doc: dict[str, Any], session: Any, store: Any, tmp: Path, project: Pa
 def _check_tools(material: dict[str, Any], node: str) -> None:
     """The key names the versions of the step's tools that the coordinator has: a node with
     others would file its output under a key that does not describe it."""
-    from optbuild.toolchain import Toolchain
+    from optbuild.common.toolchain import Toolchain
 
     tools = Toolchain()
     wanted = material.get("tools") or {}
@@ -339,8 +339,8 @@ def _check_tools(material: dict[str, Any], node: str) -> None:
 
 
 def _inside(root: Path, relative: str, what: str) -> Path:
-    from optbuild.errors import OptbuildError
-    from optbuild.paths import confined
+    from optbuild.common.errors import OptbuildError
+    from optbuild.common.paths import confined
     from optbuild.store.entry import EntryError, check_relative_path
 
     try:
@@ -353,8 +353,8 @@ def _inside(root: Path, relative: str, what: str) -> Path:
 def _entry(doc: dict[str, Any], material: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: dict[str, Any],
            duration: float, node: str) -> Any:
     """The action entry of the outputs in ``out_dir``, under the rules of a local build."""
-    from optbuild.errors import StepError
-    from optbuild.outputs import store_outputs
+    from optbuild.build.outputs import store_outputs
+    from optbuild.common.errors import StepError
     from optbuild.store.entry import ActionEntry
 
     step_id, primary = doc["step"], doc.get("primary_output")

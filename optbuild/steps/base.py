@@ -22,11 +22,11 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from optbuild.callables import Call
-from optbuild.errors import StepError
+from optbuild.common.callables import Call
+from optbuild.common.errors import StepError
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 
 class _Marker:
@@ -69,7 +69,7 @@ CallableRef = Annotated[str, AfterValidator(_check_callable), CALLABLE_REF]
 
 class RecipeTable(BaseModel):
     """A table a recipe writes: unknown keys are errors, values are immutable. The docstring
-    under a field is its description, which optbuild.reference reads from the source."""
+    under a field is its description, which optbuild.steps.reference reads from the source."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -161,11 +161,11 @@ class Step:
     Params: ClassVar[type[StepParams]]
     # Python distributions whose versions change the output (their versions enter the key).
     tools: ClassVar[tuple[str, ...]] = ()
-    # Modules the fork server imports once for every step of this kind (optbuild.zygote):
+    # Modules the fork server imports once for every step of this kind (optbuild.process.forkserver):
     # heavy ones whose import leaves no thread running (not onnxruntime: see the zygote);
-    # optbuild.workerpool has the built-in kinds' sets.
+    # optbuild.process.pool has the built-in kinds' sets.
     preload: ClassVar[tuple[str, ...]] = ()
-    # Host fingerprint fields the output depends on (see optbuild.fingerprint).
+    # Host fingerprint fields the output depends on (see optbuild.common.fingerprint).
     host_fields: ClassVar[tuple[str, ...]] = ()
     # Name of the main output file inside out_dir, handed to downstream steps as `primary`.
     primary_output: ClassVar[str | None] = "model.onnx"
@@ -218,7 +218,7 @@ class Step:
 
     def calls(self) -> list[Call]:
         """The ``file.py:callable`` parameters this step calls, and how: checked by reading
-        their files when the project loads (optbuild.callables). Default: every CallableRef
+        their files when the project loads (optbuild.common.callables). Default: every CallableRef
         field, with its arguments unknown (only the name is checked)."""
         calls = []
         for name in fields_with(type(self.params), CALLABLE_REF):

@@ -5,7 +5,7 @@ TensorRT engine on gpu.0: whatever ``optbuild.backends.registry`` runs for its a
 opened by its backend and run on one seeded random sample of its declared shapes
 (``seed``; symbolic dims get ``dynamic_size`` unless the recipe's ``[inputs.NAME]`` or the
 step's ``inputs`` declare them): ``warmup`` untimed runs, then ``runs`` timed ones
-(optbuild.bench.time_calls: time.perf_counter_ns per run, the garbage collector off).
+(optbuild.cli.measure.time_calls: time.perf_counter_ns per run, the garbage collector off).
 
 Outputs: the measured artifact's files, unchanged and under their names (hard links where
 the file system allows, else copies; the cache keeps one copy of identical bytes), the
@@ -46,14 +46,14 @@ from pydantic import Field, model_validator
 
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest
-from optbuild.errors import StepError, first_line
+from optbuild.common.errors import StepError, first_line
+from optbuild.model.inputdecl import StepInputs, check_declarations, inputs_field
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps import fields
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef, link_files
-from optbuild.steps.inputdecl import StepInputs, check_declarations, inputs_field
-from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 FORMAT = "optbuild.benchmark"
 REPORT_VERSION = 1
@@ -147,8 +147,8 @@ class Benchmark(Step):
 
     # --- execution -------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
-        from optbuild import samples as sampling
-        from optbuild.bench import latency_figures, time_calls
+        from optbuild.cli.measure import latency_figures, time_calls
+        from optbuild.model import samples as sampling
         from optbuild.steps.verify import entered_runner, model_entry
 
         p = self.params

@@ -1,7 +1,7 @@
 """kind = "calibrate": activation ranges of an ONNX model over calibration data.
 
 The model runs on onnxruntime (CPU) over the samples of ``data`` (an .npz file, a folder of
-.npy files, or ``file.py:callable`` yielding feed dicts: see optbuild.samples), and
+.npy files, or ``file.py:callable`` yielding feed dicts: see optbuild.model.samples), and
 onnxruntime.quantization's calibrator for ``method`` (minmax, entropy, percentile) reduces
 what it sees to one range per tensor. The data files (or the callable's file and the
 project-local modules it imports) enter the key, with the model's content and the params.
@@ -57,11 +57,11 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
-from optbuild.errors import StepError, first_line
-from optbuild.samples import DataArg, non_default
+from optbuild.common.errors import StepError, first_line
+from optbuild.model.samples import DataArg, non_default
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps import fields
 from optbuild.steps.base import StepContext, StepParams, StepRef
-from optbuild.workerpool import ONNX_TOOLS
 
 TABLE_FORMAT = "optbuild.calibration"
 TABLE_VERSION = 1
@@ -157,8 +157,8 @@ class Calibrate(fields.DataSourceStep):
     def run(self, ctx: StepContext) -> None:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, create_calibrator
 
-        from optbuild import samples as sampling
-        from optbuild.digest import hash_file
+        from optbuild.common.digest import hash_file
+        from optbuild.model import samples as sampling
         from optbuild.steps.rewrite_check import reference_runner
 
         p = self.params

@@ -30,15 +30,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from optbuild.errors import StepError, first_line
+from optbuild.common.errors import StepError, first_line
+from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import check_field, input_field, tolerance_field
-from optbuild.steps.inputdecl import StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field
-from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 # Providers whose optimized graph onnxruntime can save (providers that compile subgraphs
 # into their own nodes, e.g. TensorRT or OpenVINO, cannot serialize the result).
@@ -200,9 +200,9 @@ class OrtEngine(Step):
             ctx.log(f"level {self.params.level}: ORT format, {out.stat().st_size} bytes")
 
     def _check(self, ctx: StepContext, source: Path, optimized: Any) -> None:
-        from optbuild.compare import compare_outputs
-        from optbuild.samples import describe_tried, feeds
-        from optbuild.steps.inputdecl import check_declarations
+        from optbuild.model.compare import compare_outputs
+        from optbuild.model.inputdecl import check_declarations
+        from optbuild.model.samples import describe_tried, feeds
         from optbuild.steps.rewrite_check import blame, infer_outputs, reference_runner, shapes
 
         p = self.params

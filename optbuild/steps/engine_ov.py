@@ -14,7 +14,7 @@ bounds it; other dims stay as the ONNX model has them (dynamic dims stay dynamic
 * "int8": NNCF's post-training quantization (``nncf.quantize``, target device ANY, preset
   "performance": symmetric activations, or "mixed": asymmetric) inserts FakeQuantize ops
   with ranges observed on ``samples`` samples of ``calibration`` (the forms the calibrate
-  step takes: .npz, a folder of .npy, ``file.py:callable``; see optbuild.samples),
+  step takes: .npz, a folder of .npy, ``file.py:callable``; see optbuild.model.samples),
   then fast bias correction. ``model_type = "transformer"`` (nncf.ModelType.TRANSFORMER)
   keeps the element-wise ops, normalizations and reductions of transformers float, quantizes
   the MatMuls, smooths their activation outliers into the weights first (SmoothQuant, with
@@ -73,17 +73,17 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.backends.base import module_missing
 from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
 from optbuild.backends.openvino.loader import PINNED_PRECISION, RT_INFO_HINT, RT_INFO_PRECISION
-from optbuild.errors import StepError
-from optbuild.samples import DataArg, is_callable_source, non_default
+from optbuild.common.errors import StepError
+from optbuild.model.inputdecl import InputDecls, StepInputs
+from optbuild.model.samples import DataArg, is_callable_source, non_default
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps import fields
 from optbuild.steps.base import RecipeTable, StepContext, StepParams, StepRef
-from optbuild.steps.inputdecl import InputDecls, StepInputs
 from optbuild.steps.rewrite_check import Atol, atol_field
-from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
     from optbuild.backends.base import TensorSpec
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 MANIFEST = "engine.json"
 # Default thresholds of the check, by precision (None: not checked).
@@ -252,7 +252,7 @@ class OpenVINOEngine(fields.DataSourceStep):
     # --- execution -------------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
         from optbuild.backends.openvino import loader
-        from optbuild.steps.inputdecl import check_declarations
+        from optbuild.model.inputdecl import check_declarations
 
         p = self.params
         source, label = ctx.onnx_input(f"the {LABEL} engine"), ctx.inputs["input"].step
@@ -340,7 +340,7 @@ class OpenVINOEngine(fields.DataSourceStep):
                   label: str) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
         """NNCF post-training INT8 over the calibration samples: (model, samples, manifest entries)."""
         from optbuild.backends.openvino import loader
-        from optbuild.samples import load_samples
+        from optbuild.model.samples import load_samples
 
         p = self.params
         if (missing := nncf_missing()) is not None:
@@ -417,9 +417,9 @@ class OpenVINOEngine(fields.DataSourceStep):
     def _check(self, ctx: StepContext, source: Path, out: Path, label: str,
                samples: list[dict[str, Any]]) -> None:
         from optbuild.backends.openvino.runner import OpenVINORunner
-        from optbuild.compare import compare_outputs
-        from optbuild.errors import first_line
-        from optbuild.samples import describe_tried, feeds
+        from optbuild.common.errors import first_line
+        from optbuild.model.compare import compare_outputs
+        from optbuild.model.samples import describe_tried, feeds
         from optbuild.steps.rewrite_check import blame, entered_onnx, infer_outputs, shapes
 
         p = self.params
@@ -523,7 +523,7 @@ def _float_cosine(references: list[Any], candidates: list[Any]) -> float | None:
     None for non-float or empty outputs (compare.cosine covers the rest)."""
     import numpy as np
 
-    from optbuild.compare import cosine
+    from optbuild.model.compare import cosine
 
     if not references or not all(np.issubdtype(np.asarray(a).dtype, np.floating) for a in references + candidates):
         return None

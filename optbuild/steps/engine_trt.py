@@ -39,7 +39,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from optbuild.atomic import write_atomic
 from optbuild.backends.base import module_missing
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt import profiles as profile_form
@@ -60,14 +59,15 @@ from optbuild.backends.tensorrt.host import (
     target_number,
 )
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
-from optbuild.errors import StepError, StepUnavailable
+from optbuild.common.atomic import write_atomic
+from optbuild.common.errors import StepError, StepUnavailable
+from optbuild.model.inputdecl import InputDecls, StepInputs
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps.base import RecipeTable, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import input_field
-from optbuild.steps.inputdecl import InputDecls, StepInputs
-from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 
 # --- parameters --------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class EngineParams(StepParams):
     @classmethod
     def _size(cls, value: Any) -> Any:
         if isinstance(value, str):
-            from optbuild.units import parse_size
+            from optbuild.common.units import parse_size
 
             value = parse_size(value)
         if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
@@ -238,7 +238,7 @@ def declared_profiles(inputs: list[tuple[str, tuple[int, ...]]], decls: InputDec
     """One profile from the declared shapes of the network's dynamic inputs; [] when one of
     them is not declared (static inputs need none)."""
     from optbuild.backends.base import TensorSpec
-    from optbuild.steps.inputdecl import profile_shapes
+    from optbuild.model.inputdecl import profile_shapes
 
     specs = [TensorSpec(name, "", tuple(d if d >= 0 else None for d in shape)) for name, shape in inputs]
     shapes = profile_shapes(specs, decls)

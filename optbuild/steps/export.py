@@ -2,7 +2,7 @@
 
 ``model = "models/cnn.py:build"`` names a callable that returns ``(module, example_inputs)``.
 The key covers the callable's file and every project-local module it imports (read, not
-run: optbuild.pyimports), the weights and any extra files, so editing a model class in an
+run: optbuild.common.pyimports), the weights and any extra files, so editing a model class in an
 imported module rebuilds the export.
 
 The exported model is checked before it is accepted: onnx.checker, then onnxruntime (CPU)
@@ -39,11 +39,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from optbuild import usermodule
-from optbuild.callables import Call
-from optbuild.compare import compare_outputs
-from optbuild.errors import StepError, first_line
-from optbuild.pyimports import local_imports
+from optbuild.common import usermodule
+from optbuild.common.callables import Call
+from optbuild.common.errors import StepError, first_line
+from optbuild.common.pyimports import local_imports
+from optbuild.model.compare import compare_outputs
+from optbuild.model.inputdecl import StepInputs
+from optbuild.process.pool import TORCH_TOOLS
 from optbuild.steps.base import (
     KEYED_WHEN_SET,
     CallableRef,
@@ -53,8 +55,6 @@ from optbuild.steps.base import (
     StepParams,
     StepRef,
 )
-from optbuild.steps.inputdecl import StepInputs
-from optbuild.workerpool import TORCH_TOOLS
 
 if TYPE_CHECKING:
     from optbuild.backends.base import Runner

@@ -6,7 +6,7 @@ description, the default, the examples) and returns the pydantic ``Field``: one 
 one set of bounds for what means the same everywhere. ``DataSourceStep`` puts a step's data
 source into its key.
 
-See also ``inputs_field`` (optbuild.steps.inputdecl) and ``atol_field``
+See also ``inputs_field`` (optbuild.model.inputdecl) and ``atol_field``
 (optbuild.steps.rewrite_check).
 """
 
@@ -17,8 +17,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, Field
 
-from optbuild.callables import Call
-from optbuild.samples import check_data_source, data_calls, data_key_files
+from optbuild.common.callables import Call
+from optbuild.model.samples import check_data_source, data_calls, data_key_files
 from optbuild.steps.base import Step
 
 # A data source as a recipe names it: an .npz file, a folder of .npy files, or 'file.py:callable'.

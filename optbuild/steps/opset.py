@@ -13,12 +13,12 @@ from typing import Any
 
 from pydantic import Field
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
+from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import check_field, input_field, tolerance_field
-from optbuild.steps.inputdecl import StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
-from optbuild.workerpool import ONNX_TOOLS
 
 OLDEST = 7  # onnxruntime runs opsets 7 and newer
 

@@ -47,15 +47,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
-from optbuild.errors import StepError
-from optbuild.samples import non_default
+from optbuild.common.errors import StepError
+from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.model.samples import non_default
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps.base import Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import input_field
-from optbuild.steps.inputdecl import StepInputs, inputs_field
-from optbuild.workerpool import ONNX_TOOLS
 
 if TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 _STATIC_ONLY = ("calibration", "format", "activation_type", "symmetric_activations")
 _INT8_ONLY = ("weight_type", "per_channel", "reduce_range", "symmetric_weights", "op_types_to_quantize",
@@ -364,7 +364,7 @@ class Quantize(Step):
         model (``source``: the upstream file, whose digest the table may record)."""
         from onnxruntime.quantization import CalibrationMethod
 
-        from optbuild.digest import hash_file
+        from optbuild.common.digest import hash_file
         from optbuild.steps.calibrate import read_table
 
         artifact = ctx.inputs["calibration"]
@@ -473,8 +473,8 @@ class Quantize(Step):
         import onnx
 
         from optbuild.backends import registry
-        from optbuild.samples import describe_tried, feeds
-        from optbuild.steps.inputdecl import check_declarations
+        from optbuild.model.inputdecl import check_declarations
+        from optbuild.model.samples import describe_tried, feeds
         from optbuild.steps.rewrite_check import blame
 
         what = f"the {self.params.mode} model"

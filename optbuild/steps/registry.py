@@ -8,7 +8,7 @@ import importlib
 from functools import cache
 from pathlib import Path
 
-from optbuild import plugins, usermodule
+from optbuild.common import plugins, usermodule
 from optbuild.steps.base import Step
 
 ENTRY_POINT_GROUP = "optbuild.steps"

@@ -18,14 +18,14 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from optbuild.backends import registry
-from optbuild.errors import StepError, first_line
-from optbuild.samples import describe_tried, feeds
+from optbuild.common.errors import StepError, first_line
+from optbuild.model.inputdecl import InputDecls, check_declarations
+from optbuild.model.samples import describe_tried, feeds
 from optbuild.steps.base import KEYED_WHEN_SET, StepContext
-from optbuild.steps.inputdecl import InputDecls, check_declarations
 
 if typing.TYPE_CHECKING:
     from optbuild.backends.base import Runner
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 # The ``atol`` parameter of the checked steps: keyed only when set (it came after caches did).
 Atol = Annotated[float | None, KEYED_WHEN_SET]
@@ -33,7 +33,7 @@ Atol = Annotated[float | None, KEYED_WHEN_SET]
 
 def atol_field() -> Any:
     """The ``atol`` parameter: the absolute floor of a step's numeric check (see
-    optbuild.compare.Comparison.failure)."""
+    optbuild.model.compare.Comparison.failure)."""
     return Field(
         None, ge=0,
         description="Errors up to this absolute size pass whatever their relative size: an output "
@@ -51,7 +51,7 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
     """Compare ``out`` (what ``tool`` made of ``label``) with ``source`` on ``checks`` seeded
     feeds (see inputdecl: the recipe's declarations, else the model's own, symbolic dims 1,
     2, 3... in turn); StepError when they differ (beyond ``tolerance`` relative and ``atol``
-    absolute: see optbuild.compare.Comparison.failure). ``out`` must load in onnxruntime even
+    absolute: see optbuild.model.compare.Comparison.failure). ``out`` must load in onnxruntime even
     when ``checks`` is 0: a model nothing can open must not be cached. Feeds on which the input
     model itself fails are skipped (and logged), not blamed on the rewrite; when it fails on
     all of them, nothing could be checked: an error that says what was fed and how to
@@ -71,7 +71,7 @@ def check_rewrite(ctx: StepContext, source: Path, out: Path, label: str, tool: s
 def _compare(ctx: StepContext, original: Runner, rewritten: Runner, label: str, tool: str, *, checks: int,
              tolerance: float, atol: float | None, decls: InputDecls | None) -> None:
     """check_rewrite's comparisons, on the loaded models."""
-    from optbuild.compare import compare_outputs
+    from optbuild.model.compare import compare_outputs
 
     specs = original.input_specs()
     check_declarations(specs, decls, label)

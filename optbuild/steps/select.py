@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 from optbuild.steps.base import Artifact, Step, StepContext, StepParams, StepRef, link_files
 
 REPORT_VERSION = 1

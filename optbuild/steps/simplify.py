@@ -26,12 +26,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from optbuild.errors import StepError, first_line
+from optbuild.common.errors import StepError, first_line
+from optbuild.model.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
+from optbuild.process.pool import TORCH_TOOLS
 from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import check_field, input_field, tolerance_field
-from optbuild.steps.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
-from optbuild.workerpool import TORCH_TOOLS
 
 InputShapes = Annotated[dict[str, list[Annotated[int, Field(ge=1)]]] | None, KEYED_WHEN_SET]
 DimNames = Annotated[dict[str, dict[Annotated[int, Field(ge=0)], Annotated[str, Field(min_length=1)]]] | None,

@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import Field
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps.base import InputPath, Step, StepContext, StepParams
-from optbuild.workerpool import ONNX_TOOLS
 
 
 class OnnxSourceParams(StepParams):

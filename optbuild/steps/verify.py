@@ -9,7 +9,7 @@ dims get ``dynamic_size``, integer inputs draw from ``int_range``). The candidat
 ORT-format model (an onnxruntime engine step with format = "ort"); a float16 candidate gets
 its float inputs cast to float16.
 
-Figures, per output, over all samples (optbuild.compare, as the other steps' checks):
+Figures, per output, over all samples (optbuild.model.compare, as the other steps' checks):
 
 ``max_abs``  largest |candidate - reference| over every element (NaN or inf in the same
              places on both sides count as equal; anywhere else they make it inf).
@@ -58,11 +58,13 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from optbuild import compare
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
-from optbuild.errors import StepError, StepUnavailable, first_line
-from optbuild.samples import DataArg, non_default
+from optbuild.common.errors import StepError, StepUnavailable, first_line
+from optbuild.model import compare
+from optbuild.model.inputdecl import StepInputs, check_declarations
+from optbuild.model.samples import DataArg, non_default
+from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
 from optbuild.steps.fields import (
     DataSource,
@@ -73,11 +75,9 @@ from optbuild.steps.fields import (
     samples_field,
     seed_field,
 )
-from optbuild.steps.inputdecl import StepInputs, check_declarations
-from optbuild.workerpool import ONNX_TOOLS
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 REPORT_VERSION = 3  # 2: models named by file and digest, not by step; 3: what ran each side
 
@@ -215,7 +215,7 @@ class Verify(DataSourceStep):
     def run(self, ctx: StepContext) -> None:
         import numpy as np
 
-        from optbuild import samples as sampling
+        from optbuild.model import samples as sampling
 
         p = self.params
         ref_art, cand_art = ctx.inputs["reference"], ctx.inputs["candidate"]
@@ -346,6 +346,6 @@ def entered_runner(stack: contextlib.ExitStack, side: tuple[Backend, Manifest], 
 def model_entry(path: Path) -> dict[str, str]:
     """A compared model as the report names it: file name and content digest (what the key
     holds), never the step that made it."""
-    from optbuild.digest import ALGORITHM, hash_file
+    from optbuild.common.digest import ALGORITHM, hash_file
 
     return {"file": path.name, "digest": f"{ALGORITHM}:{hash_file(path)[0]}"}

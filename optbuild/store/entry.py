@@ -9,7 +9,7 @@ with a name that later restores cannot create.
 
 This module is the store's one home for those rules: what a digest or key looks like
 (``is_digest`` / ``check_digest``; the pattern itself is the digest function's, defined in
-``optbuild.digest``), how an entry is read and validated (``parse_entry``, ``read_entry``),
+``optbuild.common.digest``), how an entry is read and validated (``parse_entry``, ``read_entry``),
 and the canonical JSON that keys and remote entries are made of (``canonical_json``).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
-from optbuild.digest import ALGORITHM, DIGEST_HEX, is_digest
+from optbuild.common.digest import ALGORITHM, DIGEST_HEX, is_digest
 
 FORMAT = 2  # 2: BLAKE3-256 digests, the digest function recorded
 MAX_ENTRY_BYTES = 16 << 20  # an entry larger than this is not an entry

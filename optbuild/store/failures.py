@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from optbuild.atomic import write_atomic
+from optbuild.common.atomic import write_atomic
 from optbuild.store.entry import EntryError, check_digest, check_json_bounds
 
 FORMAT = 1

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from optbuild.errors import OptbuildError
+from optbuild.common.errors import OptbuildError
 
 
 class LockError(OptbuildError):

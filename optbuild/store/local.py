@@ -42,8 +42,8 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from optbuild.digest import FileHasher, digest_bytes, hash_file, new_hasher
-from optbuild.errors import CacheError, first_line
+from optbuild.common.digest import FileHasher, digest_bytes, hash_file, new_hasher
+from optbuild.common.errors import CacheError, first_line
 from optbuild.store.entry import (
     ActionEntry,
     OutputFile,

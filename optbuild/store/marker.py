@@ -17,7 +17,7 @@ Kind = Literal["build", "cache"]
 MARKER = ".optbuild-folder"
 _TEXT = "made by optbuild as a {kind} folder: `optbuild clean` deletes what optbuild made in it\n"
 
-# The stat cache (optbuild.digest), its SQLite companions, and the copies of a damaged one set aside.
+# The stat cache (optbuild.common.digest), its SQLite companions, and the copies of a damaged one set aside.
 _STATCACHE = {f"statcache.sqlite{part}{aside}" for part in ("", "-journal", "-wal", "-shm")
               for aside in ("", ".damaged")}
 # What optbuild itself makes at the top of each kind of folder, its marker aside (a build

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from optbuild.backends.openvino import loader
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
 
 loader.block_telemetry()  # before openvino is first imported: a plain import writes ~/intel/
 ov = pytest.importorskip("openvino")

@@ -14,8 +14,8 @@ from plugins.trt import matmul_relu
 
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, TensorSpec
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
 
 pytest.importorskip("onnxruntime")
 
@@ -116,7 +116,7 @@ BACKEND_NAMES = {"onnxruntime", "tensorrt", "tensorrt-rtx", "openvino", "engine/
                  "engine/tensorrt-rtx", "engine/openvino", ".engine", ".xml"}
 
 
-@pytest.mark.parametrize("module", ["optbuild/steps/verify.py", "optbuild/bench.py"])
+@pytest.mark.parametrize("module", ["optbuild/steps/verify.py", "optbuild/cli/measure.py"])
 def test_verify_and_bench_name_no_backend(module):
     """They get what runs an artifact from the registry; a new backend needs no edit there.
     (Messages and docs may mention backends; code that tells one apart spells its name.)"""

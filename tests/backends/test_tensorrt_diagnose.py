@@ -27,8 +27,8 @@ from optbuild.backends.tensorrt.diagnose import (
     split_driver_noise,
 )
 from optbuild.backends.tensorrt.host import gpu_missing
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.steps.engine_trt import TensorRTRTXEngine, check_dim_names
 
 GPU_LESS = gpu_missing(Fingerprint()) is not None

@@ -22,8 +22,8 @@ from optbuild.backends.tensorrt.host import RTX_TARGETS, run_obstacle
 from optbuild.backends.tensorrt.loader import load_engine, open_engine
 from optbuild.backends.tensorrt.profiles import Bounds, ShapeMismatch, choose_profile
 from optbuild.backends.tensorrt.runner import RunnerError, TrtRunner, UnsupportedEngine, random_feed
-from optbuild.errors import StepError, StepUnavailable
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.errors import StepError, StepUnavailable
+from optbuild.common.fingerprint import Fingerprint
 
 NO_GPU = Fingerprint({"gpu.count": 0, "gpu.error": "no NVIDIA GPU (NVIDIA driver not loaded)"})
 RTX_4090 = Fingerprint({"gpu.count": 1, "gpu.0.name": "NVIDIA GeForce RTX 4090", "gpu.0.compute_capability": "8.9"})

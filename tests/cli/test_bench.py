@@ -137,7 +137,7 @@ def test_progress_goes_to_stderr_a_line_per_model_as_it_is_measured(examples, be
 def test_a_step_target_and_the_plot(examples, benched):
     pytest.importorskip("matplotlib")
     from optbuild import api
-    from optbuild.bench import BenchOptions, bench
+    from optbuild.cli.measure import BenchOptions, bench
 
     ws = api.open_workspace(examples.root)
     try:

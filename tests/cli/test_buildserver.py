@@ -1,4 +1,4 @@
-"""The build server (optbuild.buildserver): off unless asked; where on, a build after the
+"""The build server (optbuild.cli.buildserver): off unless asked; where on, a build after the
 first goes through it, with the client's environment, folder and terminal, and a client
 whose world differs (environment, TMPDIR, mount namespace, limits, modules) builds in its
 own process; Ctrl-C and a killed client cancel as locally; a stopped or silent server is
@@ -24,8 +24,8 @@ from plugins.processes import parents, process_state, reaped, server_processes, 
 from plugins.projects import ProjectDir
 from test_signals import INTERRUPTED, assert_cancelled, assert_left_clean, nap_project, wait_for_pids
 
-from optbuild.buildserver import client, protocol, session
-from optbuild.buildserver import server as served
+from optbuild.cli.buildserver import client, protocol, session
+from optbuild.cli.buildserver import server as served
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: abstract sockets, /proc"),
               pytest.mark.timeout(180)]
@@ -612,8 +612,8 @@ def test_a_stopped_server_is_named_and_skipped_and_server_stop_ends_it(tmp_path,
 
 SILENT = """
 import signal, socket, sys, time
-from optbuild.buildserver import protocol
-from optbuild.buildserver.server import _claim
+from optbuild.cli.buildserver import protocol
+from optbuild.cli.buildserver.server import _claim
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a server stuck in a build that never ends
 folder, _ = _claim(sys.argv[1])
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -676,7 +676,7 @@ def test_a_server_declines_another_interpreter_a_changed_module_or_a_replaced_pr
 
 
 def test_no_optbuild_cache_outlives_a_build(tmp_path):
-    from optbuild import plugins, pyimports
+    from optbuild.common import plugins, pyimports
 
     source = tmp_path / "m.py"
     source.write_text("import os\n")
@@ -688,7 +688,7 @@ def test_no_optbuild_cache_outlives_a_build(tmp_path):
 
 
 def test_the_server_switches_do_not_change_the_no_op_stamp(monkeypatch):
-    from optbuild import noop
+    from optbuild.cli import noop
 
     salt = bytes(range(noop.SALT_BYTES))
     before = noop._env(salt)

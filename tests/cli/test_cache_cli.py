@@ -14,8 +14,8 @@ import pytest
 from plugins.projects import CONFIG, PIPELINE, CliRun, ProjectDir
 from plugins.store import hold_shared_gc_lock
 
+from optbuild.build.runstats import describe_stats
 from optbuild.cli import main
-from optbuild.runstats import describe_stats
 
 # 2000 bytes in: src, mid, out and side hold 2000 + 2004 + 2008 + 2005 bytes = 7.8 KiB
 BIG_INPUT = "x" * 2000

@@ -83,7 +83,7 @@ def test_noop_build_imports_no_heavy_library(project):
 
 
 def test_fingerprint_prints_and_records_this_host(project, tmp_path):
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
     fields = json.loads(project.cli("fingerprint", "--json").stdout)
     assert fields["os.name"] == "Linux" and "gpu.count" in fields

@@ -14,7 +14,7 @@ import logging
 import os
 import warnings
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 from optbuild.steps.base import Step, StepParams, StepRef
 
 

@@ -16,7 +16,7 @@ from plugins.processes import alive, reaped
 from plugins.projects import CONFIG, ProjectDir
 
 from optbuild.cli import main
-from optbuild.digest import FileHasher
+from optbuild.common.digest import FileHasher
 from optbuild.store.local import LocalStore
 
 NAP_KINDS = '''

@@ -44,7 +44,7 @@ class Bound(Step):
 def _forked() -> bool:
     """Whether this step runs in a child of a fork server (else in a fresh process)."""
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
-        return b"optbuild.zygote" in cmdline.read()
+        return b"optbuild.process.forkserver" in cmdline.read()
 
 
 def _node_pid() -> int:

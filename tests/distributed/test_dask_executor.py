@@ -13,9 +13,10 @@ import pytest
 from daskfarm import FINGERPRINTS, Cluster, make_project
 from plugins.remote import outputs
 
-from optbuild import api, lockfile
-from optbuild.fingerprint import Fingerprint
-from optbuild.report import PlainReporter, Reporter
+from optbuild import api
+from optbuild.build import lockfile
+from optbuild.build.report import PlainReporter, Reporter
+from optbuild.common.fingerprint import Fingerprint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -147,7 +148,7 @@ def test_with_a_signing_key_a_node_without_it_builds_nothing(tmp_path, farm, far
 
 
 def test_a_node_with_other_tool_versions_than_the_key_says_builds_nothing(tmp_path, farm, farm_remote):
-    from optbuild.toolchain import Toolchain
+    from optbuild.common.toolchain import Toolchain
 
     recipe = ('[steps.src]\nkind = "text"\npath = "../data/input.txt"\n\n'
               '[steps.mid]\nkind = "join"\ninput = "src"\n')
@@ -175,7 +176,7 @@ def test_with_no_jobs_given_a_dask_build_runs_as_many_steps_at_once_as_the_farm_
 
 
 def test_a_node_uses_the_blobs_it_holds_instead_of_fetching_them_again(tmp_path, farm, farm_remote):
-    from optbuild.digest import digest_bytes
+    from optbuild.common.digest import digest_bytes
 
     first = ('[steps.src]\nkind = "text"\npath = "../data/input.txt"\n\n'
              '[steps.first]\nkind = "bound"\ninput = "src"\nfield = "gpu.count"\nvalue = "0"\n')

@@ -11,9 +11,10 @@ import time
 import pytest
 from daskfarm import make_project, start_cluster
 
-from optbuild import api, lockfile
-from optbuild.digest import FileHasher
-from optbuild.report import Reporter
+from optbuild import api
+from optbuild.build import lockfile
+from optbuild.build.report import Reporter
+from optbuild.common.digest import FileHasher
 from optbuild.store.local import LocalStore
 
 pytestmark = pytest.mark.timeout(60)

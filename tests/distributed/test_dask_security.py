@@ -15,8 +15,8 @@ import pytest
 from daskfarm import make_project, start_cluster
 
 from optbuild import api
-from optbuild.digest import digest_bytes
-from optbuild.report import Reporter
+from optbuild.build.report import Reporter
+from optbuild.common.digest import digest_bytes
 
 pytestmark = pytest.mark.timeout(60)
 

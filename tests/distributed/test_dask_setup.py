@@ -11,10 +11,10 @@ import pytest
 from daskfarm import make_project
 
 from optbuild import api
-from optbuild.digest import digest_bytes
+from optbuild.build.report import Reporter
+from optbuild.common.digest import digest_bytes
+from optbuild.common.errors import OptbuildError
 from optbuild.distributed.task import run_on
-from optbuild.errors import OptbuildError
-from optbuild.report import Reporter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -120,7 +120,7 @@ def _node(remote, name: str = "n1", fields: dict | None = None, key_env: str | N
 def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:OnnxSource", base_dir="recipes",
          **material):
     """A task whose key is that of its key material (``material`` replaces parts of it)."""
-    from optbuild.keys import action_key
+    from optbuild.build.keys import action_key
 
     blob = b"hello"
     digest = digest_bytes(blob)
@@ -218,7 +218,7 @@ def _acceptor(tmp_path, file_remote, monkeypatch):
     """A DaskBackend with only what ``_accept`` uses: a signed remote and a local store."""
     from types import SimpleNamespace
 
-    from optbuild.digest import FileHasher
+    from optbuild.common.digest import FileHasher
     from optbuild.distributed.backend import DaskBackend
     from optbuild.store.local import LocalStore
     from optbuild.store.remote import RemoteStore
@@ -234,7 +234,7 @@ def _acceptor(tmp_path, file_remote, monkeypatch):
 
 
 def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_path, file_remote, monkeypatch):
-    from optbuild.errors import StepError
+    from optbuild.common.errors import StepError
     from optbuild.store.entry import ActionEntry
     from optbuild.store.remote import encode_entry
 
@@ -300,7 +300,7 @@ def test_steps_sharing_an_input_send_it_to_the_remote_once(tmp_path, file_remote
     import threading
     from types import SimpleNamespace
 
-    from optbuild.digest import FileHasher
+    from optbuild.common.digest import FileHasher
     from optbuild.distributed.backend import DaskBackend
     from optbuild.store.local import LocalStore
     from optbuild.store.remote import RemoteStore

@@ -1,5 +1,5 @@
 """Running `optbuild` as a user would, in its own interpreter, telling whether the no-op
-fast path (optbuild.noop) was taken: OPTBUILD_DEBUG_FASTPATH=1 makes stderr say so, and why
+fast path (optbuild.cli.noop) was taken: OPTBUILD_DEBUG_FASTPATH=1 makes stderr say so, and why
 not. The racy margin is 0 unless asked otherwise, so that a build started right after
 another may vouch for its files. $XDG_CACHE_HOME is a folder beside the project (the
 per-user salt of the stamp's digests lives there), not the real user's."""
@@ -17,8 +17,8 @@ from plugins.projects import ProjectDir
 
 CODE = """\
 import json, sys
-import optbuild.noop
-optbuild.noop.RACY_NS = {racy_ns}
+import optbuild.cli.noop
+optbuild.cli.noop.RACY_NS = {racy_ns}
 from optbuild.cli import main
 rc = main({args!r})
 print(json.dumps(sorted(sys.modules)))

@@ -1,5 +1,5 @@
 """Processes in tests (a pytest plugin): their state read from /proc, and the build servers
-(optbuild.buildserver) a test starts, each ended after it; none outlives the session."""
+(optbuild.cli.buildserver) a test starts, each ended after it; none outlives the session."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def server_processes(root: Path, *, below: bool = False) -> list[int]:
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(b"optbuild.buildserver" in a for a in args) and any(
+        if any(b"optbuild.cli.buildserver" in a for a in args) and any(
                 a == wanted or (below and a.startswith(wanted + b"/")) for a in args):
             found.append(int(entry.name))
     return [pid for pid in found if alive(pid)]

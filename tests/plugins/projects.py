@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from optbuild import api
-from optbuild.errors import ProjectError
-from optbuild.recipe import load_project
-from optbuild.report import Reporter
+from optbuild.build.report import Reporter
+from optbuild.common.errors import ProjectError
+from optbuild.project.recipe import load_project
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]

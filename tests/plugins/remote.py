@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from plugins.projects import CONFIG, PIPELINE, ProjectDir
 
-from optbuild.digest import FileHasher
+from optbuild.common.digest import FileHasher
 from optbuild.store.local import LocalStore
 from optbuild.store.marker import MARKER
 from optbuild.store.remote import SIGNATURE_PREFIX, RemoteAudit, RemoteStore

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.steps.base import Artifact, StepContext
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,8 +32,8 @@ def artifact(model: Path, step: str = "r:export") -> Artifact:
 def recipe_step(recipe: str, step: str) -> dict[str, Any]:
     """The parameters of ``[steps.<step>]`` of recipes/<recipe>.toml, as written there or
     in its template (without ``kind``)."""
-    from optbuild import template
-    from optbuild.tomlsource import load_toml
+    from optbuild.project import template
+    from optbuild.project.tomlsource import load_toml
 
     problems: list = []
     table = template.instantiate(load_toml(RECIPES / f"{recipe}.toml"), problems)[0]["steps"][step]

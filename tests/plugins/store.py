@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from optbuild.digest import FileHasher, digest_bytes
+from optbuild.common.digest import FileHasher, digest_bytes
 from optbuild.store.entry import ActionEntry, OutputFile
 from optbuild.store.local import LocalStore
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.steps.base import Artifact, StepContext
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None

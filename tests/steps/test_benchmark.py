@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from optbuild.digest import ALGORITHM, hash_file
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.digest import ALGORITHM, hash_file
+from optbuild.common.fingerprint import Fingerprint
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -19,8 +19,8 @@ from plugins.projects import ProjectDir
 
 from optbuild import api
 from optbuild.backends import registry
-from optbuild.recipe import load_project
-from optbuild.report import Reporter
+from optbuild.build.report import Reporter
+from optbuild.project.recipe import load_project
 from optbuild.steps.benchmark import Benchmark, BenchmarkParams
 
 RECIPE = """\

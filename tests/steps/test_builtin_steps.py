@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from plugins.projects import REPO
 
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
-from optbuild.pyimports import local_imports
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
+from optbuild.common.pyimports import local_imports
 from optbuild.steps.base import StepContext
 from optbuild.steps.export import Export, ExportParams
 from optbuild.steps.source import OnnxSource, OnnxSourceParams

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

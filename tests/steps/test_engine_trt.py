@@ -29,10 +29,10 @@ from plugins.trt import (
 )
 from pydantic import ValidationError
 
-from optbuild.atomic import write_atomic
 from optbuild.backends.tensorrt import RUNTIMES
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.atomic import write_atomic
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.steps.engine_trt import (
     TensorRTEngine,
     TensorRTRTXEngine,

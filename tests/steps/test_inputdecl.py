@@ -7,9 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from optbuild.backends.base import TensorSpec
-from optbuild.errors import StepError
-from optbuild.samples import describe_tried, feeds
-from optbuild.steps.inputdecl import InputDecl, check_declarations, merged, profile_shapes
+from optbuild.common.errors import StepError
+from optbuild.model.inputdecl import InputDecl, check_declarations, merged, profile_shapes
+from optbuild.model.samples import describe_tried, feeds
 
 IMAGE = TensorSpec("x", "float32", ("batch", 3, "?", "?"))
 RATE = TensorSpec("sr", "int64", ())

@@ -9,7 +9,7 @@ import pytest
 from plugins.projects import ProjectDir
 from plugins.steps import artifact, context
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 from optbuild.steps.opset import Opset, OpsetParams
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from plugins.models import make_mlp, make_two_inputs, save
 from plugins.steps import calibrate, run_step
 
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.steps.base import Artifact, StepContext
 from optbuild.steps.quantize import HOST_FIELD, Quantize, QuantizeParams, all_nodes, x86_without_vnni
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from plugins.steps import run_step
 from plugins.thirdparty_models import corpus_model
 
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.steps.calibrate import Calibrate
 from optbuild.steps.opset import Opset
 from optbuild.steps.quantize import Quantize, all_nodes, x86_without_vnni

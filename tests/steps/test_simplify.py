@@ -13,7 +13,7 @@ from plugins.steps import INPUT_NAME, RECIPES, artifact, context, exported_examp
 from pydantic import ValidationError
 
 from optbuild.backends.onnxruntime.loader import session
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 from optbuild.steps.simplify import Simplify, SimplifyParams
 
 
@@ -176,7 +176,7 @@ def test_invalid_params_are_validation_errors(params, message):
 
 
 def test_a_recipes_backend_reaches_the_simplify_step():
-    from optbuild.recipe import load_project
+    from optbuild.project.recipe import load_project
 
     project = load_project(RECIPES)
     steps = {spec.id: spec for spec in project.steps.values()}
@@ -311,7 +311,7 @@ def test_float_rounding_in_tiny_outputs_is_within_the_absolute_floor(tmp_path, b
 
 
 def test_the_absolute_floor_holds_per_output_and_follows_the_element_type():
-    from optbuild.compare import compare_outputs
+    from optbuild.model.compare import compare_outputs
 
     big, tiny = np.full(4, 100.0, np.float32), np.full(4, 1e-6, np.float32)
     result = compare_outputs(["big", "tiny"], [big, tiny], [big + np.float32(1e-3), tiny + np.float32(5e-8)])

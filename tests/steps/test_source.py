@@ -6,7 +6,7 @@ import pytest
 from plugins.steps import context, tiny_onnx
 from pydantic import ValidationError
 
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 from optbuild.steps.source import OnnxSource, OnnxSourceParams
 
 

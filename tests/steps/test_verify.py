@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -71,7 +71,7 @@ def test_with_fail_false_an_exceeded_threshold_is_recorded_and_the_step_succeeds
 
 
 def test_fail_enters_the_key_only_when_set():
-    from optbuild.keys import key_params
+    from optbuild.build.keys import key_params
 
     assert "fail" not in key_params(VerifyParams(reference="a", candidate="b", max_abs=0.1))
     assert key_params(VerifyParams(reference="a", candidate="b", max_abs=0.1, fail=False))["fail"] is False

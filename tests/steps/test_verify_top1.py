@@ -26,8 +26,8 @@ from plugins.models import make_mlp
 from plugins.steps import run_step
 from plugins.thirdparty_models import corpus_model
 
-from optbuild.compare import class_scores, softmax_axes
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
+from optbuild.model.compare import class_scores, softmax_axes
 from optbuild.steps.verify import Verify
 
 

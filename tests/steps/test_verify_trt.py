@@ -19,10 +19,10 @@ from plugins.projects import REPO, ProjectDir
 from plugins.trt import HAS_RTX, MATMUL_PROFILE, make_ctx, matmul_relu
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
-from optbuild.errors import StepError
-from optbuild.fingerprint import Fingerprint
-from optbuild.keys import key_params
-from optbuild.recipe import load_project
+from optbuild.build.keys import key_params
+from optbuild.common.errors import StepError
+from optbuild.common.fingerprint import Fingerprint
+from optbuild.project.recipe import load_project
 from optbuild.steps.base import Artifact, Step, StepContext
 from optbuild.steps.verify import Verify, VerifyParams
 
@@ -295,7 +295,7 @@ def test_skip_unavailable_defaults_to_the_config_and_the_flags_override_it(unico
 def test_the_repository_config_skips_unavailable_steps():
     import tomllib
 
-    from optbuild.recipe import ProjectConfig
+    from optbuild.project.recipe import ProjectConfig
 
     with open(REPO / "optbuild.toml", "rb") as f:
         assert ProjectConfig.model_validate(tomllib.load(f)).build.skip_unavailable is True

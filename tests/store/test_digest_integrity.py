@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from plugins.projects import ProjectDir
 
-from optbuild.digest import ALGORITHM, FileHasher, digest_bytes, hash_file
+from optbuild.common.digest import ALGORITHM, FileHasher, digest_bytes, hash_file
 from optbuild.store.entry import EntryError, parse_entry
 
 xxhash = pytest.importorskip("xxhash")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from optbuild.digest import digest_bytes
+from optbuild.common.digest import digest_bytes
 from optbuild.store.entry import MAX_JSON_DEPTH, EntryError, check_relative_path, parse_entry
 
 KEY = digest_bytes(b"key")

@@ -1,7 +1,7 @@
 """The store layer imports nothing above it (issue #11): the cache (local, remote, entries,
 locks, failures) knows blobs, entries and keys, never recipes, steps, reporters, the
 executor, the API, the lock file or the CLI. What a whole run or a workspace does with the
-caches lives above it (optbuild.runstats, optbuild.transfer)."""
+caches lives above it (optbuild.build.runstats, optbuild.cli.transfer)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import optbuild
 
 PACKAGE = Path(optbuild.__file__).resolve().parent
 # what the store may use: itself, and the utilities every layer sits on
-BELOW_THE_STORE = {"optbuild.store", "optbuild.digest", "optbuild.errors", "optbuild.atomic", "optbuild.units"}
+BELOW_THE_STORE = {"optbuild.store", "optbuild.common.digest", "optbuild.common.errors", "optbuild.common.atomic", "optbuild.common.units"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -21,9 +21,9 @@ from plugins.remote import (
 )
 
 from optbuild import api
-from optbuild.errors import ProjectError
-from optbuild.fingerprint import Fingerprint
-from optbuild.report import Reporter
+from optbuild.build.report import Reporter
+from optbuild.common.errors import ProjectError
+from optbuild.common.fingerprint import Fingerprint
 
 SLOW = '\n[steps.slow]\nkind = "join"\ninput = "src"\nsuffix = "-slow"\nsleep = {sleep}\n'
 AFTER = '\n[steps.after]\nkind = "join"\ninput = "slow"\nsuffix = "-after"\n'

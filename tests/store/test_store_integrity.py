@@ -19,8 +19,8 @@ import pytest
 from plugins.projects import ProjectDir
 from plugins.store import key_for, make_entry, store_entry
 
-from optbuild.digest import FileHasher
-from optbuild.errors import CacheError
+from optbuild.common.digest import FileHasher
+from optbuild.common.errors import CacheError
 from optbuild.store.entry import OutputFile
 from optbuild.store.local import _HOST, BlobGone, LocalStore
 

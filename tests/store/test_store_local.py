@@ -28,8 +28,8 @@ from plugins.store import (
 )
 from pydantic import ValidationError
 
-from optbuild.digest import digest_bytes
-from optbuild.errors import CacheError
+from optbuild.common.digest import digest_bytes
+from optbuild.common.errors import CacheError
 from optbuild.store.entry import ActionEntry, OutputFile
 from optbuild.store.local import Kept, LocalStore
 

@@ -10,14 +10,14 @@ from pathlib import Path
 from optbuild.backends.base import Backend, Manifest, Runner, module_missing
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 
 @cache
 def distribution() -> str:
     """The installed distribution that provides onnxruntime ("onnxruntime", "onnxruntime-gpu",
     ...): its version keys the steps that run onnxruntime. Read from metadata, not imported."""
-    from optbuild.fingerprint import installed_distribution
+    from optbuild.common.fingerprint import installed_distribution
 
     return installed_distribution("onnxruntime")[0] or "onnxruntime"
 

@@ -31,7 +31,7 @@ from typing import Any
 from optbuild.backends.base import Backend, Manifest, Runner, module_missing
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 NAME = "openvino"
 LABEL = "OpenVINO"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from optbuild.backends.base import Runner, TensorSpec
 from optbuild.backends.openvino import loader
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -19,7 +19,7 @@ from optbuild.backends.tensorrt.host import (
 )
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 
 def manifest_targets(manifest: Manifest) -> list[str]:

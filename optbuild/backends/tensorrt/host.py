@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from optbuild.backends.base import has_module
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 # The compute capabilities TensorRT-RTX builds for, and those an engine built with no
 # targets runs on (TensorRT-RTX docs, "CPU-only AOT": 8.0, 8.6, 8.9, 12.0 and later; Turing
@@ -98,7 +98,7 @@ def cudart_missing(extra: str) -> str | None:
 def runtime_distribution(module: str) -> str:
     """The installed distribution of ``module`` (its version keys what it builds or runs),
     or the name to install when it is absent. From metadata: nothing is imported."""
-    from optbuild.fingerprint import DISTRIBUTIONS, installed_distribution
+    from optbuild.common.fingerprint import DISTRIBUTIONS, installed_distribution
 
     distribution, _ = installed_distribution(module)
     return distribution or DISTRIBUTIONS[module][-1]

@@ -17,10 +17,10 @@ from typing import Any
 from optbuild.backends.tensorrt import Runtime
 from optbuild.backends.tensorrt.host import run_obstacle
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote
-from optbuild.errors import StepError, StepUnavailable
+from optbuild.common.errors import StepError, StepUnavailable
 
 if typing.TYPE_CHECKING:
-    from optbuild.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint
 
 
 @dataclass

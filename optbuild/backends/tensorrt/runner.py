@@ -20,7 +20,7 @@ from typing import Any
 
 from optbuild.backends.base import Runner, TensorSpec
 from optbuild.backends.tensorrt.profiles import Bounds, ShapeMismatch, choose_profile
-from optbuild.errors import StepError
+from optbuild.common.errors import StepError
 
 if typing.TYPE_CHECKING:
     import numpy as np

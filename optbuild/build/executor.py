@@ -1,0 +1,710 @@
+"""Runs the selected steps: key, cache lookup, build in a worker process, store, restore.
+
+Steps run in dependency order, independent ones in parallel (threads that each wait on a
+worker process: a child of a fork server that holds the step's tools, see
+``optbuild.process.pool``). A step's key needs its upstream outputs, so keys are computed as the
+graph unfolds. Concurrent builders of one key (threads or other processes) build it once:
+the key's lock is held from the second lookup until the entry is stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optbuild.build import lockfile
+from optbuild.build.keys import action_key, describe_changes, file_digests, step_ingredients
+from optbuild.build.outputs import store_outputs
+from optbuild.build.report import Reporter
+from optbuild.build.runstats import append_stats, run_stats
+from optbuild.build.status import Status
+from optbuild.common.atomic import write_atomic
+from optbuild.common.digest import FileHasher
+from optbuild.common.errors import (
+    DISK_FULL_ERRNOS,
+    DiskFullError,
+    OptbuildError,
+    StepError,
+    describe_os_error,
+    is_disk_full,
+)
+from optbuild.common.fingerprint import Fingerprint
+from optbuild.common.paths import confined
+from optbuild.common.toolchain import Toolchain
+from optbuild.process.pool import WorkerPool, WorkerProcess
+from optbuild.process.spec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
+from optbuild.project.graph import StepGraph
+from optbuild.project.recipe import Project, StepSpec
+from optbuild.store.entry import ActionEntry
+from optbuild.store.failures import FailureStore
+from optbuild.store.local import BlobGone, LocalStore
+from optbuild.store.remote import RemoteSession
+
+LOG_TAIL_LINES = 25
+
+
+@dataclass
+class Options:
+    jobs: int = 1  # 0: as many as the backend builds at once (BuildBackend.slots)
+    keep_going: bool = False
+    dry_run: bool = False
+    skip_unavailable: bool = False
+    fetch_only: bool = False  # build --no-build: take what the caches hold, build nothing
+    retry_failed: bool = False  # run steps whose failure with the same key is remembered
+    preload: bool = True  # steps fork from a server that has imported their tools (Linux)
+    executor: str = "local"  # where steps build: "local", "dask", "auto" (dask when it can)
+    scheduler: str = ""  # the Dask scheduler's address, for "dask" and "auto"
+
+
+@dataclass
+class Outcome:
+    """What happened to one step."""
+
+    status: Status
+    key: str | None = None
+    entry: ActionEntry | None = None
+    reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    source: str | None = None  # "remote" when the remote cache served it
+    parked: bool = False  # skipped because it (or an upstream step) has enabled = false
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a plain string ("built") is taken as its member
+
+
+class Cancelled(Exception):
+    pass
+
+
+@dataclass
+class Placement:
+    """Where a step will build, decided before its key: the fingerprint its key is computed
+    for (the host that will run it), and what a backend needs to send it there."""
+
+    host: Fingerprint
+    # why no node can build it, in words (None: it can be built); a callable, as a step's
+    # ``unavailable`` may be costly and is asked only when the step must build
+    missing: Callable[[], str | None] = lambda: None
+    route: Any = None  # the backend's own routing (Dask: the resources to ask for)
+
+    @classmethod
+    def on(cls, host: Fingerprint, spec: StepSpec) -> Placement:
+        """On ``host``, where ``spec`` can build unless its step says why not."""
+        return cls(host, lambda: spec.step.unavailable(host))
+
+
+class BackendUnavailable(OptbuildError):
+    """A build backend that cannot serve this build (its scheduler is unreachable, it has no
+    nodes or no remote cache): an error, or with executor "auto" a build on this host."""
+
+
+class BuildBackend:
+    """Where a step's build runs. The executor keeps the scheduling, the keys, the cache
+    lookups and the lock file; a backend decides which host a step's key is computed for
+    (``place``) and builds one step (``build``: the entry, stored in the local cache, or a
+    StepError). ``LocalBackend`` is the default; ``optbuild.distributed.backend.DaskBackend``
+    builds on Dask workers."""
+
+    local = True  # steps run in this host's worker processes (prewarm the fork servers)
+    name = "local"
+
+    def start(self) -> None:
+        """Called once, before the first step is placed."""
+
+    def slots(self) -> int:
+        """How many steps it builds at once when the user named no number (``-j``,
+        ``[build] jobs``): one per CPU here."""
+        return os.cpu_count() or 1
+
+    def place(self, spec: StepSpec) -> Placement:
+        raise NotImplementedError
+
+    def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called once the run ends (also when it fails)."""
+
+
+class LocalBackend(BuildBackend):
+    """Steps build here, in worker processes of this host (``Executor._build``)."""
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+
+    def place(self, spec: StepSpec) -> Placement:
+        return Placement.on(self.executor.host, spec)
+
+    def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
+        return self.executor._build(spec, key, ingredients)
+
+
+def read_result(path: Path, returncode: int, tmp: Path) -> WorkerResult:
+    """What the worker that exited with ``returncode`` reports in ``path``. A worker that
+    died, or left something that is not a result, gives a failed result saying so (its
+    log tail is added to the message), never an exception."""
+    if returncode in DISK_FULL_ERRNOS and not path.exists():  # see optbuild.process.child
+        full = OSError(returncode, os.strerror(returncode))
+        return WorkerResult(ok=False, error=describe_os_error(full, tmp), expected=True)
+    if returncode != 0 or not path.exists():
+        how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+        return WorkerResult(ok=False, error=f"worker process died ({how})")
+    try:
+        return WorkerResult.from_json(path.read_bytes())
+    except WorkerResultError as exc:
+        return WorkerResult(ok=False, error=f"worker process left an unreadable result ({exc})")
+
+
+class Executor:
+    def __init__(
+        self,
+        project: Project,
+        graph: StepGraph,
+        store: LocalStore,
+        hasher: FileHasher,
+        reporter: Reporter,
+        *,
+        toolchain: Toolchain | None = None,
+        host: Fingerprint | None = None,
+        options: Options | None = None,
+        remote: RemoteSession | None = None,
+        workers: WorkerPool | None = None,
+    ):
+        self.project = project
+        self.graph = graph
+        self.hasher = hasher
+        self.reporter = reporter
+        self.toolchain = toolchain or Toolchain()
+        self.host = host or Fingerprint()
+        self.options = options or Options()
+        # a dry run changes nothing: corrupt items it meets are left for a real build to remove
+        self.store = store.read_only_view() if self.options.dry_run else store
+        self.failures = FailureStore(store.root, writable=self.store.writable)
+        self.last_build = lockfile.read(project.lock_file)
+        self.outcomes: dict[str, Outcome] = {}
+        self._cancel = threading.Event()
+        if workers is None or not workers.fits(project.root, preload=self.options.preload):
+            if workers is not None:
+                workers.close()
+            workers = WorkerPool(project.root, preload=self.options.preload)
+        self.workers = workers
+        self._procs: dict[str, WorkerProcess] = {}
+        self._procs_lock = threading.Lock()
+        self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
+        self.remote = remote
+        if remote is not None:
+            remote.cancel = self._cancel
+        self.backend = self._backend()
+
+    def _backend(self) -> BuildBackend:
+        """The backend the options name ("auto" without a scheduler: local); distributed is
+        imported only for the dask one."""
+        if self.options.executor == "dask" or (self.options.executor == "auto" and self.options.scheduler):
+            from optbuild.distributed.backend import DaskBackend
+
+            return DaskBackend(self)
+        return LocalBackend(self)
+
+    # --- scheduling ------------------------------------------------------------------
+    def run(self, selected: list[str]) -> dict[str, Outcome]:
+        """Decide each step in the main thread as soon as its upstream is done; hand only
+        the steps that must build to the pool (a cache hit is cheaper than a thread hop)."""
+        started = time.perf_counter()
+        self.store.clean_stale_tmp()
+        chosen = set(selected)
+        waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
+        ready = deque(sid for sid in selected if waiting[sid] == 0)
+        held: deque[tuple[str, Callable[[StepSpec], Outcome]]] = deque()  # builds not started yet
+        building: dict[Future, str] = {}
+        stop: str | None = None  # set by the first failure without -k: why steps not started are skipped
+        would_stop: str | None = None  # a plan goes on past the first such step, and notes it
+
+        def settle(sid: str, outcome: Outcome) -> None:
+            nonlocal stop, would_stop
+            halts = outcome.status == Status.FAILED or (outcome.status == Status.UNAVAILABLE
+                                                        and not self.options.skip_unavailable)
+            if halts and not self.options.keep_going:
+                if self.options.dry_run:
+                    would_stop = would_stop or sid
+                elif stop is None:
+                    stop = f"build stopped after {sid} {'failed' if outcome.status == Status.FAILED else 'was unavailable'}"
+            for child in self.graph.dependents[sid]:
+                if child in waiting:
+                    waiting[child] -= 1
+                    if waiting[child] == 0:
+                        ready.append(child)
+
+        def blocked(sid: str) -> str | None:
+            """Why ``sid`` must not start: an upstream step that did not succeed (for one that
+            was skipped too, the failure behind it), else the stop, if any."""
+            bad = [d for d in self.graph.deps[sid] if not self.outcomes[d].status.usable]
+            if not bad:
+                return stop
+            dep = next((d for d in bad if self.outcomes[d].status != Status.SKIPPED), bad[0])
+            outcome = self.outcomes[dep]
+            if outcome.status == Status.SKIPPED and outcome.reasons:
+                return outcome.reasons[0]
+            return f"upstream {dep} {outcome.status}"
+
+        def startable(sid: str) -> bool:
+            """An exclusive step starts when nothing builds, and nothing starts beside it;
+            the first held build waits its turn (FIFO, so that an exclusive one is not starved)."""
+            if any(self.project.steps[b].step.exclusive for b in building.values()):
+                return False
+            return not building or not self.project.steps[sid].step.exclusive
+
+        try:
+            self._start_backend()
+        except BaseException:
+            self._end_run()  # the backend: whatever it got to
+            raise
+        jobs = self.options.jobs or self.backend.slots()
+        self.reporter.emit({"event": "start", "steps": selected, "jobs": jobs, "dry_run": self.options.dry_run})
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            try:
+                while ready or held or building:
+                    while ready:
+                        sid = ready.popleft()
+                        if (parked := self._parked(sid)) is not None:
+                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[parked], parked=True)))
+                            continue
+                        if (why := blocked(sid)) is not None:
+                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
+                            continue
+                        decision = self._process(sid, self._decide)
+                        if isinstance(decision, Outcome):
+                            settle(sid, decision)
+                        else:
+                            if self.backend.local:
+                                self._prewarm(sid)
+                            held.append((sid, decision))
+                    while held and startable(held[0][0]):
+                        sid, decision = held.popleft()
+                        if stop is not None:  # a failure while it waited: as for steps not started
+                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[stop])))
+                        else:
+                            building[pool.submit(self._process, sid, decision)] = sid
+                    if building:
+                        done, _ = wait(building, timeout=0.2, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            sid = building.pop(future)
+                            settle(sid, future.result())
+            except BaseException:
+                self._cancel.set()
+                self._kill_workers()
+                raise
+            finally:
+                self._end_run()
+        self._clean_logs()
+        self._write_lock()
+        counts: dict[str, int] = {}
+        for outcome in self.outcomes.values():
+            counts[outcome.status] = counts.get(outcome.status, 0) + 1
+        tolerated = {Status.UNAVAILABLE, Status.SKIPPED} if self.options.skip_unavailable else set()
+        ok = all(o.status.usable or o.status in tolerated or o.parked for o in self.outcomes.values())
+        ok = ok and not (self.options.fetch_only and counts.get(Status.WOULD_BUILD))
+        if self.remote is not None:
+            self.remote.drain()
+        stats = run_stats(self.outcomes, self.remote)
+        if self.remote is not None:
+            self.reporter.emit({"event": "cache", **stats})
+        if not self.options.dry_run:
+            append_stats(self.store.root, {"command": "build", "ok": ok, "counts": counts, **stats})
+        else:
+            for note in self._plan_notes(would_stop):
+                self.reporter.emit({"event": "note", "message": note})
+        self.reporter.emit({"event": "done", "ok": ok, "counts": counts,
+                            "duration_s": time.perf_counter() - started,
+                            "bytes_hashed": self.hasher.bytes_read})
+        return self.outcomes
+
+    def _end_run(self) -> None:
+        """What a run ends with, however it ends: the stat cache written, the fork servers
+        and the backend closed."""
+        self.hasher.flush()
+        self.workers.close()
+        self.backend.close()
+
+    def _start_backend(self) -> None:
+        try:
+            self.backend.start()
+        except BackendUnavailable as exc:
+            if self.options.executor != "auto":
+                raise
+            self.reporter.emit({"event": "warning", "message": f"{exc}; building on this host (--executor auto)"})
+            self.backend.close()
+            self.backend = LocalBackend(self)
+
+    def _plan_notes(self, would_stop: str | None) -> list[str]:
+        """Where a build's counts may differ from a plan's: at the step that would stop it
+        (which steps had started by then is timing), and below steps that will build (a
+        rebuild that reproduces its output leaves the steps after it cached; only those built
+        before can be)."""
+        notes = []
+        if would_stop is not None:
+            if self.outcomes[would_stop].status == Status.FAILED:
+                what, flags = "fails", "-k"
+            else:
+                what, flags = "cannot run here", "--skip-unavailable or -k"
+            notes.append(f"{would_stop} {what}: without {flags}, the build stops there and skips the steps "
+                         "not started by then")
+        after = [sid for sid, o in self.outcomes.items()
+                 if o.key is None and o.status in (Status.WOULD_BUILD, Status.UNAVAILABLE) and sid in self.last_build]
+        if after:
+            notes.append(f"{len(after)} step{'s come' if len(after) > 1 else ' comes'} after steps that will "
+                         "build: their keys are known only then, and any whose inputs come out unchanged "
+                         "will be cached, not built")
+        return notes
+
+    def _parked(self, sid: str) -> str | None:
+        """Why ``sid`` is parked: ``enabled = false`` on it, or on a step it depends on."""
+        if not self.project.steps[sid].enabled:
+            return f"disabled (enabled = false in {self.project.recipes[self.project.steps[sid].recipe].name})"
+        parked = next((d for d in self.graph.deps[sid] if d in self.outcomes and self.outcomes[d].parked), None)
+        return f"upstream {parked} is disabled" if parked else None
+
+    def _finish(self, sid: str, outcome: Outcome) -> Outcome:
+        self.outcomes[sid] = outcome
+        event: dict[str, Any] = {"event": "step", "step": sid, "status": outcome.status,
+                                 "key": outcome.key, "reasons": outcome.reasons}
+        if outcome.error:
+            event["error"] = outcome.error
+        if outcome.source:
+            event["source"] = outcome.source
+        if outcome.entry is not None and outcome.status == Status.BUILT:
+            event["duration_s"] = outcome.entry.duration_s
+            if not self.backend.local:
+                event["node"] = outcome.entry.built_on  # the Dask worker that built it
+        self.reporter.emit(event)
+        return outcome
+
+    def _kill_workers(self) -> None:
+        with self._procs_lock:
+            for proc in self._procs.values():
+                proc.kill()
+
+    def _prewarm(self, sid: str) -> None:
+        """Start the fork servers of a step about to build and of the steps after it (which
+        will likely build too): they import their tools while this one builds. From the
+        main thread, which lives as long as the build (a server dies with the thread that
+        started it: PR_SET_PDEATHSIG)."""
+        for step in (sid, *self.graph.dependents[sid]):
+            self.workers.prewarm(self.project.steps[step].step.preload)
+
+    # --- one step ----------------------------------------------------------------------
+    def _process(self, sid: str, action: Callable[[StepSpec], Outcome | Callable]) -> Outcome | Callable:
+        """Run ``action`` for ``sid``, turning errors into a failed outcome.
+
+        ``action`` returns an Outcome when the step is settled, or a callable that builds
+        it (to be run on the pool).
+        """
+        spec = self.project.steps[sid]
+        try:
+            result = action(spec)
+        except Cancelled:
+            return self._finish(sid, Outcome(Status.SKIPPED, reasons=["cancelled"]))
+        except OptbuildError as exc:
+            return self._finish(sid, Outcome(Status.FAILED, error=str(exc)))
+        return self._finish(sid, result) if isinstance(result, Outcome) else result
+
+    def _decide(self, spec: StepSpec) -> Outcome | Callable[[StepSpec], Outcome]:
+        """Key and cache lookup: an Outcome if settled now, else the build to run."""
+        upstream = {}
+        placement = self.backend.place(spec)  # the host its key is for: the one that will build it
+        for field_name, dep in spec.deps.items():
+            outcome = self.outcomes[dep]
+            if outcome.entry is None:  # dry run: upstream will build, key unknown yet
+                why = [f"upstream {dep} will build first"]
+                if (missing := placement.missing()) is not None:  # as the build will find
+                    return Outcome(Status.UNAVAILABLE, reasons=why, error=f"{spec.id} cannot run here: {missing}")
+                return Outcome(Status.WOULD_BUILD, reasons=why)
+            upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
+        try:
+            ingredients = step_ingredients(
+                spec, upstream, hasher=self.hasher, toolchain=self.toolchain, host=placement.host,
+                salt=self.project.config.cache.salt, project_root=self.project.root)
+        except FileNotFoundError as exc:
+            raise StepError(f"input file disappeared: {exc.filename}") from None
+        key = action_key(ingredients)
+        reasons = self._reasons(spec, key, ingredients)
+        dest = confined(self.project.build_dir / spec.recipe / spec.name, self.project.build_dir,
+                        f"the outputs of {spec.id} to")
+        with self.store.shared_gc_lock():  # gc must not take the blobs between lookup and restore
+            entry = self.store.get_action(key)
+            if entry is not None:
+                try:
+                    if not self.options.dry_run:  # a dry run writes nothing, build/ included
+                        self._restore(entry, dest)
+                    return Outcome(Status.CACHED, key, entry)
+                except BlobGone as exc:
+                    reasons.append(f"its cached result could not be restored ({exc})")
+        if self.store.last_miss_reason:
+            reasons.append(self.store.last_miss_reason)
+        remote_entry = self.remote.lookup(key, spec.id) if self.remote is not None else None
+        if remote_entry is not None and self.options.dry_run:  # its entry gives downstream keys
+            return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
+        if remote_entry is None and not self.options.retry_failed and (failed := self.failures.get(key)):
+            if not self.options.dry_run:  # the log of the failure it repeats, where the message says
+                self._keep_failed_log(spec, failed.log.encode())
+            return Outcome(Status.FAILED, key, reasons=["failed before with this key"], error=failed.describe())
+        if remote_entry is None:
+            if (missing := placement.missing()) is not None:
+                return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+            if self.options.dry_run or self.options.fetch_only:
+                why = self.remote.miss_reason(key) if self.remote is not None else None
+                return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, why] if why else reasons)
+        return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest, placement, remote_entry)
+
+    def _build_locked(self, spec: StepSpec, key: str, ingredients: dict[str, Any], reasons: list[str],
+                      dest: Path, placement: Placement, remote_entry: ActionEntry | None = None) -> Outcome:
+        """Fetch from the remote or build, under the key's lock, unless another builder
+        stored it meanwhile. A local build is written through to the remote."""
+        with self.store.shared_gc_lock(), self.store.lock(key):
+            entry, status = self.store.get_action(key), Status.CACHED
+            if entry is None and remote_entry is not None and self.remote is not None:
+                entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
+            if entry is None:
+                if (missing := placement.missing()) is not None:
+                    return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+                if self.options.fetch_only:
+                    why = self.remote.miss_reason(key) if self.remote is not None else None
+                    return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, why or "its remote copy was unusable"])
+                if not self.store.writable:
+                    raise StepError(f"{spec.id} must build, but the cache {self.store.root} is read-only here: "
+                                    "its result could not be stored there (make the cache writable, or set "
+                                    "[cache] dir to a writable folder)")
+                self.reporter.emit({"event": "step", "step": spec.id, "status": Status.RUNNING,
+                                    "key": key, "reasons": reasons})
+                entry = self.backend.build(spec, key, ingredients, placement)
+                status = Status.BUILT
+            self._restore(entry, dest)
+            if status == Status.BUILT and self.remote is not None and self.backend.local:  # a node pushes its own
+                self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
+        return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
+
+    def _reasons(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> list[str]:
+        last = self.last_build.get(spec.id)
+        if last is None:
+            return ["never built"]
+        if last.get("key") == key:
+            return ["not in the cache"]
+        return describe_changes(last.get("ingredients") or {}, ingredients)
+
+    def _restore(self, entry: ActionEntry, dest: Path) -> None:
+        """Make ``dest`` hold the entry's outputs. Leftovers of restores killed in its folder
+        are swept (once a run), even when nothing needs restoring. BlobGone when a blob
+        vanished or proved corrupt: the caller rebuilds."""
+        try:
+            with self.store.lock_dest(dest):
+                if dest.parent not in self._swept:  # once per folder and run: a listdir per step adds up
+                    self._swept.add(dest.parent)
+                    self.store.sweep_leftovers(dest.parent)
+                if not self.store.is_materialized(entry, dest):
+                    self.store.materialize(entry, dest)
+        except OSError as exc:
+            raise StepError(f"cannot write the outputs of {entry.step}: {describe_os_error(exc, dest)}") from None
+
+    def _artifact(self, dep: str) -> ArtifactSpec:
+        spec = self.project.steps[dep]
+        entry = self.outcomes[dep].entry
+        assert entry is not None
+        directory = self.project.build_dir / spec.recipe / spec.name
+        return ArtifactSpec(
+            step=dep,
+            dir=str(directory),
+            files={name: str(directory / name) for name in entry.outputs},
+            primary=str(directory / entry.primary) if entry.primary else None,
+        )
+
+    def _build(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> ActionEntry:
+        """Run the step in a worker; store its outputs. A full disk (scratch space, blobs,
+        entry) fails the step with a message naming that disk."""
+        if self._cancel.is_set():
+            raise Cancelled
+        try:
+            tmp = self.store.new_tmp_dir(prefix=spec.name)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFullError(describe_os_error(exc, self.store.root)) from None
+        try:
+            out_dir = tmp / "out"
+            out_dir.mkdir()
+            log_path = tmp / "step.log"
+            worker_spec = WorkerSpec(
+                implementation=spec.implementation,
+                step_id=spec.id,
+                params=spec.step.params.model_dump(mode="json"),
+                base_dir=str(spec.step.base_dir),
+                project_root=str(self.project.root),
+                inputs={f: self._artifact(dep) for f, dep in spec.deps.items()},
+                out_dir=str(out_dir),
+                state_dir=str(self.store.root / "state"),
+                result=str(tmp / "result.json"),
+                parent_pid=os.getpid(),
+            )
+            (tmp / "spec.json").write_text(worker_spec.to_json())
+            started = time.perf_counter()
+            result = self._run_worker(spec, tmp, log_path)
+            duration = time.perf_counter() - started
+            log = log_path.read_bytes()
+            if not result.ok:
+                message = self._failure_message(result, log, self._keep_failed_log(spec, log))
+                if result.repeats:
+                    with contextlib.suppress(OSError):  # not remembering it must not hide why it failed
+                        self.failures.put(key, spec.id, message, log)
+                raise StepError(message)
+            self.failures.drop(key)  # built at last (--retry-failed): forget the failure
+            self._check_inputs_unchanged(spec, ingredients)
+            return self._store_outputs(spec, key, ingredients, out_dir, log, result, duration)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFullError(describe_os_error(exc, tmp)) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _run_worker(self, spec: StepSpec, tmp: Path, log_path: Path) -> WorkerResult:
+        """Run the step's worker, its stdout and stderr into ``log_path``."""
+        proc = self.workers.start(tmp / "spec.json", log_path, spec.implementation, spec.step.preload, self._cancel)
+        if proc is None:
+            raise Cancelled
+        with self._procs_lock:
+            self._procs[spec.id] = proc
+        try:
+            while (returncode := proc.poll(0.05)) is None:
+                if self._cancel.is_set():
+                    proc.kill()
+                    proc.poll(None)
+                    raise Cancelled
+        finally:
+            with self._procs_lock:
+                self._procs.pop(spec.id, None)
+        if self._cancel.is_set():  # it ended as the build was cancelled: killed by it, most likely
+            raise Cancelled
+        return read_result(tmp / "result.json", returncode, tmp)
+
+    def _failure_message(self, result: WorkerResult, log: bytes, kept: str) -> str:
+        """The step's own message; with the log's tail when the failure was unexpected, and
+        ``kept``: where the full log is, or why it could not be kept."""
+        message = result.error or "step failed"
+        lines = log.decode(errors="replace").rstrip().splitlines()[-LOG_TAIL_LINES:]
+        if lines and not result.expected:
+            message += "\n--- log tail ---\n" + "\n".join(lines)
+        return message + f"\n({kept})"
+
+    def _keep_failed_log(self, spec: StepSpec, log: bytes) -> str:
+        """Copy a failed step's log to build/.logs/ (the scratch copy is removed); says where,
+        or, when the disk is full, why not: that must not hide the step's own error. Written
+        whole (a link planted there is replaced, never written through)."""
+        path = confined(self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log",
+                        self.project.build_dir, f"the log of {spec.id} to")
+        try:
+            write_atomic(path, log)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            return f"the full log could not be kept: {describe_os_error(exc, path.parent)}"
+        return f"full log: {path}"
+
+    def _clean_logs(self) -> None:
+        """Remove the kept logs of steps that succeeded in this run and of steps the project
+        no longer has: a log left there would speak of a failure that is gone. Only
+        ``<recipe>/<step>.log`` files in build/.logs are removed (no link is followed), and
+        a step not run this time keeps its log. What cannot be removed is left."""
+        if self.options.dry_run:
+            return
+        logs = confined(self.project.build_dir / ".logs", self.project.build_dir, "the step logs to")
+        succeeded = {sid for sid, o in self.outcomes.items() if o.status.ok}
+        try:
+            if logs.is_symlink() or not logs.is_dir():
+                return
+            folders = [f for f in logs.iterdir() if f.is_dir() and not f.is_symlink()]
+        except OSError:
+            return
+        for folder in folders:
+            for path in folder.glob("*.log"):
+                sid = f"{folder.name}:{path.stem}"
+                if (sid in succeeded or sid not in self.project.steps) and not path.is_symlink():
+                    with contextlib.suppress(OSError):
+                        confined(path, logs, f"the log of {sid} to").unlink()
+                        folder.rmdir()  # the recipe's last log: its folder goes too
+
+    def _check_inputs_unchanged(self, spec: StepSpec, ingredients: dict[str, Any]) -> None:
+        """Inputs edited during the build make its result a guess: do not cache it."""
+        try:
+            now = file_digests(spec, self.hasher, self.project.root)
+        except FileNotFoundError as exc:
+            now = {"(missing)": str(exc.filename)}
+        if now != ingredients["files"]:
+            changed = sorted(n for n in set(now) | set(ingredients["files"])
+                             if now.get(n) != ingredients["files"].get(n))
+            raise StepError(f"input {', '.join(changed)} changed while {spec.id} was building; "
+                            "the result was not cached (run the build again)")
+        for dep in spec.deps.values():  # hard links share the blob: a write there damages the cache
+            entry = self.outcomes[dep].entry
+            assert entry is not None
+            folder = self.project.build_dir / self.project.steps[dep].recipe / self.project.steps[dep].name
+            if changed := self.store.changed_outputs(entry, folder):
+                raise StepError(f"its input {folder / changed[0]} (an output of {dep}) changed while {spec.id} "
+                                "ran: the step wrote to it (steps must not write to their inputs), or another "
+                                "build of this project replaced it. The result was not cached; a damaged "
+                                "cached copy was removed (the next build restores it)")
+
+    def _store_outputs(self, spec: StepSpec, key: str, ingredients: dict[str, Any], out_dir: Path,
+                       log: bytes, result: WorkerResult, duration: float) -> ActionEntry:
+        primary = spec.step.primary_output
+        outputs = store_outputs(out_dir, primary, spec.id, self.store)
+        entry = ActionEntry(
+            key=key, step=spec.id, kind=spec.kind, outputs=outputs, primary=primary,
+            ingredients=ingredients, log=self.store.put_bytes(log), metrics=result.metrics,
+            duration_s=duration, created_at=time.time(), built_on=socket.gethostname(),
+        )
+        self.store.put_action(entry)
+        return entry
+
+    # --- provenance --------------------------------------------------------------------
+    def _write_lock(self) -> None:
+        if self.options.dry_run:
+            return
+        records = {}
+        for sid, outcome in self.outcomes.items():
+            if outcome.entry is not None and outcome.status.ok:
+                entry = outcome.entry
+                records[sid] = {
+                    "key": entry.key,
+                    "kind": entry.kind,
+                    "outputs": {n: o.digest for n, o in entry.outputs.items()},
+                    "tools": entry.ingredients.get("tools", {}),
+                    "host": entry.ingredients.get("host", {}),
+                    "ingredients": entry.ingredients,
+                    "metrics": lockfile.record_metrics(entry.metrics),  # bounded: for `optbuild diff`
+                }
+                if overrides := self.project.steps[sid].overrides:
+                    records[sid]["overrides"] = overrides  # set by -S for this build
+                if not self.backend.local:
+                    records[sid]["node"] = entry.built_on  # the node that built it (a Dask worker's name)
+        if not records:
+            return
+        current = lockfile.read(self.project.lock_file)
+        if self.project.lock_file.exists() and all(current.get(sid) == r for sid, r in records.items()):
+            return  # nothing new: write nothing (the project may be read-only)
+        # a read-only cache cannot hold the lock's file: builders sharing it lock in build/
+        lock = (self.store.root / "locks" / "lockfile.lock" if self.store.writable
+                else self.project.build_dir / ".lockfile.lock")
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            lockfile.update(self.project.lock_file, records, lock)
+        except OSError as exc:
+            raise OptbuildError(f"the steps are built and cached, but {self.project.lock_file} could not be "
+                                f"updated: {describe_os_error(exc, self.project.lock_file.parent)}") from None

@@ -1,0 +1,555 @@
+"""The no-op fast path of ``optbuild build``: a build that nothing can have changed settles
+from a stamp, without loading the project (no pydantic, rich, NVML, plugin scan).
+
+Importing this module costs only the standard library's os, sys and time (and
+optbuild.common.projectroot, which needs only os); json (and a blake2b hasher) are imported when
+a stamp is read or written.
+
+**Record.** A ``build`` that ends ok (exit 0) writes ``<build folder>/.optbuild/noop.json``
+(atomically) holding:
+
+- the invocation: the arguments after ``build`` (matched exactly; ``-C`` enters through the
+  project root it leads to), the project root and build folder, and keyed digests of the
+  environment that reaches the answer: every ``OPTBUILD_*`` variable (except
+  ``OPTBUILD_DEBUG_FASTPATH``), every ``CUDA_*`` and ``NVIDIA_*`` one, ``LD_LIBRARY_PATH``
+  and ``LD_PRELOAD``. Some are secrets (``OPTBUILD_SIGNING_KEY``...), so each digest is a
+  blake2b keyed with a random per-user salt, ``$XDG_CACHE_HOME/optbuild/noop-salt`` (else
+  ``~/.cache/optbuild/noop-salt``), which only its owner may read (0600, refused
+  otherwise): the stamp itself holds nothing worth guessing from, and follows the umask as
+  every file optbuild writes does. Without a usable salt, nothing is recorded;
+- the interpreter: ``sys.executable``, ``sys.version`` and ``sys.path`` (as at start-up);
+- host facts: the content of /proc/sys/kernel/random/boot_id (a reboot may bring another
+  driver, GPU or kernel), the names under /dev starting with ``nvidia`` (GPUs, MIG
+  capabilities) and the content of /proc/driver/nvidia/version (the driver). The
+  fingerprint has no file or environment override for ``build`` beyond
+  ``CUDA_VISIBLE_DEVICES``, which the environment digest covers;
+- the stat signature (mtime_ns, ctime_ns, size, inode; or "absent") of everything the
+  answer was read from: optbuild.toml, every recipe, every folder a recipe pattern scans,
+  project-local kind files, every file the FileHasher was asked about (key files: user
+  modules and what pyimports follows, cache blobs, restored outputs), the folder holding
+  each of these (a new module beside them is seen), the source file of every non-stdlib
+  module the build had imported (optbuild and its step kinds, pydantic...), every
+  ``sys.path`` entry (installing or upgrading a package changes site-packages), the
+  interpreter, the lock file, and per step its cache entry (present or absent: a cache
+  pulled later is seen), its blobs, its output folder and files;
+- what the build said (its step lines and counts) and its cache-statistics record.
+
+Nothing is recorded after ``--json``, ``--retry-failed``, ``--no-build``, ``--remote`` or
+``--no-remote``, nor when a remote cache is in use (``[remote] url``, $OPTBUILD_REMOTE):
+with a remote, a local miss (an unavailable step) asks the remote, whose contents no
+local signature describes. A normal build removes the stamp before it starts, so a build
+that fails, is interrupted or crashes leaves none.
+
+**Racy timestamps** (git's racy-clean problem). A file changed within one timestamp tick of
+the moment its signature was taken could change again without changing the signature. So
+an input (anything outside the build and cache folders) whose mtime or ctime is not older
+than ``RACY_NS`` (2 s: coarse and skewed clocks, 2 s file systems) before the build
+*started* makes the stamp unusable: it may have changed after the build read it. A product
+(in the build or cache folders: outputs, cache entries, blobs, the lock file) that young
+against the moment of recording is read and its content digest recorded when it is small
+(cache entries: every normal build refreshes their mtime), else the stamp is unusable. An
+unusable stamp is still written, saying why; the next normal build records a clean one.
+
+**Fast path.** ``try_fast_path`` runs first in ``optbuild.cli.main``. When the command is
+``build`` and the stamp matches in every respect above, it prints the recorded step lines
+and the summary, appends the cache-statistics record (marked ``"fast_path": true``) as a
+normal no-op does, and returns 0. Anything else, including an unreadable stamp, returns
+None: the normal path. What the fast path does not do, unlike a normal no-op: refresh the
+cache entries' last-use time (gc keeps the entries the lock file names anyway), sweep
+stale scratch folders, or trim the statistics file (the next normal run does).
+
+``OPTBUILD_DEBUG_FASTPATH=1`` prints on stderr why the fast path was declined (or that it
+was taken), and what the recording said.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from optbuild.common.projectroot import CONFIG_NAME, project_root
+
+FORMAT = 2  # 1 held unsalted digests of the environment
+STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
+SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
+SALT_BYTES = 32
+RACY_NS = 2_000_000_000
+HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
+DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
+# whether a build server runs the build does not change its answer
+_ENV_IGNORED = (DEBUG_ENV, "OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER")
+NOT_RECORDED = ("--json", "--retry-failed", "--no-build", "--remote", "--no-remote")
+_ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
+_ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+_CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
+
+_started_ns: int | None = None
+_argv: list[str] | None = None
+_sys_path: list[str] | None = None
+
+
+def _debug(message: str) -> None:
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        print(f"optbuild: fast path: {message}", file=sys.stderr)
+
+
+def mark_start(argv: list[str], *, started_ns: int | None = None, sys_path: list[str] | None = None) -> None:
+    """Called first by the CLI: the time, arguments and sys.path the build starts with (a
+    build server passes its client's)."""
+    global _started_ns, _argv, _sys_path
+    _started_ns = time.time_ns() if started_ns is None else started_ns
+    _argv = list(argv)
+    _sys_path = python_path() if sys_path is None else list(sys_path)
+
+
+def started_ns() -> int:
+    """When the build started (mark_start), or now."""
+    return time.time_ns() if _started_ns is None else _started_ns
+
+
+def python_path() -> list[str]:
+    """sys.path with its entries made absolute (as the imports will resolve them here)."""
+    cwd = os.getcwd()
+    return [os.path.abspath(os.path.join(cwd, p)) for p in sys.path]
+
+
+def split_build_args(argv: list[str]) -> tuple[str | None, list[str]] | None:
+    """(-C folder or None, the arguments after ``build``); None for any other command."""
+    directory, i = None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-C", "--directory") and i + 1 < len(argv):
+            directory, i = argv[i + 1], i + 2
+        elif arg.startswith("--directory="):
+            directory, i = arg.partition("=")[2], i + 1
+        elif arg.startswith("-C") and len(arg) > 2:
+            directory, i = arg[2:], i + 1
+        else:
+            break
+    if i >= len(argv) or argv[i] != "build":
+        return None
+    return directory, argv[i + 1:]
+
+
+def _build_dir_setting(config_text: str) -> str:
+    """``[project] build_dir`` as a plain one-line string, read without a TOML parser. Only a
+    guess: the stamp found there must name this folder, and optbuild.toml must be unchanged
+    since the build that parsed it properly wrote that stamp."""
+    table = ""
+    for line in config_text.splitlines():
+        text = line.strip()
+        if text.startswith("["):
+            table = text.strip("[] \t").split("]")[0].strip()
+            continue
+        name, sep, value = text.partition("=")
+        if table == "project" and sep and name.strip() == "build_dir":
+            value = value.strip()
+            if value[:1] in ("'", '"'):
+                end = value.find(value[0], 1)
+                if end > 0:
+                    return value[1:end]
+    return "build"
+
+
+def build_dir_of(root: str) -> str:
+    """The build folder of the project at ``root`` as ``_build_dir_setting`` guesses it."""
+    try:
+        with open(os.path.join(root, CONFIG_NAME), encoding="utf-8", errors="replace") as f:
+            setting = _build_dir_setting(f.read())
+    except OSError:
+        setting = "build"
+    return os.path.abspath(os.path.join(root, setting))
+
+
+def changed_within(sig: list[int] | str, ref_ns: int, margin_ns: int | None = None) -> bool:
+    """Whether a file of signature ``sig`` was modified less than ``margin_ns`` (RACY_NS)
+    before ``ref_ns`` (or after): too recent for its signature to vouch for what was read then."""
+    margin = RACY_NS if margin_ns is None else margin_ns
+    return sig != "absent" and max(sig[0], sig[1]) >= ref_ns - margin
+
+
+def signature(path: str) -> list[int] | str:
+    """A file's stat signature (mtime, ctime, size, inode), or "absent"."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "absent"
+    except NotADirectoryError:
+        return "absent"
+    return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
+
+
+def _hasher():
+    try:
+        from _blake2 import blake2b
+    except ImportError:  # another implementation of Python
+        from hashlib import blake2b
+    return blake2b
+
+
+def _content_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return _hasher()(f.read(), digest_size=16).hexdigest()
+
+
+def salt_path() -> str:
+    """Where this user's salt lives: beside the node cache, outside any project (a build
+    folder that is copied or shared takes no salt with it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "optbuild", SALT_NAME)
+
+
+def _read_salt(path: str) -> bytes:
+    """The salt at ``path``; PermissionError when anyone but its owner (this user) could
+    read it, since a salt others know no longer hides what it keys."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{path} is not private to this user (mode {st.st_mode & 0o777:o}, "
+                                  f"owner {st.st_uid}); remove it and a new one is made")
+        data = os.read(fd, SALT_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != SALT_BYTES:
+        raise ValueError(f"{path} holds {len(data)} bytes, not {SALT_BYTES}; remove it and a new one is made")
+    return data
+
+
+def _make_salt(path: str) -> None:
+    """A new random salt at ``path`` (0600, in a 0700 folder), unless another build made one
+    first: the file appears whole or not at all (a hard link of a finished temp file)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(SALT_BYTES))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
+
+
+def salt(*, create: bool) -> bytes:
+    """This user's salt; with ``create``, made when there is none. OSError or ValueError
+    when there is none (and not ``create``) or it cannot be trusted."""
+    path = salt_path()
+    if create and not os.path.lexists(path):
+        _make_salt(path)
+    return _read_salt(path)
+
+
+def _salt_id(key: bytes) -> str:
+    """Names the salt a stamp was keyed with, so that a stamp of another user (or of another
+    $XDG_CACHE_HOME) is declined as such; reveals nothing of the salt."""
+    return _hasher()(b"optbuild noop salt id", digest_size=8, key=key).hexdigest()
+
+
+def _env(key: bytes) -> dict[str, str]:
+    """Digests, keyed with the salt ``key``, of the environment variables the answer can
+    depend on: any of them may be a secret (a signing key), so no digest is one an
+    attacker could compute from a guess."""
+    blake2b = _hasher()
+    return {name: blake2b(value.encode(errors="surrogateescape"), digest_size=16, key=key).hexdigest()
+            for name, value in sorted(os.environ.items())
+            if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and name not in _ENV_IGNORED}
+
+
+def host_facts() -> dict[str, object]:
+    """What tells this boot and its GPUs apart: the boot id, /dev/nvidia*, the driver."""
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read(4096).decode(errors="replace")
+        except OSError:
+            return None
+
+    try:
+        devices = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
+    except OSError:
+        devices = []
+    return {"boot_id": read("/proc/sys/kernel/random/boot_id"), "nvidia_devices": devices,
+            "nvidia_driver": read("/proc/driver/nvidia/version")}
+
+
+def _python() -> dict[str, object]:
+    return {"executable": sys.executable, "version": sys.version,
+            "path": _sys_path if _sys_path is not None else python_path()}
+
+
+def _shown(path: str, root: str) -> str:
+    if path == root:
+        return "the project folder"
+    return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
+
+
+# --- recording ------------------------------------------------------------------------
+def stamp_path(build_dir: os.PathLike | str) -> str:
+    return os.path.join(os.fspath(build_dir), STAMP)
+
+
+def forget(build_dir: os.PathLike | str) -> None:
+    """Remove the stamp: called before a normal build, so that only an ok build leaves one."""
+    try:
+        os.unlink(stamp_path(build_dir))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a read-only build folder: fail safe, never a stale stamp
+        _debug(f"cannot remove the stamp ({exc}); it may stay in place, unusable")
+
+
+def record(ws, result) -> None:
+    """Write the stamp after an ok ``build`` (best effort: a stamp never fails a build)."""
+    try:
+        why_not = _record(ws, result)
+    except Exception as exc:  # a stamp not written only costs speed
+        why_not = f"{type(exc).__name__}: {exc}"
+    if why_not:
+        _debug(f"not recorded: {why_not}")
+
+
+def _glob_folders(root: str, pattern: str) -> list[str]:
+    """The folders a recipe pattern's glob reads: its literal leading folder, and with a
+    wildcard in a folder part, every folder beneath it."""
+    parts = pattern.replace("\\", "/").split("/")
+    literal = []
+    for part in parts[:-1]:
+        if any(c in part for c in "*?["):
+            break
+        literal.append(part)
+    base = os.path.join(root, *literal)
+    folders = [base]
+    if len(literal) < len(parts) - 1:
+        for dirpath, dirnames, _files in os.walk(base):
+            folders.extend(os.path.join(dirpath, d) for d in dirnames)
+    return folders
+
+
+def module_files(*, stdlib: bool = False) -> list[str]:
+    """The files of the modules loaded now; the standard library's only with ``stdlib``."""
+    prefix = os.path.dirname(os.__file__) + os.sep
+    files = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not os.path.isabs(path):
+            continue
+        if not stdlib and path.startswith(prefix) and "-packages" not in path[len(prefix):]:
+            continue
+        files.append(path)
+    return files
+
+
+def _record(ws, result) -> str | None:
+    import json
+
+    from optbuild.build.status import Status
+
+    if _argv is None or _started_ns is None or (split := split_build_args(_argv)) is None:
+        return "not run as `optbuild build`"
+    build_args = split[1]
+    if flag := next((a for a in build_args for f in NOT_RECORDED if a == f or a.startswith(f + "=")), None):
+        return f"{flag} is never taken by the fast path"
+    if ws.remote is not None:
+        return "a remote cache is configured"
+    try:
+        key = salt(create=True)
+    except (OSError, ValueError) as exc:
+        return f"no private salt for the environment's digests: {exc}"
+    project, store = ws.project, ws.store
+    root = os.path.abspath(project.root)
+    build_dir = os.path.abspath(project.build_dir)
+    product_roots = (build_dir + os.sep, os.path.abspath(project.cache_dir) + os.sep)
+
+    inputs: set[str] = {os.path.abspath(project.config_file), sys.executable}
+    inputs.update(os.path.abspath(p) for p in project.recipes.values())
+    inputs.update(os.path.abspath(spec.doc.path) for spec in project.steps.values())  # templates
+    for pattern in project.config.project.recipes:
+        inputs.update(_glob_folders(root, pattern))
+    for target in project.config.kinds.values():
+        inputs.add(os.path.abspath(os.path.join(root, target.rpartition(":")[0])))
+    inputs.update(p for p in _python()["path"])
+    products: set[str] = {os.path.abspath(project.lock_file)}
+    for path in getattr(ws.hasher, "consulted", ()):
+        (products if path.startswith(product_roots) else inputs).add(path)
+    inputs.update({os.path.dirname(p) for p in inputs if os.path.isfile(p)})
+    inputs.update(module_files())
+
+    lines, counts = [], {}
+    local = {"hits": 0, "misses": 0, "unavailable": 0}
+    for event in result.reporter.events:
+        if event.get("event") != "step" or event.get("status") == Status.RUNNING:
+            continue
+        sid, status = event["step"], str(event["status"])
+        outcome = result.outcomes.get(sid)
+        if status in _CACHED:
+            status = "cached"
+            line = f"  {'cached':<8} {sid}"
+        else:
+            from optbuild.build.report import _line
+
+            line = _line(event)
+        if line is not None:
+            lines.append(line)
+        counts[status] = counts.get(status, 0) + 1
+        if outcome is None:
+            continue
+        if outcome.key:
+            local["hits" if status == "cached" else "unavailable" if status == "unavailable" else "misses"] += 1
+            products.add(os.path.abspath(store._entry_path(outcome.key)))
+        entry = outcome.entry
+        if entry is not None and status == "cached":
+            spec = project.steps[sid]
+            folder = os.path.join(build_dir, spec.recipe, spec.name)
+            products.add(folder)
+            for name in entry.outputs:
+                products.add(os.path.join(folder, name))
+                parent = os.path.dirname(name)
+                while parent:
+                    products.add(os.path.join(folder, parent))
+                    parent = os.path.dirname(parent)
+            products.update(os.path.abspath(store.blob_path(d)) for d in entry.blob_digests())
+
+    # Inputs: older than the build's start (less the margin), or the stamp is unusable.
+    # Products: older than now (less the margin), or content-checked, or unusable.
+    sigs: dict[str, list[int] | str] = {}
+    racy = []
+    for path in sorted(inputs):
+        sig = sigs[path] = signature(path)
+        if changed_within(sig, _started_ns):
+            racy.append(_shown(path, root))
+    unusable = None
+    if racy:
+        more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
+        unusable = f"{', '.join(racy[:3])}{more} changed within {RACY_NS / 1e9:g} s of the build's start"
+    recorded_ns = time.time_ns()
+    digests: dict[str, str] = {}
+    for path in sorted(products):
+        sig = sigs[path] = signature(path)
+        if unusable is not None or not changed_within(sig, recorded_ns):
+            continue
+        if os.path.isfile(path) and sig[2] <= HASH_MAX:
+            digests[path] = _content_digest(path)
+            if signature(path) == sig:
+                continue
+        unusable = f"{_shown(path, root)} was written within {RACY_NS / 1e9:g} s of recording"
+    stamp = {
+        "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
+        "salt": _salt_id(key), "env": _env(key), "python": _python(), "host": host_facts(), "unusable": unusable,
+        "sigs": sigs, "digests": digests, "lines": lines, "counts": counts,
+        "cache_dir": os.path.abspath(project.cache_dir),
+        "stats": {"command": "build", "ok": True, "counts": counts, "local": local, "remote": None,
+                  "fast_path": True},
+    }
+    from pathlib import Path
+
+    from optbuild.common.atomic import write_atomic
+
+    path = stamp_path(build_dir)
+    write_atomic(Path(path), json.dumps(stamp, separators=(",", ":")).encode())
+    _debug(f"recorded {len(sigs)} signatures" + (f"; unusable: {unusable}" if unusable else ""))
+    return None
+
+
+# --- the fast path ----------------------------------------------------------------------
+def try_fast_path(argv: list[str]) -> int | None:
+    """0 after printing the recorded answer, when nothing changed since the last ok build;
+    None (the normal path must run) otherwise, or on any error."""
+    started, why = time.perf_counter(), None
+    try:
+        found = _check(argv)
+    except Exception as exc:  # never a crash, never a false no-op
+        found, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        if isinstance(found, str):
+            found, why = None, found
+    if found is None:
+        if why:
+            _debug(f"declined: {why}")
+        return None
+    _debug("taken: nothing changed since the last build")
+    for line in found["lines"]:
+        print(line, file=sys.stderr)
+    counts = ", ".join(f"{n} {status}" for status, n in found["counts"].items() if n)
+    print(f"ok: {counts or 'nothing to do'} in {time.perf_counter() - started:.2f}s "
+          "(nothing changed since the last build: fast path)", file=sys.stderr)
+    _append_stats(found)
+    return 0
+
+
+def _check(argv: list[str]) -> dict | str | None:
+    """The stamp when it holds; else why not (a string), or None when not a build at all."""
+    split = split_build_args(argv)
+    if split is None:
+        return None
+    directory, build_args = split
+    root = project_root(directory)
+    if root is None:
+        return f"no {CONFIG_NAME} found"
+    config = os.path.join(root, CONFIG_NAME)
+    with open(config, encoding="utf-8", errors="replace") as f:
+        setting = _build_dir_setting(f.read())
+    build_dir = os.path.abspath(os.path.join(root, setting))
+    try:
+        with open(stamp_path(build_dir), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return "no record of an earlier ok build"
+    import json
+
+    try:
+        stamp = json.loads(data)
+    except ValueError:
+        return "the record is damaged"
+    if not isinstance(stamp, dict) or stamp.get("format") != FORMAT:
+        return "the record is of another format"
+    if stamp.get("root") != root or stamp.get("build_dir") != build_dir:
+        return "the record is of another project folder"
+    if stamp.get("argv") != build_args:
+        return f"other arguments (last: {' '.join(stamp.get('argv') or []) or 'none'})"
+    if stamp.get("unusable"):
+        return f"the last build could not vouch for its files: {stamp['unusable']}"
+    if stamp.get("python") != _python():
+        return "another Python interpreter or sys.path (python -c and -m put the current folder on it)"
+    try:
+        key = salt(create=False)
+    except (OSError, ValueError) as exc:
+        return f"no private salt for the environment's digests: {exc}"
+    if stamp.get("salt") != _salt_id(key):
+        return f"the record was keyed with another salt than {salt_path()} (another user, or it was renewed)"
+    env = _env(key)
+    if stamp.get("env") != env:
+        old = stamp.get("env") or {}
+        changed = sorted(n for n in set(env) | set(old) if env.get(n) != old.get(n))
+        return f"environment variable {', '.join(changed)} changed"
+    if stamp.get("host") != host_facts():
+        return "the host changed (reboot, GPU devices or driver)"
+    sigs = stamp["sigs"]
+    for path, sig in sigs.items():
+        if signature(path) != sig:
+            return f"{_shown(path, root)} changed"
+    for path, digest in stamp["digests"].items():
+        try:
+            if _content_digest(path) != digest:
+                return f"{_shown(path, root)} changed"
+        except OSError:
+            return f"{_shown(path, root)} cannot be read"
+    if not isinstance(stamp.get("lines"), list) or not isinstance(stamp.get("counts"), dict):
+        return "the record is damaged"
+    return stamp
+
+
+def _append_stats(stamp: dict) -> None:
+    """The line a normal no-op appends to cache/stats.jsonl (best effort, as there)."""
+    import json
+
+    try:
+        line = json.dumps({"time": time.time(), **stamp["stats"]}, separators=(",", ":")) + "\n"
+        with open(os.path.join(stamp["cache_dir"], "stats.jsonl"), "a", encoding="utf-8") as f:
+            f.write(line)
+    except (OSError, TypeError, ValueError, KeyError):
+        pass

@@ -1,0 +1,154 @@
+"""Runs one step in its own process: ``python -m optbuild.process.child SPEC.json``, or in a child
+forked by ``optbuild.process.forkserver``, which calls ``serve`` as this module's ``main`` does.
+
+A crash in a native library (onnxsim, TensorRT) kills this process, not the build. The
+spec and the result travel as JSON files (``optbuild.process.spec``: WorkerSpec in,
+WorkerResult out); stdout and stderr go to the step's log, and
+everything that explains a failure is written there: the traceback of any error (expected
+or not), library logging, Python warnings, and on a native crash the Python stack.
+
+The result file's space is reserved before the step runs, so a step that fills the disk
+still reports why it failed. Where even the reservation (or a result too big for it) fails
+for lack of space, the process exits with that errno as its status, and the builder names
+the full disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+from optbuild.process.spec import WorkerResult, WorkerSpec
+
+RESULT_RESERVE = 64 << 10  # bytes; results are small JSON (an error message, metrics)
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: get SIGKILL when ``parent`` (the builder, or the zygote) dies, so no orphan keeps
+    building."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def run(spec: WorkerSpec) -> WorkerResult:
+    from optbuild.common.errors import OptbuildError, describe_os_error, is_disk_full
+    from optbuild.common.fingerprint import Fingerprint
+    from optbuild.steps.base import Artifact, StepContext
+    from optbuild.steps.registry import step_class
+
+    cls = step_class(spec.implementation)
+    params = cls.Params.model_validate(spec.params)
+    base_dir, root = Path(spec.base_dir), Path(spec.project_root)
+    step = cls(params, base_dir, root)
+    inputs = {
+        name: Artifact(
+            step=a.step,
+            dir=Path(a.dir),
+            files={k: Path(v) for k, v in a.files.items()},
+            primary=Path(a.primary) if a.primary else None,
+        )
+        for name, a in spec.inputs.items()
+    }
+    ctx = StepContext(
+        step_id=spec.step_id,
+        base_dir=base_dir,
+        project_root=root,
+        out_dir=Path(spec.out_dir),
+        inputs=inputs,
+        host=Fingerprint(),
+        state_dir=Path(spec.state_dir) if spec.state_dir else None,
+    )
+    started = time.perf_counter()
+    try:
+        step.run(ctx)
+    # "repeats": the same inputs fail the same way, so the builder may remember the failure;
+    # not so for a full disk or exhausted memory, which depend on the moment
+    except OptbuildError as exc:
+        _log_failure()
+        return WorkerResult(ok=False, error=str(exc), expected=True, repeats=True)
+    except Exception as exc:  # a bug or a tool failure: the log tail goes to the console too
+        if is_disk_full(exc):  # not a bug: say which disk to make room on
+            error = describe_os_error(exc, ctx.out_dir)
+            _log_failure(error)
+            return WorkerResult(ok=False, error=error, expected=True)
+        _log_failure()
+        return WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}", repeats=not isinstance(exc, MemoryError))
+    return WorkerResult(ok=True, metrics=ctx.metrics, run_s=time.perf_counter() - started)
+
+
+def _log_failure(error: str | None = None) -> None:
+    """The traceback of the error being handled, and ``error``, into the log: also for an
+    expected error, whose console message is short, as it shows where a tool raised it. A
+    log on a full disk must not keep the result from saying why the step failed."""
+    with contextlib.suppress(OSError):
+        traceback.print_exc()
+        if error:
+            print(error, file=sys.stderr)
+
+
+def _disk_full_exit(exc: OSError) -> NoReturn:
+    """No room for the result: exit with the errno, which the builder turns into a message."""
+    from optbuild.common.errors import is_disk_full
+
+    if not is_disk_full(exc) or exc.errno is None:
+        raise exc
+    os._exit(exc.errno)
+
+
+def capture_diagnostics() -> None:
+    """Make what explains a failure reach the log: the Python stack on a native crash
+    (faulthandler), and library logging from INFO up (unconfigured, logging drops INFO
+    and prints warnings without saying which library wrote them)."""
+    import faulthandler
+    import logging
+
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
+    """Run the step that ``spec_path`` describes and write its result; die with ``parent``
+    (default: the builder the spec names)."""
+    spec = WorkerSpec.from_json(Path(spec_path).read_bytes())
+    die_with_parent(spec.parent_pid if parent is None else parent)
+    result_path = Path(spec.result)
+    tmp = result_path.with_suffix(".tmp")
+    result_file = open(tmp, "wb")  # noqa: SIM115 (held open while the step runs)
+    try:
+        result_file.write(b" " * RESULT_RESERVE)  # JSON allows the padding left after the result
+        result_file.flush()
+    except OSError as exc:
+        _disk_full_exit(exc)
+    result = run(spec)
+    try:
+        result_file.seek(0)
+        result_file.write(result.to_json().encode())
+        result_file.close()
+    except OSError as exc:
+        _disk_full_exit(exc)
+    os.replace(tmp, result_path)
+
+
+def main() -> None:
+    # SIGTERM ends a worker at once, even one whose builder ignores SIGTERM (an ignored
+    # signal is inherited; a handler is not)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    capture_diagnostics()
+    serve(sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()

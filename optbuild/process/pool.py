@@ -1,0 +1,353 @@
+"""Starts the process that runs a step: a child of a fork server that has already imported
+the step's tools (``optbuild.process.forkserver``) where it can, a fresh ``python -m optbuild.process.child``
+where it cannot (not Linux, ``[build] preload = false``, or a fork server that failed).
+
+Either way the step runs in a process of its own and the executor sees the same thing: a
+``WorkerProcess`` to poll for its exit code, or to kill. One fork server per set of
+preloaded modules, started on first need and shared by the steps whose ``preload`` it
+covers (a quantize step, which preloads onnx, forks from the server that holds torch and
+onnx when that one is already running); all end with the build.
+
+``optbuild build`` starts the server of ``ONNX_TOOLS``, which most step kinds preload, before
+it even imports its own modules (``WorkerPool.speculative``): it is ready when the first
+step is, instead of after it. One that no step used is killed at the end.
+
+A build server (``optbuild.cli.buildserver``) keeps its pool between builds: a ``ServedPool``,
+whose ``close`` ends a build's use of it and ``shutdown`` ends its servers. Its fork servers
+are started from one thread that lives as long as the pool (a server dies with the thread
+that started it: PR_SET_PDEATHSIG), under the environment the pool was made for, and report
+the files of the modules they import (``--watch``) so that a changed one restarts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger("optbuild")
+
+# The preload sets of the built-in step kinds (Step.preload): steps sharing one share a server.
+ONNX_TOOLS = ("numpy", "onnx")
+TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.fx, onnxsim
+
+READY_TIMEOUT_S = 600.0  # importing torch on a loaded host can take a minute; never forever
+MAX_MESSAGE = 4096
+
+
+class WorkerProcess(Protocol):
+    def poll(self, timeout: float | None) -> int | None:
+        """The exit code (negative: the signal that killed it), waiting at most ``timeout``
+        seconds (None: until it exits); None if it still runs."""
+
+    def kill(self) -> None: ...
+
+
+class FreshProcess:
+    """``python -u -m optbuild.process.child SPEC``: unbuffered, so that what a step printed reaches
+    the log in order even when it then crashes."""
+
+    def __init__(self, spec: Path, log_path: Path, cwd: Path):
+        with open(log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "optbuild.process.child", str(spec)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+
+    def poll(self, timeout: float | None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+class ForkedChild:
+    """A child of a fork server; its exit code arrives on ``sock``. A server that died
+    first (killed with it: PR_SET_PDEATHSIG) reads as SIGKILL."""
+
+    def __init__(self, sock: socket.socket, pid: int, pidfd: int | None):
+        self.sock, self.pid, self.pidfd = sock, pid, pidfd
+        self.code: int | None = None
+
+    def poll(self, timeout: float | None) -> int | None:
+        if self.code is None and select.select([self.sock], [], [], timeout)[0]:
+            try:
+                message = self.sock.recv(MAX_MESSAGE)
+            except OSError:
+                message = b""
+            self.code = json.loads(message)["exit"] if message else -signal.SIGKILL
+            self._close()
+        return self.code
+
+    def kill(self) -> None:
+        """SIGKILL through the pidfd (no pid-reuse race) where there is one."""
+        if self.code is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+
+    def _close(self) -> None:
+        self.sock.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class ForkServer:
+    """One ``optbuild.process.forkserver`` process, which preloads ``modules``."""
+
+    def __init__(self, modules: frozenset[str], cwd: Path, *, env: dict[str, str] | None = None,
+                 watch: bool = False):
+        self.modules = modules
+        self.cwd = cwd
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stderr: shown if it fails)
+        # what it imported, when (--watch): only for a pool that outlives a build
+        self.watched = tempfile.TemporaryFile() if watch else None  # noqa: SIM115
+        extra = ["--watch", str(self.watched.fileno())] if self.watched is not None else []
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "optbuild.process.forkserver", str(theirs.fileno()), str(os.getpid()),
+                 *extra, *sorted(modules)],
+                pass_fds=(theirs.fileno(), *([self.watched.fileno()] if self.watched is not None else [])),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.errors, cwd=cwd, env=env)
+        self.usable: bool | None = None  # None: not ready yet
+        self._ready_lock = threading.Lock()
+
+    def ready(self, cancel: threading.Event) -> bool | None:
+        """Whether the server is ready to fork (waiting for it the first time); None if
+        ``cancel`` was set while waiting."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._ready_lock.acquire(timeout=0.05):
+            if cancel.is_set():
+                return None
+        try:
+            while self.usable is None:
+                if cancel.is_set():
+                    return None
+                if select.select([self.control], [], [], 0.05)[0]:
+                    self._hello(self.control.recv(MAX_MESSAGE))
+                elif time.monotonic() > deadline:
+                    self._give_up(f"it was not ready after {READY_TIMEOUT_S:.0f} s")
+                    self.kill()
+            return self.usable
+        finally:
+            self._ready_lock.release()
+
+    def _hello(self, message: bytes) -> None:
+        if not message:
+            self._give_up(f"it exited while importing them{self._stderr_tail()}")
+            return
+        hello = json.loads(message)
+        if hello["ready"]:
+            self.usable = True
+        else:
+            self._give_up(hello["unsafe"])
+
+    def fork(self, spec: Path, log_path: Path, implementation: str, cwd: Path) -> ForkedChild | None:
+        """A child running ``spec`` in ``cwd``; None if the server cannot fork (it died, or
+        found itself unsafe): the caller starts a fresh process."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {"spec": str(spec), "log": str(log_path), "cwd": str(cwd), "env": dict(os.environ),
+                   "implementation": implementation}
+        try:
+            with theirs:
+                socket.send_fds(self.control, [json.dumps(request).encode()], [theirs.fileno()])
+            message, fds, _, _ = socket.recv_fds(mine, MAX_MESSAGE, 1)
+        except OSError:
+            message, fds = b"", []
+        answer = json.loads(message) if message else {"error": f"it exited{self._stderr_tail()}"}
+        if "error" in answer:
+            mine.close()
+            self._give_up(answer["error"])
+            return None
+        return ForkedChild(mine, answer["pid"], fds[0] if fds else None)
+
+    def why_stale(self, racy_ns: int) -> str | None:
+        """Why this server must not fork another step: it ended (None when it failed
+        before: its steps start fresh processes), or a file of a module it imported changed
+        since, or changed within ``racy_ns`` of the import (None without --watch)."""
+        if self.usable is not False and self.proc.poll() is not None:
+            return "a fork server ended"
+        if self.watched is None:
+            return None
+        from optbuild.cli.noop import changed_within, signature
+
+        self.watched.seek(0)
+        for line in self.watched.read().decode(errors="replace").splitlines():
+            try:
+                batch = json.loads(line)
+            except ValueError:
+                return "a fork server's record of its modules is damaged"
+            for path, sig in batch["sigs"].items():
+                if changed_within(sig, batch["ref"], racy_ns):
+                    return f"{path} changed within {racy_ns / 1e9:g} s of being imported"
+                if signature(path) != sig:
+                    return f"{path} changed since it was imported"
+        return None
+
+    def _give_up(self, why: str) -> None:
+        if self.usable is not False:
+            self.usable = False
+            log.warning("preloading %s for steps failed: %s; those steps start fresh processes "
+                        "(slower; set [build] preload = false to always do so)",
+                        ", ".join(sorted(self.modules)) or "optbuild", why)
+
+    def _stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            self.errors.seek(0)
+            lines = self.errors.read().decode(errors="replace").strip().splitlines()
+            if lines:
+                return ":\n    " + "\n    ".join(lines[-10:])
+        return ""
+
+    def close(self) -> None:
+        """Let the server finish (it exits when its control socket closes); kill it if it
+        does not, or if it never got ready (it may still be importing)."""
+        self.control.close()
+        if self.usable is None:
+            self.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.errors.close()
+
+    def kill(self) -> None:
+        """Its children die with it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class WorkerPool:
+    """Where the executor gets the processes that run its steps."""
+
+    def __init__(self, cwd: Path, *, preload: bool = True):
+        self.cwd = cwd
+        self.preload = preload and sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+        self._servers: list[ForkServer] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def speculative(cls, root: str | None) -> WorkerPool | None:
+        """A pool for the project at ``root`` whose ONNX_TOOLS server starts now (None
+        without a root): for a build, before the builder's own imports and planning."""
+        if root is None:
+            return None
+        pool = cls(Path(root))
+        pool.prewarm(ONNX_TOOLS)
+        return pool
+
+    def fits(self, cwd: Path, *, preload: bool) -> bool:
+        """Whether this pool serves a build of the project at ``cwd`` with ``preload``."""
+        return self.cwd.resolve() == cwd.resolve() and self.preload == preload
+
+    def prewarm(self, modules: tuple[str, ...]) -> None:
+        """Start the fork server that steps preloading ``modules`` will use, if none runs:
+        it imports while other steps build."""
+        if self.preload:
+            self._server_for(frozenset(modules))
+
+    def start(self, spec: Path, log_path: Path, implementation: str, modules: tuple[str, ...],
+              cancel: threading.Event, cwd: Path | None = None) -> WorkerProcess | None:
+        """A process running the step ``spec`` describes (of the kind ``implementation``,
+        preloading ``modules``) in ``cwd`` (default: the pool's); None if ``cancel`` was set
+        first."""
+        cwd = self.cwd if cwd is None else cwd
+        if self.preload:
+            server = self._server_for(frozenset(modules))
+            ready = server.ready(cancel)
+            if ready is None:
+                return None
+            if ready and (child := server.fork(spec, log_path, implementation, cwd)) is not None:
+                return child
+        return FreshProcess(spec, log_path, cwd)
+
+    def _server_for(self, modules: frozenset[str]) -> ForkServer:
+        """The smallest running server that preloads all of ``modules``; a new one if none."""
+        with self._lock:
+            fitting = [s for s in self._servers if s.usable is not False and s.modules >= modules]
+            if fitting:
+                return min(fitting, key=lambda s: len(s.modules))
+            broken = [s for s in self._servers if s.usable is False and s.modules == modules]
+            if broken:  # failed before: fresh processes for these steps from now on
+                return broken[0]
+            server = self._new_server(modules)
+            self._servers.append(server)
+            return server
+
+    def _new_server(self, modules: frozenset[str]) -> ForkServer:
+        return ForkServer(modules, self.cwd)
+
+    def close(self) -> None:
+        """End every server (idempotent)."""
+        with self._lock:
+            for server in self._servers:
+                server.close()
+            self._servers.clear()
+
+
+class ServedPool(WorkerPool):
+    """A pool that outlives builds: a build server's (``optbuild.cli.buildserver``), whose fork
+    servers report the files of the modules they import (``watch``), and a Dask node's
+    (``optbuild.distributed.task``), restarted with the node when its code changes."""
+
+    def __init__(self, cwd: str | Path, *, env: dict[str, str], quiet_env: tuple[str, ...] = (),
+                 watch: bool = True):
+        from concurrent.futures import ThreadPoolExecutor
+
+        super().__init__(Path(cwd))
+        self.env = dict(env)
+        self.quiet_env = quiet_env
+        self.watch = watch
+        # one long-lived thread starts every fork server: they die with it (PR_SET_PDEATHSIG)
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="optbuild-spawner")
+
+    def _new_server(self, modules: frozenset[str]) -> ForkServer:
+        return self._spawner.submit(ForkServer, modules, self.cwd, env=self.env, watch=self.watch).result()
+
+    def close(self) -> None:
+        """A build is done with the pool; its servers stay (``shutdown`` ends them)."""
+
+    def shutdown(self) -> None:
+        super().close()
+        self._spawner.shutdown(wait=True)
+
+    def why_stale(self, env: dict[str, str]) -> str | None:
+        """Why the pool cannot serve a build under ``env`` (``quiet_env`` aside): another
+        environment than its servers were started under, a server that ended, or a module
+        file that changed; None if it can."""
+        from optbuild.cli.noop import RACY_NS
+
+        if {k: v for k, v in self.env.items() if k not in self.quiet_env} != \
+                {k: v for k, v in env.items() if k not in self.quiet_env}:
+            return "the build's environment differs from the one they were started under"
+        with self._lock:
+            servers = list(self._servers)
+        for server in servers:
+            if (why := server.why_stale(RACY_NS)) is not None:
+                return why
+        return None
+
+    def describe(self) -> list[dict[str, object]]:
+        with self._lock:
+            return [{"modules": sorted(s.modules), "pid": s.proc.pid, "usable": s.usable}
+                    for s in self._servers]

@@ -1,0 +1,123 @@
+"""TOML documents that remember where each key was written, for error messages.
+
+tomllib gives values without positions, so the lines of table headers and keys are found
+by a light scan of the text. It is only used to point at a line; a key it cannot place
+falls back to the line of its nearest enclosing table.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optbuild.common.errors import Problem, ProjectError
+
+_BARE = r"[A-Za-z0-9_-]+"
+_KEY = rf"(?:{_BARE}|\"(?:[^\"\\]|\\.)*\"|'[^']*')"
+_DOTTED = rf"{_KEY}(?:\s*\.\s*{_KEY})*"
+_HEADER = re.compile(rf"^\s*(\[\[?)\s*({_DOTTED})\s*\]\]?")
+_ASSIGN = re.compile(rf"^\s*({_DOTTED})\s*=")
+_PART = re.compile(_KEY)
+_LINE_IN_ERROR = re.compile(r"at line (\d+)")
+
+
+def _split_key(dotted: str) -> tuple[str, ...]:
+    return tuple(p.strip("\"'") for p in _PART.findall(dotted))
+
+
+@dataclass
+class TomlDocument:
+    path: Path
+    data: dict[str, Any]
+    lines: dict[tuple, int] = field(default_factory=dict)
+    context: str = ""  # for a template: the recipe it was expanded for, named in its problems
+
+    def line_of(self, loc: tuple) -> int | None:
+        """Line of the key at ``loc`` (a path of keys and list indices), or of its parent."""
+        loc = tuple(str(part) for part in loc)
+        while loc:
+            if loc in self.lines:
+                return self.lines[loc]
+            loc = loc[:-1]
+        return None
+
+    def problem(self, loc: tuple, message: str) -> Problem:
+        return Problem(
+            f"{message} (expanded for {self.context})" if self.context else message,
+            file=self.path,
+            line=self.line_of(loc),
+            field=".".join(str(p) for p in loc) or None,
+        )
+
+
+def _set_with_parents(lines: dict[tuple, int], key: tuple[str, ...], number: int) -> None:
+    """``key`` and each table above it, unless placed already: the first line that names a
+    table (``[steps.a]`` names ``steps``) is where a problem with that table shows."""
+    for end in range(1, len(key) + 1):
+        lines.setdefault(key[:end], number)
+
+
+def _scan_lines(text: str) -> dict[tuple, int]:
+    lines: dict[tuple, int] = {}
+    table: tuple[str, ...] = ()
+    array_counts: dict[tuple, int] = {}
+    in_multiline: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if in_multiline:
+            if in_multiline in line:
+                in_multiline = None
+            continue
+        if header := _HEADER.match(line):
+            table = _split_key(header.group(2))
+            if header.group(1) == "[[":
+                index = array_counts.get(table, 0)
+                array_counts[table] = index + 1
+                _set_with_parents(lines, table, number)
+                table = (*table, str(index))
+            _set_with_parents(lines, table, number)
+        elif assign := _ASSIGN.match(line):
+            _set_with_parents(lines, (*table, *_split_key(assign.group(1))), number)
+            rest = line[assign.end():]
+            for quote in ('"""', "'''"):
+                if rest.count(quote) % 2 == 1:
+                    in_multiline = quote
+    return lines
+
+
+def load_toml(path: Path) -> TomlDocument:
+    """Parse ``path``; a syntax error or unreadable file raises ProjectError with its line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProjectError([Problem("file not found", file=path)]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProjectError([Problem(f"cannot read: {exc}", file=path)]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = _LINE_IN_ERROR.search(str(exc))
+        line = int(match.group(1)) if match else None
+        raise ProjectError([Problem(f"invalid TOML: {exc}", file=path, line=line)]) from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ProjectError([Problem("invalid TOML: arrays or inline tables nested too deeply",
+                                    file=path, line=_deepest_line(text))]) from None
+    return TomlDocument(path, data, _scan_lines(text))
+
+
+def _deepest_line(text: str) -> int:
+    """The line where brackets and braces nest deepest (strings ignored: only a hint)."""
+    depth = deepest = 0
+    line = where = 1
+    for char in text:
+        if char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, where = depth, line
+        elif char in "]}":
+            depth -= 1
+        elif char == "\n":
+            line += 1
+    return where
