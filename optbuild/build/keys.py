@@ -13,9 +13,10 @@ from typing import Any
 
 from optbuild.common.digest import ALGORITHM, FileHasher, digest_bytes
 from optbuild.common.fingerprint import Fingerprint
+from optbuild.common.recipetable import KEYED_WHEN_SET, fields_with
 from optbuild.common.toolchain import Toolchain
 from optbuild.project.recipe import StepSpec
-from optbuild.steps.base import KEYED_WHEN_SET, StepParams, fields_with
+from optbuild.steps.base import StepParams
 from optbuild.store.entry import canonical_json
 
 KEY_FORMAT = 1

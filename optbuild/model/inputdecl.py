@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from optbuild.common.errors import StepError
-from optbuild.steps.base import KEYED_WHEN_SET, RecipeTable
+from optbuild.common.recipetable import KEYED_WHEN_SET, RecipeTable
 
 if TYPE_CHECKING:
     from optbuild.backends.base import TensorSpec

@@ -16,81 +16,28 @@ import tempfile
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
-
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from typing import Any, ClassVar
 
 from optbuild.common.callables import Call
 from optbuild.common.errors import StepError
+from optbuild.common.recipetable import (
+    CALLABLE_REF,
+    INPUT_PATH,
+    STEP_REF,
+    CallableRef,  # noqa: F401 (the field types of a kind's Params: this module's API for step kinds)
+    InputPath,  # noqa: F401
+    RecipeTable,
+    StepRef,  # noqa: F401
+    fields_with,
+)
 
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
 
-class _Marker:
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<{self.name}>"
-
-
-STEP_REF = _Marker("step-ref")
-INPUT_PATH = _Marker("input-path")
-CALLABLE_REF = _Marker("callable-ref")
-# A parameter added after caches existed: it enters the key only when set, so adding it
-# does not disown every cached result of its kind.
-KEYED_WHEN_SET = _Marker("keyed-when-set")
-
-
-def _check_callable(value: str) -> str:
-    path, sep, attr = value.rpartition(":")
-    if not sep or not path.endswith(".py") or not attr.replace(".", "_").isidentifier():
-        raise ValueError(f"expected 'path/to/file.py:callable', got {value!r}")
-    return value
-
-
-def _check_ref(value: str) -> str:
-    parts = value.split(":")
-    if len(parts) > 2 or not all(parts):
-        raise ValueError(f"expected 'step' or 'recipe:step', got {value!r}")
-    return value
-
-
-# The output of another step: "step" (same recipe) or "recipe:step".
-StepRef = Annotated[str, AfterValidator(_check_ref), STEP_REF]
-# A file whose bytes enter the key; relative paths are relative to the recipe file.
-InputPath = Annotated[str, INPUT_PATH]
-# "path/to/file.py:callable"; the file (and what it imports locally) enters the key.
-CallableRef = Annotated[str, AfterValidator(_check_callable), CALLABLE_REF]
-
-
-class RecipeTable(BaseModel):
-    """A table a recipe writes: unknown keys are errors, values are immutable. The docstring
-    under a field is its description, which optbuild.steps.reference reads from the source."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 class StepParams(RecipeTable):
     """Base of every step's parameters."""
-
-
-def _has_marker(annotation: Any, marker: _Marker) -> bool:
-    if typing.get_origin(annotation) is Annotated:
-        if any(m is marker for m in annotation.__metadata__):
-            return True
-        return _has_marker(typing.get_args(annotation)[0], marker)
-    return any(_has_marker(arg, marker) for arg in typing.get_args(annotation))
-
-
-@cache
-def fields_with(params_cls: type[StepParams], marker: _Marker) -> tuple[str, ...]:
-    """Names of the fields of ``params_cls`` annotated with ``marker`` (also inside Optional)."""
-    hints = typing.get_type_hints(params_cls, include_extras=True)
-    return tuple(name for name in params_cls.model_fields if _has_marker(hints.get(name), marker))
 
 
 @dataclass(frozen=True)

@@ -74,11 +74,12 @@ from optbuild.backends.base import module_missing
 from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
 from optbuild.backends.openvino.loader import PINNED_PRECISION, RT_INFO_HINT, RT_INFO_PRECISION
 from optbuild.common.errors import StepError
+from optbuild.common.recipetable import RecipeTable, StepRef
 from optbuild.model.inputdecl import InputDecls, StepInputs
 from optbuild.model.samples import DataArg, is_callable_source, non_default
 from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps import fields
-from optbuild.steps.base import RecipeTable, StepContext, StepParams, StepRef
+from optbuild.steps.base import StepContext, StepParams
 from optbuild.steps.rewrite_check import Atol, atol_field
 
 if typing.TYPE_CHECKING:

@@ -43,18 +43,11 @@ from optbuild.common import usermodule
 from optbuild.common.callables import Call
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.pyimports import local_imports
+from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, InputPath, StepRef
 from optbuild.model.compare import compare_outputs
 from optbuild.model.inputdecl import StepInputs
 from optbuild.process.pool import TORCH_TOOLS
-from optbuild.steps.base import (
-    KEYED_WHEN_SET,
-    CallableRef,
-    InputPath,
-    Step,
-    StepContext,
-    StepParams,
-    StepRef,
-)
+from optbuild.steps.base import Step, StepContext, StepParams
 
 if TYPE_CHECKING:
     from optbuild.backends.base import Runner

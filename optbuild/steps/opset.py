@@ -14,9 +14,10 @@ from typing import Any
 from pydantic import Field
 
 from optbuild.common.errors import StepError
+from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
 from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
 

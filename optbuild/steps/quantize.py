@@ -48,10 +48,11 @@ from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.common.errors import StepError
+from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
 from optbuild.model.samples import non_default
 from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams
 from optbuild.steps.fields import input_field
 
 if TYPE_CHECKING:

@@ -25,9 +25,10 @@ from pydantic import AfterValidator, BaseModel
 from pydantic.fields import FieldInfo
 
 from optbuild.common.errors import OptbuildError
+from optbuild.common.recipetable import CALLABLE_REF, INPUT_PATH, STEP_REF
 from optbuild.model.samples import check_data_source
 from optbuild.steps import registry
-from optbuild.steps.base import CALLABLE_REF, INPUT_PATH, STEP_REF, Step
+from optbuild.steps.base import Step
 
 GENERATE = "python -m optbuild.steps.reference > docs/steps.md"
 WIDTH = 92  # descriptions are wrapped to this: the text reads the same in a terminal

@@ -19,9 +19,10 @@ from pydantic import Field
 
 from optbuild.backends import registry
 from optbuild.common.errors import StepError, first_line
+from optbuild.common.recipetable import KEYED_WHEN_SET
 from optbuild.model.inputdecl import InputDecls, check_declarations
 from optbuild.model.samples import describe_tried, feeds
-from optbuild.steps.base import KEYED_WHEN_SET, StepContext
+from optbuild.steps.base import StepContext
 
 if typing.TYPE_CHECKING:
     from optbuild.backends.base import Runner

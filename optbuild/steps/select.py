@@ -24,7 +24,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from optbuild.common.errors import StepError
-from optbuild.steps.base import Artifact, Step, StepContext, StepParams, StepRef, link_files
+from optbuild.common.recipetable import StepRef
+from optbuild.steps.base import Artifact, Step, StepContext, StepParams, link_files
 
 REPORT_VERSION = 1
 OBJECTIVES = {  # what is better: lower or higher

@@ -13,8 +13,9 @@ from typing import Any
 from pydantic import Field
 
 from optbuild.common.errors import StepError
+from optbuild.common.recipetable import InputPath
 from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import InputPath, Step, StepContext, StepParams
+from optbuild.steps.base import Step, StepContext, StepParams
 
 
 class OnnxSourceParams(StepParams):

@@ -61,11 +61,12 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.common.errors import StepError, StepUnavailable, first_line
+from optbuild.common.recipetable import KEYED_WHEN_SET, StepRef
 from optbuild.model import compare
 from optbuild.model.inputdecl import StepInputs, check_declarations
 from optbuild.model.samples import DataArg, non_default
 from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import KEYED_WHEN_SET, Step, StepContext, StepParams, StepRef
+from optbuild.steps.base import Step, StepContext, StepParams
 from optbuild.steps.fields import (
     DataSource,
     DataSourceStep,
