@@ -187,7 +187,8 @@ def test_a_served_pool_outlives_builds_and_says_when_a_module_it_imported_change
 
 
 def test_a_fork_server_that_died_makes_a_served_pool_stale(tmp_path):
-    from optbuild.process.pool import ONNX_TOOLS, ServedPool
+    from optbuild.process.pool import ServedPool
+    from optbuild.steps.base import ONNX_TOOLS
 
     pool = ServedPool(tmp_path, env=dict(os.environ))
     try:

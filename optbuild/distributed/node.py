@@ -106,7 +106,7 @@ async def serve(scheduler: str, node: NodeConfig, *, nthreads: int = 1, host: st
                 started: Any = None) -> None:
     """Run a node until it is closed (by the scheduler, or a signal)."""
     from optbuild.distributed.task import node_pool
-    from optbuild.process.pool import ONNX_TOOLS
+    from optbuild.steps.base import ONNX_TOOLS
 
     worker = make_worker(scheduler, node, nthreads=nthreads, host=host)
     async with worker:

@@ -38,10 +38,6 @@ from typing import Protocol
 
 log = logging.getLogger("optbuild")
 
-# The preload sets of the built-in step kinds (Step.preload): steps sharing one share a server.
-ONNX_TOOLS = ("numpy", "onnx")
-TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.fx, onnxsim
-
 READY_TIMEOUT_S = 600.0  # importing torch on a loaded host can take a minute; never forever
 MAX_MESSAGE = 4096
 
@@ -250,6 +246,8 @@ class WorkerPool:
     def speculative(cls, root: str | None) -> WorkerPool | None:
         """A pool for the project at ``root`` whose ONNX_TOOLS server starts now (None
         without a root): for a build, before the builder's own imports and planning."""
+        from optbuild.steps.base import ONNX_TOOLS
+
         if root is None:
             return None
         pool = cls(Path(root))

@@ -36,6 +36,11 @@ if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
 
+# The preload sets of the built-in step kinds (Step.preload): steps sharing one share a fork server.
+ONNX_TOOLS = ("numpy", "onnx")
+TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.fx, onnxsim
+
+
 class StepParams(RecipeTable):
     """Base of every step's parameters."""
 
@@ -109,8 +114,8 @@ class Step:
     # Python distributions whose versions change the output (their versions enter the key).
     tools: ClassVar[tuple[str, ...]] = ()
     # Modules the fork server imports once for every step of this kind (optbuild.process.forkserver):
-    # heavy ones whose import leaves no thread running (not onnxruntime: see the zygote);
-    # optbuild.process.pool has the built-in kinds' sets.
+    # heavy ones whose import leaves no thread running (not onnxruntime: see the fork server);
+    # ONNX_TOOLS and TORCH_TOOLS are the built-in kinds' sets.
     preload: ClassVar[tuple[str, ...]] = ()
     # Host fingerprint fields the output depends on (see optbuild.common.fingerprint).
     host_fields: ClassVar[tuple[str, ...]] = ()

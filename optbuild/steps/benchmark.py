@@ -49,9 +49,8 @@ from optbuild.backends.base import Backend, Manifest
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, check_declarations, inputs_field
-from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps import fields
-from optbuild.steps.base import Step, StepContext, StepParams, link_files
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, link_files
 
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint

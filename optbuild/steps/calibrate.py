@@ -60,9 +60,8 @@ from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.samples import DataArg, non_default
-from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps import fields
-from optbuild.steps.base import StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, StepContext, StepParams
 
 TABLE_FORMAT = "optbuild.calibration"
 TABLE_VERSION = 1

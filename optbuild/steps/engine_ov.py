@@ -77,9 +77,8 @@ from optbuild.common.errors import StepError
 from optbuild.common.recipetable import RecipeTable, StepRef
 from optbuild.model.inputdecl import InputDecls, StepInputs
 from optbuild.model.samples import DataArg, is_callable_source, non_default
-from optbuild.process.pool import ONNX_TOOLS
 from optbuild.steps import fields
-from optbuild.steps.base import StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, StepContext, StepParams
 from optbuild.steps.rewrite_check import Atol, atol_field
 
 if typing.TYPE_CHECKING:

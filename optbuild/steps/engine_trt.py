@@ -63,8 +63,7 @@ from optbuild.common.atomic import write_atomic
 from optbuild.common.errors import StepError, StepUnavailable
 from optbuild.common.recipetable import RecipeTable, StepRef
 from optbuild.model.inputdecl import InputDecls, StepInputs
-from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import input_field
 
 if typing.TYPE_CHECKING:

@@ -46,8 +46,7 @@ from optbuild.common.pyimports import local_imports
 from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, InputPath, StepRef
 from optbuild.model.compare import compare_outputs
 from optbuild.model.inputdecl import StepInputs
-from optbuild.process.pool import TORCH_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams
+from optbuild.steps.base import TORCH_TOOLS, Step, StepContext, StepParams
 
 if TYPE_CHECKING:
     from optbuild.backends.base import Runner

@@ -16,8 +16,7 @@ from pydantic import Field
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
-from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
 

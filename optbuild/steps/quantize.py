@@ -51,8 +51,7 @@ from optbuild.common.errors import StepError
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
 from optbuild.model.samples import non_default
-from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import input_field
 
 if TYPE_CHECKING:

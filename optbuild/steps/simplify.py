@@ -29,8 +29,7 @@ from pydantic import Field, model_validator
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import KEYED_WHEN_SET, StepRef
 from optbuild.model.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
-from optbuild.process.pool import TORCH_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams
+from optbuild.steps.base import TORCH_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
 

@@ -14,8 +14,7 @@ from pydantic import Field
 
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import InputPath
-from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 
 
 class OnnxSourceParams(StepParams):

@@ -65,8 +65,7 @@ from optbuild.common.recipetable import KEYED_WHEN_SET, StepRef
 from optbuild.model import compare
 from optbuild.model.inputdecl import StepInputs, check_declarations
 from optbuild.model.samples import DataArg, non_default
-from optbuild.process.pool import ONNX_TOOLS
-from optbuild.steps.base import Step, StepContext, StepParams
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import (
     DataSource,
     DataSourceStep,

@@ -166,7 +166,8 @@ class Server:
     def check_pool(self, env: dict[str, str]) -> None:
         """A fresh pool when the fork servers are stale, dead, or were started under
         another environment."""
-        from optbuild.process.pool import ONNX_TOOLS, ServedPool
+        from optbuild.process.pool import ServedPool
+        from optbuild.steps.base import ONNX_TOOLS
 
         if self.pool is not None:
             why = self.pool.why_stale(env)
