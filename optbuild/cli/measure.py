@@ -35,7 +35,6 @@ numpy, onnxruntime and torch are imported inside the functions that use them.
 
 from __future__ import annotations
 
-import gc
 import io
 import json
 import os
@@ -53,6 +52,8 @@ from optbuild.build.status import Status
 from optbuild.common.atomic import write_atomic
 from optbuild.common.errors import OptbuildError, first_line
 from optbuild.common.units import human_size
+from optbuild.model import timing
+from optbuild.model.timing import gc_off, latency_figures
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
@@ -459,49 +460,6 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
 
 
 # --- measuring -------------------------------------------------------------------------------
-def _blocks(total: int, rounds: int) -> list[int]:
-    rounds = max(1, min(rounds, total))
-    return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
-
-
-@contextmanager
-def _gc_off() -> Iterator[None]:
-    """The garbage collector off while timing, as in ``timeit``."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def time_calls(call: Callable[[], Any], runs: int, warmup: int = 0) -> list[int]:
-    """``warmup`` untimed calls of ``call``, then the time of each of ``runs`` calls, in
-    nanoseconds (time.perf_counter_ns), the garbage collector off while timing. What the
-    benchmark step measures; ``measure`` interleaves several models the same way."""
-    for _ in range(warmup):
-        call()
-    clock = time.perf_counter_ns
-    times = []
-    with _gc_off():
-        for _ in range(runs):
-            started = clock()
-            call()
-            times.append(clock() - started)
-    return times
-
-
-def latency_figures(times_ns: list[int]) -> dict[str, float]:
-    """Latency figures in ms of the timed runs ``times_ns``: p50, p90, p99, mean, min, max, std."""
-    import numpy as np
-
-    ms = np.asarray(times_ns, dtype=np.float64) / 1e6
-    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
-    return {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
-            "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())}
-
-
 def measure(runners: list[_Runner], options: BenchOptions, say: Callable[[str], None] = lambda message: None) -> None:
     """Warm up every runner, then time ``runs`` calls of each, interleaved in blocks; ``say``
     what it does (a bench of a large model takes minutes)."""
@@ -510,11 +468,11 @@ def measure(runners: list[_Runner], options: BenchOptions, say: Callable[[str], 
             say(f"  warm-up  {runner.row.name}")
         for _ in range(options.warmup):
             runner.call()
-    blocks = _blocks(options.runs, options.rounds)
+    blocks = timing.blocks(options.runs, options.rounds)
     say(f"  timing   {len(runners)} model{'s' if len(runners) > 1 else ''}: {options.runs} runs each"
         + (f", interleaved in {len(blocks)} rounds" if len(blocks) > 1 and len(runners) > 1 else ""))
     clock = time.perf_counter_ns
-    with _gc_off():
+    with gc_off():
         for size in blocks:
             for runner in runners:
                 if len(blocks) > 1:
@@ -638,7 +596,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
         settings = {"runs": options.runs, "warmup": options.warmup, "batch": options.batch,
                     "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
                     "other_dims": options.dim, "int_range": list(int_range),
-                    "rounds": len(_blocks(options.runs, options.rounds)), "gc_disabled": True}
+                    "rounds": len(timing.blocks(options.runs, options.rounds)), "gc_disabled": True}
         result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load},
                              baseline, notes)
         out_dir = ws.project.build_dir / recipe

@@ -5,7 +5,7 @@ TensorRT engine on gpu.0: whatever ``optbuild.backends.registry`` runs for its a
 opened by its backend and run on one seeded random sample of its declared shapes
 (``seed``; symbolic dims get ``dynamic_size`` unless the recipe's ``[inputs.NAME]`` or the
 step's ``inputs`` declare them): ``warmup`` untimed runs, then ``runs`` timed ones
-(optbuild.cli.measure.time_calls: time.perf_counter_ns per run, the garbage collector off).
+(optbuild.model.timing.time_calls: time.perf_counter_ns per run, the garbage collector off).
 
 Outputs: the measured artifact's files, unchanged and under their names (hard links where
 the file system allows, else copies; the cache keeps one copy of identical bytes), the
@@ -147,8 +147,8 @@ class Benchmark(Step):
 
     # --- execution -------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
-        from optbuild.cli.measure import latency_figures, time_calls
         from optbuild.model import samples as sampling
+        from optbuild.model.timing import latency_figures, time_calls
         from optbuild.steps.verify import entered_runner, model_entry
 
         p = self.params

@@ -1,0 +1,57 @@
+"""Timing a model's calls: the one clock every measurement in optbuild uses, the benchmark
+step's and `optbuild bench`'s alike (time.perf_counter_ns per call, the garbage collector off
+while timing, as in ``timeit``), and the latency figures made of it.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def blocks(total: int, rounds: int) -> list[int]:
+    """``total`` runs split into ``rounds`` blocks as even as can be (interleaved models take
+    turns by block, so that drift on a shared host hits them all alike)."""
+    rounds = max(1, min(rounds, total))
+    return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
+
+
+@contextmanager
+def gc_off() -> Iterator[None]:
+    """The garbage collector off while timing, as in ``timeit``."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def time_calls(call: Callable[[], Any], runs: int, warmup: int = 0) -> list[int]:
+    """``warmup`` untimed calls of ``call``, then the time of each of ``runs`` calls, in
+    nanoseconds (time.perf_counter_ns), the garbage collector off while timing. What the
+    benchmark step measures; ``measure`` interleaves several models the same way."""
+    for _ in range(warmup):
+        call()
+    clock = time.perf_counter_ns
+    times = []
+    with gc_off():
+        for _ in range(runs):
+            started = clock()
+            call()
+            times.append(clock() - started)
+    return times
+
+
+def latency_figures(times_ns: list[int]) -> dict[str, float]:
+    """Latency figures in ms of the timed runs ``times_ns``: p50, p90, p99, mean, min, max, std."""
+    import numpy as np
+
+    ms = np.asarray(times_ns, dtype=np.float64) / 1e6
+    p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
+    return {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
+            "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())}
