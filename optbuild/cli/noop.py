@@ -68,13 +68,14 @@ import os
 import sys
 import time
 
+from optbuild.common import signatures
 from optbuild.common.projectroot import CONFIG_NAME, project_root
+from optbuild.common.signatures import changed_within, module_files, signature
 
 FORMAT = 2  # 1 held unsalted digests of the environment
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
 SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
 SALT_BYTES = 32
-RACY_NS = 2_000_000_000
 HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
 DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
 # whether a build server runs the build does not change its answer
@@ -160,24 +161,6 @@ def build_dir_of(root: str) -> str:
     except OSError:
         setting = "build"
     return os.path.abspath(os.path.join(root, setting))
-
-
-def changed_within(sig: list[int] | str, ref_ns: int, margin_ns: int | None = None) -> bool:
-    """Whether a file of signature ``sig`` was modified less than ``margin_ns`` (RACY_NS)
-    before ``ref_ns`` (or after): too recent for its signature to vouch for what was read then."""
-    margin = RACY_NS if margin_ns is None else margin_ns
-    return sig != "absent" and max(sig[0], sig[1]) >= ref_ns - margin
-
-
-def signature(path: str) -> list[int] | str:
-    """A file's stat signature (mtime, ctime, size, inode), or "absent"."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return "absent"
-    except NotADirectoryError:
-        return "absent"
-    return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
 
 
 def _hasher():
@@ -330,20 +313,6 @@ def _glob_folders(root: str, pattern: str) -> list[str]:
     return folders
 
 
-def module_files(*, stdlib: bool = False) -> list[str]:
-    """The files of the modules loaded now; the standard library's only with ``stdlib``."""
-    prefix = os.path.dirname(os.__file__) + os.sep
-    files = []
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not isinstance(path, str) or not os.path.isabs(path):
-            continue
-        if not stdlib and path.startswith(prefix) and "-packages" not in path[len(prefix):]:
-            continue
-        files.append(path)
-    return files
-
-
 def _record(ws, result) -> str | None:
     import json
 
@@ -425,7 +394,7 @@ def _record(ws, result) -> str | None:
     unusable = None
     if racy:
         more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
-        unusable = f"{', '.join(racy[:3])}{more} changed within {RACY_NS / 1e9:g} s of the build's start"
+        unusable = f"{', '.join(racy[:3])}{more} changed within {signatures.RACY_NS / 1e9:g} s of the build's start"
     recorded_ns = time.time_ns()
     digests: dict[str, str] = {}
     for path in sorted(products):
@@ -436,7 +405,7 @@ def _record(ws, result) -> str | None:
             digests[path] = _content_digest(path)
             if signature(path) == sig:
                 continue
-        unusable = f"{_shown(path, root)} was written within {RACY_NS / 1e9:g} s of recording"
+        unusable = f"{_shown(path, root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
     stamp = {
         "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
         "salt": _salt_id(key), "env": _env(key), "python": _python(), "host": host_facts(), "unusable": unusable,

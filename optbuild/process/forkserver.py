@@ -110,7 +110,7 @@ class ModuleWatch:
         self.seen: set[str] = set()
 
     def record(self, ref_ns: int) -> None:
-        from optbuild.cli.noop import module_files, signature
+        from optbuild.common.signatures import module_files, signature
 
         sigs = {}
         for path in module_files(stdlib=True):

@@ -184,7 +184,7 @@ class ForkServer:
             return "a fork server ended"
         if self.watched is None:
             return None
-        from optbuild.cli.noop import changed_within, signature
+        from optbuild.common.signatures import changed_within, signature
 
         self.watched.seek(0)
         for line in self.watched.read().decode(errors="replace").splitlines():
@@ -333,7 +333,7 @@ class ServedPool(WorkerPool):
         """Why the pool cannot serve a build under ``env`` (``quiet_env`` aside): another
         environment than its servers were started under, a server that ended, or a module
         file that changed; None if it can."""
-        from optbuild.cli.noop import RACY_NS
+        from optbuild.common.signatures import RACY_NS
 
         if {k: v for k, v in self.env.items() if k not in self.quiet_env} != \
                 {k: v for k, v in env.items() if k not in self.quiet_env}:

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="L
               pytest.mark.timeout(180)]
 
 SERVED = {"OPTBUILD_SERVER": "1", "OPTBUILD_DEBUG_SERVER": "1", "OPTBUILD_SERVER_IDLE_S": "120"}
-# Files a server loads must be older than this when it loads them (noop.RACY_NS) to vouch
+# Files a server loads must be older than this when it loads them (signatures.RACY_NS) to vouch
 # for what it imported: a project written by a test waits that long before its server starts.
 RACY_S = 2.1
 

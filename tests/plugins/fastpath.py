@@ -17,8 +17,8 @@ from plugins.projects import ProjectDir
 
 CODE = """\
 import json, sys
-import optbuild.cli.noop
-optbuild.cli.noop.RACY_NS = {racy_ns}
+import optbuild.common.signatures
+optbuild.common.signatures.RACY_NS = {racy_ns}
 from optbuild.cli import main
 rc = main({args!r})
 print(json.dumps(sorted(sys.modules)))

@@ -42,7 +42,7 @@ host (boot id, ``/dev/nvidia*``, driver version) differ from the server's; when 
 a module it has loaded (optbuild, step kinds, plugins, pydantic..., found in
 ``sys.modules``) changed since it was read (a package installed is seen by the entry-point
 scan, read again per build, and by the import system, whose folder caches are dropped per
-build). A file changed less than ``noop.RACY_NS`` before it could have been imported cannot
+build). A file changed less than ``signatures.RACY_NS`` before it could have been imported cannot
 vouch for itself: the server then ends after that build. The fork servers report their own
 modules the same way; a changed one or a dead one restarts them. No optbuild cache outlives
 a build (``session``): every ``functools`` cache of an optbuild module and the warn-once

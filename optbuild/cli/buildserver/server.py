@@ -22,6 +22,7 @@ from optbuild.cli.buildserver.protocol import (
     socket_name,
 )
 from optbuild.cli.buildserver.session import client_context, fresh_caches
+from optbuild.common import signatures
 
 REFUSED_LOG_S = 60.0  # refused connections: the first logged, then a count per this many seconds
 THREADS_GRACE_S = 2.0  # a thread a build started that still runs this long after it ends the server
@@ -138,14 +139,12 @@ class Server:
     def watch_modules(self, since_ns: int) -> None:
         """Record the signature of every module file and sys.path entry not seen yet; one
         that changed too recently to vouch for what was imported makes the server stale."""
-        from optbuild.cli import noop
-
-        for path in noop.module_files(stdlib=True):
+        for path in signatures.module_files(stdlib=True):
             if path in self.sigs:
                 continue
-            sig = self.sigs[path] = noop.signature(path)
-            if noop.changed_within(sig, since_ns) and self.stale is None:
-                self.stale = f"{path} changed within {noop.RACY_NS / 1e9:g} s of being loaded"
+            sig = self.sigs[path] = signatures.signature(path)
+            if signatures.changed_within(sig, since_ns) and self.stale is None:
+                self.stale = f"{path} changed within {signatures.RACY_NS / 1e9:g} s of being loaded"
 
     def why_stale(self, client: dict) -> str | None:
         from optbuild.cli import noop
@@ -159,7 +158,7 @@ class Server:
         if noop.host_facts() != self.host:
             return "the host changed (reboot, GPU devices or driver)"
         for path, sig in self.sigs.items():
-            if noop.signature(path) != sig:
+            if signatures.signature(path) != sig:
                 return f"{path} changed since it was loaded"
         return None
 

@@ -1,0 +1,44 @@
+"""Stat signatures: what a file looked like (mtime, ctime, size, inode) when something was read
+from it, and whether that is too recent to vouch for what was read (git's racy-clean problem).
+The no-op fast path, the fork servers and the build server decide with them whether what they
+loaded is still what is on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+RACY_NS = 2_000_000_000  # a file changed within this of a moment may change again unseen
+
+
+def changed_within(sig: list[int] | str, ref_ns: int, margin_ns: int | None = None) -> bool:
+    """Whether a file of signature ``sig`` was modified less than ``margin_ns`` (RACY_NS)
+    before ``ref_ns`` (or after): too recent for its signature to vouch for what was read then."""
+    margin = RACY_NS if margin_ns is None else margin_ns
+    return sig != "absent" and max(sig[0], sig[1]) >= ref_ns - margin
+
+
+def signature(path: str) -> list[int] | str:
+    """A file's stat signature (mtime, ctime, size, inode), or "absent"."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "absent"
+    except NotADirectoryError:
+        return "absent"
+    return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
+
+
+def module_files(*, stdlib: bool = False) -> list[str]:
+    """The files of the modules loaded now; the standard library's only with ``stdlib``."""
+    prefix = os.path.dirname(os.__file__) + os.sep
+    files = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not os.path.isabs(path):
+            continue
+        if not stdlib and path.startswith(prefix) and "-packages" not in path[len(prefix):]:
+            continue
+        files.append(path)
+    return files
