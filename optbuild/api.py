@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from optbuild.build import lockfile
-from optbuild.build.executor import Executor, Options, Outcome
+from optbuild.build.executor import BuildBackend, Executor, Options, Outcome
 from optbuild.build.report import Reporter
 from optbuild.build.status import Status
 from optbuild.common.digest import FileHasher
@@ -127,8 +128,8 @@ def build(
         with suppress(OSError):  # the steps that write there report it, each in its own words
             make_folder(ws.project.build_dir, "build")  # marked: `clean` deletes in it what optbuild made
     remote = ws.remote.session(reporter, dry_run=dry_run) if ws.remote is not None else None
-    executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, reporter,
-                        toolchain=toolchain, host=host, options=options, remote=remote, workers=workers)
+    executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
+                        options=options, remote=remote, workers=workers, backend=_backend(options))
     try:
         outcomes = executor.run(selected)
     except OSError as exc:  # materializing into the build folder, say
@@ -138,6 +139,16 @@ def build(
     finally:
         reporter.close()
     return BuildResult(outcomes, reporter)
+
+
+def _backend(options: Options) -> Callable[[Executor], BuildBackend] | None:
+    """The Dask backend where the options name it ("auto" only with a scheduler), else None
+    (this host); optbuild.distributed is imported only then."""
+    if options.executor == "dask" or (options.executor == "auto" and options.scheduler):
+        from optbuild.distributed.backend import DaskBackend
+
+        return DaskBackend
+    return None
 
 
 def resolve_step(ws: Workspace, target: str) -> str:

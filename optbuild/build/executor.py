@@ -179,7 +179,9 @@ class Executor:
         options: Options | None = None,
         remote: RemoteSession | None = None,
         workers: WorkerPool | None = None,
+        backend: Callable[[Executor], BuildBackend] | None = None,
     ):
+        """``backend``: where steps build, made for this executor (default: this host, LocalBackend)."""
         self.project = project
         self.graph = graph
         self.hasher = hasher
@@ -204,16 +206,7 @@ class Executor:
         self.remote = remote
         if remote is not None:
             remote.cancel = self._cancel
-        self.backend = self._backend()
-
-    def _backend(self) -> BuildBackend:
-        """The backend the options name ("auto" without a scheduler: local); distributed is
-        imported only for the dask one."""
-        if self.options.executor == "dask" or (self.options.executor == "auto" and self.options.scheduler):
-            from optbuild.distributed.backend import DaskBackend
-
-            return DaskBackend(self)
-        return LocalBackend(self)
+        self.backend = (backend or LocalBackend)(self)
 
     # --- scheduling ------------------------------------------------------------------
     def run(self, selected: list[str]) -> dict[str, Outcome]:
