@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise OptbuildError("--nthreads must be at least 1")
     if args.cache_max_gb < 0:
         raise OptbuildError("--cache-max-gb cannot be negative")
-    from optbuild.distributed.node import NodeCache, NodeConfig, reaching, run_node
+    from optbuild.distributed.node import reaching, run_node
+    from optbuild.distributed.nodeconfig import NodeCache, NodeConfig
 
     remote = _remote(args)
     name = args.name or socket.gethostname()

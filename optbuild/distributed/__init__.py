@@ -12,7 +12,7 @@ A node (``node.serve``, ``optbuild worker``) offers Dask resources made from its
 fingerprint (``resources``): steps whose key depends on host fields ask for the values
 their key was computed with, so they run only where the key holds. A node trusts no task:
 it recomputes the task's key from what it fetches, and stores into its own remote cache
-with its own signing key (``node.NodeConfig``).
+with its own signing key (``nodeconfig.NodeConfig``).
 
 ``distributed`` is an extra (``pip install 'optbuild[dask]'``), imported only here.
 """

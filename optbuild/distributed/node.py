@@ -5,57 +5,18 @@ The fingerprint (probed, or recorded with ``optbuild fingerprint -o FILE`` and g
 the scheduler routes host-keyed steps, and whole, through ``node_info``, from which the
 coordinator computes each step's key for the node that will run it.
 
-What a node trusts comes from its operator (``NodeConfig``: the remote cache, the signing
+What a node trusts comes from its operator (``nodeconfig.NodeConfig``: the remote cache, the signing
 key, the fingerprint), never from the tasks it is sent (``task``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from optbuild.distributed.nodeconfig import NodeConfig
 from optbuild.distributed.resources import offered
-
-if TYPE_CHECKING:
-    from optbuild.store.remote import RemoteStore
-
-
-@dataclass(frozen=True)
-class NodeCache:
-    """Where a node keeps the blobs it fetched and built (a ``LocalStore`` of blobs only),
-    and the size it is trimmed to after each task; ``max_bytes`` 0: no cache, every task
-    fetches into its own scratch folder."""
-
-    root: Path
-    max_bytes: int
-
-    @classmethod
-    def at(cls, root: Path | None, max_bytes: int) -> NodeCache:
-        if root is None:
-            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-            root = Path(base) / "optbuild" / "node"
-        return cls(Path(root).absolute(), max(0, max_bytes))
-
-    def describe(self) -> str:
-        if not self.max_bytes:
-            return "no blob cache"
-        return f"blob cache {self.root} (up to {self.max_bytes / 1e9:g} GB)"
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    """What a node is told by its operator (``optbuild worker``'s options and environment):
-    a task can name none of it. ``remote`` holds the signing key, read from the node's own
-    environment."""
-
-    name: str
-    fields: dict[str, Any]
-    remote: RemoteStore
-    cache: NodeCache | None = None
 
 
 def node_info(dask_worker: Any) -> dict[str, Any] | None:

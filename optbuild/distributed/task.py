@@ -11,7 +11,7 @@ trusts none of it (anyone who reaches the scheduler can send a task):
    implemented elsewhere than the node's registry says, whose host fields are not this
    node's, or whose tool versions are not the node's; the step's parameters are taken from
    the key material (an upstream step's name, which is not content, from its inputs);
-2. the remote cache and the signing key are the node's own (``node.NodeConfig``: ``optbuild
+2. the remote cache and the signing key are the node's own (``nodeconfig.NodeConfig``: ``optbuild
    worker --remote``, its environment): a task only names the remote it expects, and a node
    that stores elsewhere, or holds no key where signed entries are wanted, refuses it;
 3. it fetches every blob it lacks from the remote CAS into the node's blob cache (``optbuild
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from optbuild.distributed.node import NodeConfig
+    from optbuild.distributed.nodeconfig import NodeConfig
 
 LOG_LIMIT = 256 << 10  # bytes of a failed step's log sent back (its tail)
 PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: project:<path>:<Class>

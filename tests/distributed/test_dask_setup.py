@@ -111,7 +111,7 @@ def test_the_command_line_names_the_executor_and_the_scheduler(tmp_path, file_re
 
 def _node(remote, name: str = "n1", fields: dict | None = None, key_env: str | None = None):
     """A node's own configuration: its remote (and signing key, from its environment)."""
-    from optbuild.distributed.node import NodeConfig
+    from optbuild.distributed.nodeconfig import NodeConfig
     from optbuild.store.remote import RemoteStore
 
     return NodeConfig(name, fields or {"gpu.count": 0}, RemoteStore(remote.url, timeout_s=5, signing_key_env=key_env))
