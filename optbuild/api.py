@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild.build import lockfile
-from optbuild.build.executor import BuildBackend, Executor, Options, Outcome
-from optbuild.build.report import Reporter
-from optbuild.build.status import Status
+from optbuild.builder import lockfile
+from optbuild.builder.executor import BuildBackend, Executor, Options, Outcome
+from optbuild.builder.report import Reporter
+from optbuild.builder.status import Status
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import (
     DiskFullError,

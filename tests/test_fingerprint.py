@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
-from optbuild.build.keys import describe_changes
+from optbuild.builder.keys import describe_changes
 from optbuild.common.fingerprint import Fingerprint, cuda_visible_order, describe_change
 
 GPU_FIELDS = ("gpu.count", "gpu.driver", "gpu.0.name", "gpu.0.compute_capability",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from optbuild.build.keys import action_key, describe_changes
+from optbuild.builder.keys import action_key, describe_changes
 from optbuild.common.digest import FileHasher, hash_file
 from optbuild.store.entry import canonical_json
 

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from optbuild.build import lockfile
+from optbuild.builder import lockfile
 from optbuild.common.atomic import write_atomic
 
 DAMAGED = "{ not json"

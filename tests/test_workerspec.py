@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import optbuild.process.spec
-from optbuild.build.executor import read_result
-from optbuild.build.status import Status
+from optbuild.builder.executor import read_result
+from optbuild.builder.status import Status
 from optbuild.process.spec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
 
 

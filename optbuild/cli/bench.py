@@ -45,7 +45,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.build.report import make_reporter, write_line
+    from optbuild.builder.report import make_reporter, write_line
     from optbuild.cli import measure as benchmod
 
     options = benchmod.BenchOptions(runs=args.runs, warmup=args.warmup, batch=args.batch,

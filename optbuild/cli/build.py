@@ -68,7 +68,7 @@ def report_remote(args: argparse.Namespace, result) -> None:
     """The cache statistics line (the --json stream has the "cache" event instead)."""
     if args.json:
         return
-    from optbuild.build.runstats import describe_stats
+    from optbuild.builder.runstats import describe_stats
 
     for event in result.reporter.events:
         if event.get("event") == "cache":
@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
     from optbuild import api
-    from optbuild.build.report import make_reporter
-    from optbuild.build.status import Status
+    from optbuild.builder.report import make_reporter
+    from optbuild.builder.status import Status
     from optbuild.cli import noop
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)

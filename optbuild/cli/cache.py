@@ -53,7 +53,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.build import lockfile
+    from optbuild.builder import lockfile
     from optbuild.store.local import GC_GRACE_S
 
     command = args.cache_command
@@ -117,7 +117,7 @@ def _say_gc_waits(root: Path) -> Callable[[list[int]], None]:
 
 # --- push / pull -------------------------------------------------------------------------
 def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
-    from optbuild.build import runstats
+    from optbuild.builder import runstats
     from optbuild.cli import transfer
 
     if ws.remote is None:
@@ -312,7 +312,7 @@ def _local_counts(record: dict[str, Any]) -> dict[str, int] | None:
     Records written before unavailable steps had a count of their own counted them as
     misses; their status counts say how many to move.
     """
-    from optbuild.build.status import Status
+    from optbuild.builder.status import Status
 
     local = record.get("local")
     if not isinstance(local, dict):
@@ -332,7 +332,7 @@ def _int(value: Any) -> int:
 
 
 def _stats(ws: Workspace, args: argparse.Namespace) -> int:
-    from optbuild.build.runstats import describe_mismatches, read_stats
+    from optbuild.builder.runstats import describe_mismatches, read_stats
 
     records = read_stats(ws.store.root)
     totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0, "unavailable": 0},

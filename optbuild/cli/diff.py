@@ -42,7 +42,7 @@ def _lock_file(directory: Path | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from optbuild.build import lockdiff, lockfile
+    from optbuild.builder import lockdiff, lockfile
     from optbuild.common.errors import OptbuildError
 
     lock = _lock_file(args.directory)

@@ -51,7 +51,7 @@ def _is_set(value: Any) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.build.status import Status
+    from optbuild.builder.status import Status
     from optbuild.common.fingerprint import Fingerprint
 
     ws = api.open_workspace(args.directory)

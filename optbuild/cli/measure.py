@@ -48,7 +48,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.build.status import Status
+from optbuild.builder.status import Status
 from optbuild.common.atomic import write_atomic
 from optbuild.common.errors import OptbuildError, first_line
 from optbuild.common.units import human_size
@@ -58,7 +58,7 @@ from optbuild.model.timing import gc_off, latency_figures
 if TYPE_CHECKING:
     from optbuild.api import Workspace
     from optbuild.backends.base import Backend, Manifest, TensorSpec
-    from optbuild.build.report import Reporter
+    from optbuild.builder.report import Reporter
     from optbuild.common.fingerprint import Fingerprint
     from optbuild.project.recipe import StepSpec
 
@@ -282,7 +282,7 @@ def _build(ws: Workspace, models: list[str], verifies: list[str], options: Bench
     """Build (or restore) the models and their verify steps: (outcomes, verify step -> note
     for those that gave no report)."""
     from optbuild import api
-    from optbuild.build.report import Reporter
+    from optbuild.builder.report import Reporter
 
     result = api.build(ws, [*models, *verifies], reporter=reporter or Reporter(), keep_going=True,
                        fetch_only=not options.build)

@@ -316,7 +316,7 @@ def _glob_folders(root: str, pattern: str) -> list[str]:
 def _record(ws, result) -> str | None:
     import json
 
-    from optbuild.build.status import Status
+    from optbuild.builder.status import Status
 
     if _argv is None or _started_ns is None or (split := split_build_args(_argv)) is None:
         return "not run as `optbuild build`"
@@ -359,7 +359,7 @@ def _record(ws, result) -> str | None:
             status = "cached"
             line = f"  {'cached':<8} {sid}"
         else:
-            from optbuild.build.report import _line
+            from optbuild.builder.report import _line
 
             line = _line(event)
         if line is not None:

@@ -23,7 +23,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.build.report import make_reporter
+    from optbuild.builder.report import make_reporter
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     try:

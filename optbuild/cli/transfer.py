@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from optbuild.build import lockfile
-from optbuild.build.executor import Executor, Options
-from optbuild.build.report import Reporter
-from optbuild.build.status import Status
+from optbuild.builder import lockfile
+from optbuild.builder.executor import Executor, Options
+from optbuild.builder.report import Reporter
+from optbuild.builder.status import Status
 from optbuild.store.remote import RemoteSession
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The dask executor's backend: each step that must build is one Dask task on a node.
 
-The coordinator (``optbuild.build.executor.Executor``) schedules, keys, looks up the caches and
+The coordinator (``optbuild.builder.executor.Executor``) schedules, keys, looks up the caches and
 writes the lock file as for a local build; this backend only
 
 * places a step (``place``): among the nodes that ``optbuild worker`` started, those whose
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild.build.executor import BackendUnavailable, BuildBackend, Cancelled, Executor, Placement
-from optbuild.build.keys import _display_path, key_files
+from optbuild.builder.executor import BackendUnavailable, BuildBackend, Cancelled, Executor, Placement
+from optbuild.builder.keys import _display_path, key_files
 from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.distributed.resources import MARKER, requested, satisfies

@@ -189,7 +189,7 @@ def _run(doc: dict[str, Any], tmp: Path, node: NodeConfig) -> dict[str, Any]:
     assert proc is not None  # None only when cancelled before it started
     code = proc.poll(None)
     duration = time.perf_counter() - started
-    from optbuild.build.executor import read_result
+    from optbuild.builder.executor import read_result
 
     result = read_result(tmp / "result.json", code, tmp)
     log_bytes = log_path.read_bytes()
@@ -211,7 +211,7 @@ def _material(doc: dict[str, Any]) -> dict[str, Any]:
     """The key material of what this task builds: the task's, with the digests of the files
     and upstream outputs it fetches (``_fetch`` checks each blob against its digest).
     Refused unless its key (``keys.action_key``, as the coordinator computes it) is the task's."""
-    from optbuild.build.keys import action_key, describe_changes
+    from optbuild.builder.keys import action_key, describe_changes
 
     sent = doc["ingredients"]
     material = {**sent,
@@ -353,7 +353,7 @@ def _inside(root: Path, relative: str, what: str) -> Path:
 def _entry(doc: dict[str, Any], material: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: dict[str, Any],
            duration: float, node: str) -> Any:
     """The action entry of the outputs in ``out_dir``, under the rules of a local build."""
-    from optbuild.build.outputs import store_outputs
+    from optbuild.builder.outputs import store_outputs
     from optbuild.common.errors import StepError
     from optbuild.store.entry import ActionEntry
 

@@ -35,7 +35,7 @@ Faults (connection refused, timeouts, HTTP errors, slow responses) never fail a 
 is a warning event and an error count; after ``max_errors`` of them the remote is disabled
 for the rest of the run (circuit breaker) and steps build locally.
 
-What a whole run did with the caches (hits, misses, the stats file) is ``optbuild.build.runstats``;
+What a whole run did with the caches (hits, misses, the stats file) is ``optbuild.builder.runstats``;
 ``cache push`` / ``cache pull`` over a workspace are ``optbuild.cli.transfer``. This module, as
 all of ``optbuild.store``, imports nothing above the store layer: warnings go to any
 ``EventSink`` (a Reporter is one), and the settings come as plain values.
@@ -105,7 +105,7 @@ class TransferError(Exception):
 
 
 class EventSink(Protocol):
-    """Where a session's warnings go: ``optbuild.build.report.Reporter`` is one (this layer
+    """Where a session's warnings go: ``optbuild.builder.report.Reporter`` is one (this layer
     imports nothing above it, so it names only the one method it calls)."""
 
     def emit(self, event: dict[str, Any]) -> None: ...

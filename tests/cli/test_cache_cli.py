@@ -14,7 +14,7 @@ import pytest
 from plugins.projects import CONFIG, PIPELINE, CliRun, ProjectDir
 from plugins.store import hold_shared_gc_lock
 
-from optbuild.build.runstats import describe_stats
+from optbuild.builder.runstats import describe_stats
 from optbuild.cli import main
 
 # 2000 bytes in: src, mid, out and side hold 2000 + 2004 + 2008 + 2005 bytes = 7.8 KiB

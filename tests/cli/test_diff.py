@@ -12,7 +12,7 @@ import subprocess
 
 from plugins.projects import CONFIG, PIPELINE, ProjectDir
 
-from optbuild.build import lockfile
+from optbuild.builder import lockfile
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}

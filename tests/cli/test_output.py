@@ -10,7 +10,7 @@ import threading
 
 from plugins.projects import KINDS, UNICORN, ProjectDir
 
-from optbuild.build.report import PlainReporter
+from optbuild.builder.report import PlainReporter
 
 # one progress event, whole: what PlainReporter writes for the steps of these tests
 EVENT_LINE = re.compile(r"  (build    \S+  \(never built\)|built    \S+  \d+\.\ds|cached   \S+)"

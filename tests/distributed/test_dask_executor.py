@@ -14,8 +14,8 @@ from daskfarm import FINGERPRINTS, Cluster, make_project
 from plugins.remote import outputs
 
 from optbuild import api
-from optbuild.build import lockfile
-from optbuild.build.report import PlainReporter, Reporter
+from optbuild.builder import lockfile
+from optbuild.builder.report import PlainReporter, Reporter
 from optbuild.common.fingerprint import Fingerprint
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,8 +12,8 @@ import pytest
 from daskfarm import make_project, start_cluster
 
 from optbuild import api
-from optbuild.build import lockfile
-from optbuild.build.report import Reporter
+from optbuild.builder import lockfile
+from optbuild.builder.report import Reporter
 from optbuild.common.digest import FileHasher
 from optbuild.store.local import LocalStore
 

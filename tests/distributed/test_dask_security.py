@@ -15,7 +15,7 @@ import pytest
 from daskfarm import make_project, start_cluster
 
 from optbuild import api
-from optbuild.build.report import Reporter
+from optbuild.builder.report import Reporter
 from optbuild.common.digest import digest_bytes
 
 pytestmark = pytest.mark.timeout(60)

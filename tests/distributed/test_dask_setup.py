@@ -11,7 +11,7 @@ import pytest
 from daskfarm import make_project
 
 from optbuild import api
-from optbuild.build.report import Reporter
+from optbuild.builder.report import Reporter
 from optbuild.common.digest import digest_bytes
 from optbuild.common.errors import OptbuildError
 from optbuild.distributed.task import run_on
@@ -120,7 +120,7 @@ def _node(remote, name: str = "n1", fields: dict | None = None, key_env: str | N
 def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:OnnxSource", base_dir="recipes",
          **material):
     """A task whose key is that of its key material (``material`` replaces parts of it)."""
-    from optbuild.build.keys import action_key
+    from optbuild.builder.keys import action_key
 
     blob = b"hello"
     digest = digest_bytes(blob)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from optbuild import api
-from optbuild.build.report import Reporter
+from optbuild.builder.report import Reporter
 from optbuild.common.errors import ProjectError
 from optbuild.project.recipe import load_project
 

@@ -19,7 +19,7 @@ from plugins.projects import ProjectDir
 
 from optbuild import api
 from optbuild.backends import registry
-from optbuild.build.report import Reporter
+from optbuild.builder.report import Reporter
 from optbuild.project.recipe import load_project
 from optbuild.steps.benchmark import Benchmark, BenchmarkParams
 

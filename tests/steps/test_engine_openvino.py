@@ -211,7 +211,7 @@ def test_int8_for_transformers_with_an_ignored_scope(tmp_path, attention, capsys
     assert "ignored_scope keeps 3 ops float: head/WithoutBiases, sm, mix" in log
     assert "(preset mixed, model type transformer, SmoothQuant alpha 0.5, overflow fix enable)" in log
 
-    from optbuild.build.keys import key_params
+    from optbuild.builder.keys import key_params
 
     params = key_params(step.params)
     assert params["ignored_scope"] == {"names": ["head/WithoutBiases"], "types": ["Softmax"], "patterns": ["mi"]}
@@ -369,7 +369,7 @@ def test_the_key_follows_precision_and_not_the_host(tmp_path):
         return OpenVINOEngine(OpenVINOEngineParams.model_validate({"backend": "openvino", "input": "m", **params}),
                               tmp_path, tmp_path)
 
-    from optbuild.build.keys import key_params
+    from optbuild.builder.keys import key_params
 
     fp32, fp16 = step(), step(precision="fp16")
     int8 = step(precision="int8", calibration="calib.npz")

@@ -296,7 +296,7 @@ def test_weights_and_weights_from_exclude_each_other():
     with pytest.raises(ValidationError, match="set weights .a file. or weights_from .a step., not both"):
         ExportParams.model_validate({"model": "net.py:build", "weights": "w.pt", "weights_from": "init"})
     # not set, it stays out of the key: caches made before it existed stay valid
-    from optbuild.build.keys import key_params
+    from optbuild.builder.keys import key_params
 
     assert "weights_from" not in key_params(ExportParams.model_validate({"model": "net.py:build"}))
 

@@ -71,7 +71,7 @@ def test_with_fail_false_an_exceeded_threshold_is_recorded_and_the_step_succeeds
 
 
 def test_fail_enters_the_key_only_when_set():
-    from optbuild.build.keys import key_params
+    from optbuild.builder.keys import key_params
 
     assert "fail" not in key_params(VerifyParams(reference="a", candidate="b", max_abs=0.1))
     assert key_params(VerifyParams(reference="a", candidate="b", max_abs=0.1, fail=False))["fail"] is False

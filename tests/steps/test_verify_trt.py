@@ -19,7 +19,7 @@ from plugins.projects import REPO, ProjectDir
 from plugins.trt import HAS_RTX, MATMUL_PROFILE, make_ctx, matmul_relu
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
-from optbuild.build.keys import key_params
+from optbuild.builder.keys import key_params
 from optbuild.common.errors import StepError
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.project.recipe import load_project

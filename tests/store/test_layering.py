@@ -1,7 +1,7 @@
 """The store layer imports nothing above it (issue #11): the cache (local, remote, entries,
 locks, failures) knows blobs, entries and keys, never recipes, steps, reporters, the
 executor, the API, the lock file or the CLI. What a whole run or a workspace does with the
-caches lives above it (optbuild.build.runstats, optbuild.cli.transfer)."""
+caches lives above it (optbuild.builder.runstats, optbuild.cli.transfer)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from plugins.remote import (
 )
 
 from optbuild import api
-from optbuild.build.report import Reporter
+from optbuild.builder.report import Reporter
 from optbuild.common.errors import ProjectError
 from optbuild.common.fingerprint import Fingerprint
 

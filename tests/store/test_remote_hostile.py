@@ -25,8 +25,8 @@ from plugins.remote import (
 )
 
 from optbuild import api
-from optbuild.build.report import Reporter
-from optbuild.build.runstats import describe_stats
+from optbuild.builder.report import Reporter
+from optbuild.builder.runstats import describe_stats
 from optbuild.store.entry import MAX_JSON_DEPTH
 from optbuild.store.remote import SIGNATURE_PREFIX, Rejected, _callback, sign
 

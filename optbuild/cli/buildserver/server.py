@@ -542,7 +542,7 @@ def serve(root: str, build_dir: str, idle_s: float) -> None:
         _log(f"serving {root} (idle limit {idle_s:g} s; socket in {folder.path})")
         import importlib
 
-        for name in ("optbuild.api", "optbuild.cli.build", "optbuild.build.executor", "optbuild.build.report"):
+        for name in ("optbuild.api", "optbuild.cli.build", "optbuild.builder.executor", "optbuild.builder.report"):
             importlib.import_module(name)  # what a build imports, loaded before the first one
 
         server.check_pool(dict(os.environ))

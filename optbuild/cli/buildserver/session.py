@@ -109,7 +109,7 @@ def fresh_caches() -> None:
             clear = getattr(value, "cache_clear", None)
             if callable(clear) and getattr(value, "__module__", None) == name:
                 clear()
-    for module_name, attr in (("optbuild.build.lockfile", "_warned"), ("optbuild.store.local", "_warned_read_only")):
+    for module_name, attr in (("optbuild.builder.lockfile", "_warned"), ("optbuild.store.local", "_warned_read_only")):
         module = sys.modules.get(module_name)
         found = getattr(module, attr, None) if module is not None else None
         if isinstance(found, set):

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from optbuild.build.status import Status
+from optbuild.builder.status import Status
 
 Event = dict[str, Any]
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild.build import lockfile
-from optbuild.build.keys import action_key, describe_changes, file_digests, step_ingredients
-from optbuild.build.outputs import store_outputs
-from optbuild.build.report import Reporter
-from optbuild.build.runstats import append_stats, run_stats
-from optbuild.build.status import Status
+from optbuild.builder import lockfile
+from optbuild.builder.keys import action_key, describe_changes, file_digests, step_ingredients
+from optbuild.builder.outputs import store_outputs
+from optbuild.builder.report import Reporter
+from optbuild.builder.runstats import append_stats, run_stats
+from optbuild.builder.status import Status
 from optbuild.common.atomic import write_atomic
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import (

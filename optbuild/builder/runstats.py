@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.build.status import Status
+from optbuild.builder.status import Status
 from optbuild.common.units import human_size
 
 if TYPE_CHECKING:

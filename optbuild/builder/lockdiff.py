@@ -1,6 +1,6 @@
 """What differs between two lock files, per step: for ``optbuild diff``.
 
-A lock record (see optbuild.build.lockfile and Executor._write_lock) holds a step's key, kind,
+A lock record (see optbuild.builder.lockfile and Executor._write_lock) holds a step's key, kind,
 outputs, the ingredients of its key (params, files, inputs, tools, host...) and, since
 metrics were added to it, its metrics. ``diff`` compares two sets of records and says, per
 step, which of these changed; nested values are flattened to dotted paths (``calibration.
@@ -166,7 +166,7 @@ def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
 
 
 def _parse(text: bytes, where: str) -> dict[str, dict[str, Any]]:
-    from optbuild.build import lockfile
+    from optbuild.builder import lockfile
 
     state = lockfile.parse(text)
     if state.damage is not None:
@@ -175,7 +175,7 @@ def _parse(text: bytes, where: str) -> dict[str, dict[str, Any]]:
 
 
 def from_file(path: Path) -> Base:
-    from optbuild.build import lockfile
+    from optbuild.builder import lockfile
 
     state = lockfile.load(path)
     if state.damage is not None:

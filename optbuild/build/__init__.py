@@ -1,2 +1,0 @@
-"""One build: action keys, the executor that decides, builds and restores each step, how a
-step's outputs are filed, the lock file, step statuses, reporters and run statistics."""
