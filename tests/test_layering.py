@@ -1,0 +1,91 @@
+"""The package's layers (docs/architecture.md): each package imports only from its own layer
+and the layers below it, anywhere in a module (inside functions and TYPE_CHECKING blocks
+too), so there is no circle and nothing low reaches back up. Lowest first."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import optbuild
+
+PACKAGE = Path(optbuild.__file__).resolve().parent
+LAYERS = [
+    "common",  # errors, digests, atomic files, paths, fingerprint, signatures, recipe tables...
+    "store",  # the local and remote caches: blobs, entries, locks
+    "backends",  # runtimes: how to load and run a model on onnxruntime, TensorRT, OpenVINO
+    "model",  # input declarations, samples, comparison, timing
+    "steps",  # the step kinds
+    "project",  # optbuild.toml and the recipes, validated into step specs; the graph
+    "process",  # where a step runs: child process, spec, fork servers, pool
+    "builder",  # keys, the executor, outputs, lock file, statuses, reports
+    "distributed",  # the Dask backend and build nodes
+    "api",  # the Python API the CLI calls
+    "cli",  # the commands, the no-op fast path, the build server
+]
+TOP_LEVEL = {"__init__", "__main__", "api"}  # every other module lives in a package
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports, anywhere in it (functions and TYPE_CHECKING blocks
+    included), as (line, absolute name)."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the module's package
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found += [(node.lineno, f"{module}.{alias.name}") if module.count(".") <= 1
+                      else (node.lineno, module) for alias in node.names]
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of ``optbuild.X...`` (None for optbuild itself and its version)."""
+    parts = module.split(".")
+    if parts[0] != "optbuild" or len(parts) < 2 or parts[1] in ("__init__", "__main__", "__version__"):
+        return None
+    return LAYERS.index(parts[1])
+
+
+def test_every_module_lives_in_a_package_of_one_layer():
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert modules == TOP_LEVEL, sorted(modules - TOP_LEVEL)
+    assert packages == set(LAYERS) - TOP_LEVEL, sorted(packages ^ (set(LAYERS) - TOP_LEVEL))
+
+
+def test_no_package_imports_from_a_layer_above_it():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        own = layer_of(".".join(relative.parts))
+        if own is None:
+            continue
+        for line, module in imported_modules(path):
+            target = layer_of(module)
+            if target is not None and target > own:
+                upward.append(f"{relative}.py:{line} ({LAYERS[own]}) imports {module} ({LAYERS[target]})")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_walk_sees_every_kind_of_import(tmp_path):
+    """The check above would pass vacuously if the walk missed imports; it does not."""
+    sample = PACKAGE / "store" / "remote.py"
+    modules = {module for _line, module in imported_modules(sample)}
+    assert "optbuild.store.local" in modules  # under TYPE_CHECKING
+    assert "fsspec" in modules  # inside a function
+    assert "optbuild.store.entry" in modules
+
+
+def test_the_flock_helper_is_the_only_caller_of_flock():
+    """One file-locking helper: the cache's locks, optbuild.lock's lock and the build server's
+    lock file all use it."""
+    callers = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
+                     if "fcntl.flock(" in path.read_text())
+    assert callers == ["optbuild/store/flock.py"], callers
