@@ -119,3 +119,19 @@ def test_load_keeps_the_module_and_restores_sys_path(tmp_path):
     finally:
         sys.modules.pop("kind_helper_um", None)
         sys.modules.pop(module.__name__, None)
+
+
+def test_a_module_loaded_for_good_imports_the_projects_code_from_source_as_it_runs(tmp_path):
+    """A step kind imports its helpers when it runs, after ``load`` returned."""
+    helper = write(tmp_path / "lazy_um.py", "SCALE = 21.25\n")
+    entry = write(tmp_path / "kind_um.py", "def scale():\n    from lazy_um import SCALE\n\n    return SCALE\n")
+    compile_to_pycache(tmp_path, "lazy_um")
+    edit_within_the_same_second(helper, "21.25", "21.75")
+    module = usermodule.load(entry)
+    sys.path.insert(0, str(tmp_path))  # where a kind's process finds its project
+    try:
+        assert module.scale() == 21.75
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("lazy_um", module.__name__):
+            sys.modules.pop(name, None)

@@ -44,16 +44,18 @@ class ImportFailed(ImportError):
 def imported(path: Path, *, keep: bool = False) -> Iterator[ModuleType]:
     """``path`` imported as a fresh module, its folder first on ``sys.path`` until the block
     ends. ``keep``: the module and its siblings stay in ``sys.modules`` afterwards (a step
-    kind's class lives as long as the process); ``sys.path`` is restored either way. Raises
-    ImportFailed, chained to the file's own exception, when running the file fails."""
+    kind's class lives as long as the process), and so does the loading from source (what the
+    kind imports as it runs is the project's code as it is now); ``sys.path`` is restored either
+    way. Raises ImportFailed, chained to the file's own exception, when running the file fails."""
     path = Path(path).resolve()
     directory = path.parent
     name = f"optbuild_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
     saved_path, before = list(sys.path), set(sys.modules)
     sys.path.insert(0, str(directory))
     importlib.invalidate_caches()  # see files written since the last import
-    finder = _SourceFinder()
-    sys.meta_path.insert(_path_finder_index(), finder)
+    inserted = _SOURCE_FINDER not in sys.meta_path
+    if inserted:
+        sys.meta_path.insert(_path_finder_index(), _SOURCE_FINDER)
     ok = False
     try:
         loader = SourceOnlyLoader(name, str(path))
@@ -66,7 +68,8 @@ def imported(path: Path, *, keep: bool = False) -> Iterator[ModuleType]:
         ok = True
         yield module
     finally:
-        sys.meta_path.remove(finder)
+        if inserted and not (ok and keep):
+            sys.meta_path.remove(_SOURCE_FINDER)
         sys.path[:] = saved_path
         if not (ok and keep):
             for key in set(sys.modules) - before:
@@ -122,6 +125,9 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
         if type(loader) is importlib.machinery.SourceFileLoader and not _installed(loader.path):
             spec.loader = SourceOnlyLoader(loader.name, loader.path)
         return spec
+
+
+_SOURCE_FINDER = _SourceFinder()
 
 
 def _path_finder_index() -> int:

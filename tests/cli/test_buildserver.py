@@ -20,6 +20,7 @@ import types
 from pathlib import Path
 
 import pytest
+from plugins.edits import compile_to_pycache, edit_within_the_same_second
 from plugins.processes import parents, process_state, reaped, server_processes, wait_gone, wait_state
 from plugins.projects import ProjectDir
 from test_signals import INTERRUPTED, assert_cancelled, assert_left_clean, nap_project, wait_for_pids
@@ -722,3 +723,40 @@ def test_a_build_that_leaves_a_stalled_transfer_behind_ends_the_server(tmp_path,
     assert wait_gone([server["pid"], *fork_server_pids(server)], 20)
     log = Path(server["log"]).read_text()
     assert "stopping: the build left" in log and "thread(s) running (optbuild-remote" in log  # the read, the push
+
+
+def test_a_same_second_same_size_edit_after_an_import_is_built_as_edited_through_the_server(tmp_path, servers):
+    """CPython would take the helper's stale .pyc (same size, same whole-second mtime): the
+    server's build must run the code its key names, as an in-process build does."""
+    proj = ProjectDir(tmp_path / "proj")
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n\n[kinds]\nscaled = "scaled.py:Scaled"\n')
+    proj.write("scaled.py", SCALED_KIND)
+    helper = proj.write("scale.py", "SCALE = 21.25\n")
+    proj.write("recipes/r.toml", '[steps.s]\nkind = "scaled"\n')
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build").returncode == 0
+    server = wait_for_server(proj.root)
+    compile_to_pycache(proj.root, "scale")
+    edit_within_the_same_second(helper, "21.25", "21.75")
+    second = optbuild(proj.root, "build")
+    assert second.returncode == 0, second.stderr
+    assert served_by(second.stderr) == server["pid"]
+    assert proj.read("build/r/s/data.txt") == "21.75", second.stderr
+
+
+SCALED_KIND = '''
+from optbuild.steps.base import Step, StepParams
+
+
+class Scaled(Step):
+    """Writes the SCALE of the project's scale.py."""
+
+    Params = StepParams
+    primary_output = "data.txt"
+
+    def run(self, ctx):
+        from scale import SCALE
+
+        (ctx.out_dir / "data.txt").write_text(str(SCALE))
+'''
