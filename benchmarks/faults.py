@@ -369,6 +369,21 @@ def verify_problem(root: Path, env: dict | None = None) -> str | None:
     return "cache verify: " + " | ".join(text[:3])[:300]
 
 
+def failed_run(fig: Figures, label: str, run: Run) -> bool:
+    """Whether the build ``run`` failed or printed a traceback (a violation), each counted and
+    its output kept."""
+    if run.traceback:
+        fig.violations += 1
+        fig.note(f"{label}: traceback in stderr: {run.tail()}")
+    if run.returncode != 0:
+        fig.failed += 1
+        fig.note(f"{label}: build failed: {run.tail()}")
+    if run.traceback or run.returncode != 0:
+        fig.keep(label, run)
+        return True
+    return False
+
+
 def check_build(fig: Figures, root: Path, expected: dict[str, str], label: str, *,
                 env: dict | None = None, args: tuple[str, ...] = (), verify: bool = True) -> Run:
     """A build that must succeed, then every invariant: outputs as the reference, cache
@@ -379,15 +394,7 @@ def check_build(fig: Figures, root: Path, expected: dict[str, str], label: str, 
         fig.violations += 1
         fig.note(f"{label}: build still running after {BUILD_TIMEOUT:.0f}s (stale lock?)")
         return run
-    if run.traceback:
-        fig.violations += 1
-        fig.note(f"{label}: traceback in stderr: {run.tail()}")
-    if run.returncode != 0:
-        fig.failed += 1
-        fig.note(f"{label}: build failed: {run.tail()}")
-    if run.traceback or run.returncode != 0:
-        fig.keep(label, run)
-    else:
+    if not failed_run(fig, label, run):
         got = build_digests(root)
         if got != expected:
             fig.data_lost += 1
@@ -1031,14 +1038,7 @@ def suite_bytecode(tmp: Path, edits: int, rng: random.Random, name: str = "stale
         fig.tries += 1
         label = f"SCALE {old} -> {new}"
         run = optbuild(root, "build")
-        if run.traceback:
-            fig.violations += 1
-            fig.note(f"{label}: traceback in stderr: {run.tail()}")
-        if run.returncode != 0:
-            fig.failed += 1
-            fig.note(f"{label}: build failed: {run.tail()}")
-        if run.traceback or run.returncode != 0:
-            fig.keep(label, run)
+        if failed_run(fig, label, run):
             continue
         got = exported_scale(root / "build" / "m" / "export" / "model.onnx")
         if got != float(new):

@@ -111,6 +111,15 @@ def wait_for_server(root: Path, not_pid: int | None = None, timeout: float = 60)
     raise AssertionError(f"no build server came up for {root}")
 
 
+def started_server(proj: ProjectDir, servers: list[Path]) -> dict:
+    """The server that a first build of ``proj`` starts (its files made old enough first for
+    the server to vouch for what it loads); the servers fixture ends it."""
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build").returncode == 0
+    return wait_for_server(proj.root)
+
+
 def served_by(stderr: str) -> int | None:
     for line in stderr.splitlines():
         if "server: build served by pid " in line:
@@ -199,10 +208,7 @@ def test_a_client_in_another_mount_namespace_builds_in_its_own_process(tmp_path,
         pytest.skip("unshare -m and mount are not allowed here (test_world_names_the_mount_namespace_and_root "
                     "covers the comparison)")
     proj = probe_project(tmp_path / "proj")
-    servers.append(proj.root)
-    time.sleep(RACY_S)
-    assert optbuild(proj.root, "build").returncode == 0
-    server = wait_for_server(proj.root)
+    server = started_server(proj, servers)
     entries = sorted((proj.root / "cache").rglob("*.json"))
     proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
     read_only = ("mount --bind cache cache && mount -o remount,bind,ro cache && "
@@ -316,10 +322,7 @@ def test_a_stopped_client_killed_resumes_and_cancels_its_build(tmp_path, servers
 
 def test_a_client_under_another_nice_level_is_served_by_a_server_started_under_it(tmp_path, servers):
     proj = probe_project(tmp_path / "proj")
-    servers.append(proj.root)
-    time.sleep(RACY_S)
-    assert optbuild(proj.root, "build").returncode == 0
-    server = wait_for_server(proj.root)
+    server = started_server(proj, servers)
     proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
     niced = subprocess.run([sys.executable, "-m", "optbuild", "build"], cwd=proj.root, capture_output=True,
                            text=True, timeout=120, check=False, env={**os.environ, **SERVED},
@@ -333,10 +336,7 @@ def test_a_client_under_another_nice_level_is_served_by_a_server_started_under_i
 
 def test_a_changed_module_restarts_the_server(tmp_path, servers):
     proj = probe_project(tmp_path / "proj")
-    servers.append(proj.root)
-    time.sleep(RACY_S)
-    assert optbuild(proj.root, "build").returncode == 0
-    server = wait_for_server(proj.root)
+    server = started_server(proj, servers)
     proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
     served = optbuild(proj.root, "build")
     assert served.returncode == 0 and served_by(served.stderr) == server["pid"]  # it loaded probe.py
@@ -592,10 +592,7 @@ def test_a_project_at_a_path_longer_than_a_unix_socket_address_is_served(tmp_pat
 # --- a hung server ------------------------------------------------------------------------------
 def test_a_stopped_server_is_named_and_skipped_and_server_stop_ends_it(tmp_path, servers):
     proj = probe_project(tmp_path / "proj")
-    servers.append(proj.root)
-    time.sleep(RACY_S)
-    assert optbuild(proj.root, "build").returncode == 0
-    server = wait_for_server(proj.root)
+    server = started_server(proj, servers)
     os.kill(server["pid"], signal.SIGSTOP)  # the servers fixture continues it to end it, if need be
     proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
     started = time.monotonic()
@@ -733,10 +730,7 @@ def test_a_same_second_same_size_edit_after_an_import_is_built_as_edited_through
     proj.write("scaled.py", SCALED_KIND)
     helper = proj.write("scale.py", "SCALE = 21.25\n")
     proj.write("recipes/r.toml", '[steps.s]\nkind = "scaled"\n')
-    servers.append(proj.root)
-    time.sleep(RACY_S)
-    assert optbuild(proj.root, "build").returncode == 0
-    server = wait_for_server(proj.root)
+    server = started_server(proj, servers)
     compile_to_pycache(proj.root, "scale")
     edit_within_the_same_second(helper, "21.25", "21.75")
     second = optbuild(proj.root, "build")
