@@ -144,8 +144,11 @@ def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
 
 def main() -> None:
     # SIGTERM ends a worker at once, even one whose builder ignores SIGTERM (an ignored
-    # signal is inherited; a handler is not)
+    # signal is inherited; a handler is not); Ctrl-C, which a terminal sends to every process
+    # of the build, is the builder's: it cancels the step (a step that died of it first would
+    # read as failed)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     capture_diagnostics()
     serve(sys.argv[1])
 

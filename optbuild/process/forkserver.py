@@ -225,7 +225,7 @@ class Zygote:
             os.close(self.wakeup_r)
             os.close(self.wakeup_w)
             for signum, handler in ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
-                                    (signal.SIGINT, signal.default_int_handler)):
+                                    (signal.SIGINT, signal.SIG_IGN)):  # Ctrl-C: the builder cancels the step
                 signal.signal(signum, handler)
             _redirect_output(request["log"])
             set_environment(request["env"])

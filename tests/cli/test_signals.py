@@ -107,6 +107,27 @@ def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_ha
     assert_left_clean(proj)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_at_a_terminal_reaches_every_process_and_still_reads_as_a_cancel(tmp_path):
+    """A terminal sends SIGINT to the whole foreground process group, the steps' processes
+    included: they leave it to the builder, which cancels them, so no step reads as failed."""
+    proj = nap_project(tmp_path / "proj", seconds=60)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    build = subprocess.Popen([sys.executable, "-m", "optbuild.cli", "build"], cwd=proj.root, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "NAP_PIDS": str(pids)},
+                             process_group=0)  # a job of its own, as a shell starts it
+    with reaped(build) as proc:
+        workers = wait_for_pids(pids, 2, proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert INTERRUPTED in stderr and "Traceback" not in stderr
+    assert_cancelled(stderr)
+    assert not any(alive(pid) for pid in workers)
+    assert_left_clean(proj)
+
+
 def test_sigterm_in_main_returns_143_and_puts_back_the_handler_it_found(tmp_path, monkeypatch, capsys):
     proj = nap_project(tmp_path / "proj", seconds=15)
     pids = tmp_path / "pids"
