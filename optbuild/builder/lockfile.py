@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbuild.common import processstate
 from optbuild.common.atomic import write_atomic
 from optbuild.store.flock import locked
 
@@ -29,7 +30,7 @@ MAX_METRIC_TEXT = 200  # characters of a metric's name or string value
 MAX_METRIC_LIST = 16  # items of a list-valued metric
 _SKIP = object()
 log = logging.getLogger(__name__)
-_warned: set[Path] = set()
+_warned: set[Path] = processstate.fresh_set()  # damaged lock files already reported
 
 
 @dataclass

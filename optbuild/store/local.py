@@ -42,6 +42,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from optbuild.common import processstate
 from optbuild.common.digest import FileHasher, digest_bytes, hash_file, new_hasher
 from optbuild.common.errors import CacheError, first_line
 from optbuild.store.entry import (
@@ -64,7 +65,7 @@ _FICLONE = 0x40049409  # Linux ioctl: make a file share another's extents (btrfs
 _HIDDEN = re.compile(r"\..+\.(\d+@[^@]+@(?:new|old)-[0-9a-f]{12})")  # materialize's siblings
 _SUBDIRS = ("cas", "ac", "tmp", "locks")
 GC_GRACE_S = 600.0  # gc keeps entries used this recently: a running build may restore them next
-_warned_read_only: set[Path] = set()
+_warned_read_only: set[Path] = processstate.fresh_set()  # read-only caches already reported
 
 @dataclass(frozen=True)
 class VerifyReport:

@@ -685,6 +685,22 @@ def test_no_optbuild_cache_outlives_a_build(tmp_path):
     assert pyimports.parsed.cache_info().currsize == 0 and plugins.declared.cache_info().currsize == 0
 
 
+def test_what_a_module_remembered_for_the_process_is_forgotten_before_a_build(tmp_path, caplog):
+    """A damaged lock file is reported once per process: once per build in a server too."""
+    from optbuild.builder import lockfile
+
+    def damaged_lock_reported() -> bool:
+        (tmp_path / "optbuild.lock").write_text("{ not json")
+        caplog.clear()
+        lockfile.read(tmp_path / "optbuild.lock")
+        return "optbuild.lock" in caplog.text
+
+    assert damaged_lock_reported()
+    assert not damaged_lock_reported()  # once per process
+    session.fresh_caches()
+    assert damaged_lock_reported()
+
+
 def test_the_server_switches_do_not_change_the_no_op_stamp(monkeypatch):
     from optbuild.cli import noop
 

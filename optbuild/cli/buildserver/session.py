@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
+from optbuild.common import processstate
 from optbuild.process.forkserver import set_environment
 
 
@@ -97,7 +98,8 @@ def _forget_tempdir() -> None:
 
 def fresh_caches() -> None:
     """What a fresh process would have: every functools cache of an optbuild module cleared
-    (the plugin entry points are read again), the warn-once sets emptied, and the import
+    (the plugin entry points are read again), what modules remember for the process
+    forgotten (``common.processstate``: the warn-once sets), and the import
     system's folder listings dropped (a module added since is found)."""
     import importlib
 
@@ -109,8 +111,4 @@ def fresh_caches() -> None:
             clear = getattr(value, "cache_clear", None)
             if callable(clear) and getattr(value, "__module__", None) == name:
                 clear()
-    for module_name, attr in (("optbuild.builder.lockfile", "_warned"), ("optbuild.store.local", "_warned_read_only")):
-        module = sys.modules.get(module_name)
-        found = getattr(module, attr, None) if module is not None else None
-        if isinstance(found, set):
-            found.clear()
+    processstate.reset()
