@@ -17,10 +17,10 @@ Scenarios (min of --runs unless said otherwise):
     build (optbuild trusts stat signatures of files older than 2 s only; that first no-op's
     time is printed as a note);
   - one dynamic-quantize parameter changed (reduce_range of one model) vs the plain
-    quantize script run once for that model: with the build server (the default on Linux
-    outside CI; set OPTBUILD_SERVER=1 here, so that a $CI of the caller does not turn it
-    off: the server was started by the build before, and has served one build, of the other
-    model's parameter, as a user's earlier edit would have), and with it off
+    quantize script run once for that model: with the build server (off by default, turned
+    on here with OPTBUILD_SERVER=1: the server was started by the build before, and has
+    served one build, of the other model's parameter, as a user's earlier edit would have),
+    and with it off
     (OPTBUILD_SERVER=0), for comparison. Every other scenario runs with the server off (a
     cold build runs in-process either way);
   - no-op build of the example project (optbuild.toml + recipes/ of this repository),
