@@ -135,6 +135,7 @@ class _Warnings:
 def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
     """Put the blob at ``store_path`` at ``root/name``, proven to stay inside ``root``."""
     from optbuild.common.errors import OptbuildError
+    from optbuild.common.links import link_or_copy
     from optbuild.common.paths import confined
     from optbuild.store.entry import EntryError, check_relative_path
 
@@ -144,10 +145,7 @@ def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
     except (EntryError, OptbuildError) as exc:
         raise TaskError(f"refusing {what} {name!r}: {exc}") from None
     dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(store_path, dest)  # blobs are read-only: the step cannot write through the link
-    except OSError:
-        shutil.copyfile(store_path, dest)
+    link_or_copy(store_path, dest)  # blobs are read-only: the step cannot write through a link
     return dest
 
 

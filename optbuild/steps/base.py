@@ -9,8 +9,6 @@ recipes, and a no-op build must stay instant. Import torch/onnx/tensorrt inside 
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import tempfile
 import typing
@@ -21,6 +19,7 @@ from typing import Any, ClassVar
 
 from optbuild.common.callables import Call
 from optbuild.common.errors import StepError
+from optbuild.common.links import link_or_copy
 from optbuild.common.recipetable import (
     CALLABLE_REF,
     INPUT_PATH,
@@ -98,10 +97,7 @@ class StepContext:
         folder = Path(tempfile.mkdtemp(prefix="private-", dir=self.out_dir.parent))
         for source in model.parent.iterdir():
             if source.is_file():
-                try:
-                    os.link(source, folder / source.name)
-                except OSError:
-                    shutil.copyfile(source, folder / source.name)
+                link_or_copy(source, folder / source.name)
         return folder / model.name
 
 
@@ -210,9 +206,6 @@ def link_files(files: Mapping[str, Path], out_dir: Path) -> int:
     for name, source in sorted(files.items()):
         dest = out_dir / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, dest)
-        except OSError:
-            shutil.copyfile(source, dest)
+        link_or_copy(source, dest)
         size += dest.stat().st_size
     return size
