@@ -100,11 +100,18 @@ def test_a_same_second_same_size_edit_after_an_import_runs_the_new_code(tmp_path
 
 
 def test_installed_modules_keep_their_bytecode(tmp_path):
+    import optbuild
+
     entry = write(tmp_path / "uses_json.py", "import json\nimport pydantic\n")
     with usermodule.imported(entry) as module:
         assert type(module.__loader__) is usermodule.SourceOnlyLoader
         for installed in (module.json, module.pydantic):
             assert type(installed.__loader__) is not usermodule.SourceOnlyLoader
+    package = Path(optbuild.__file__).parent  # optbuild's own modules, in any of its packages
+    for name in ("optbuild.api", "optbuild.steps.fields", "optbuild.common.units"):
+        folder = package / Path(*name.split(".")[1:-1])
+        spec = usermodule._SOURCE_FINDER.find_spec(name, [str(folder)])
+        assert type(spec.loader) is not usermodule.SourceOnlyLoader, name
 
 
 def test_load_keeps_the_module_and_restores_sys_path(tmp_path):

@@ -145,7 +145,7 @@ def _installed_roots() -> tuple[str, ...]:
     site-packages, optbuild itself. Their bytecode is theirs to manage."""
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    roots.add(str(Path(__file__).resolve().parent))
+    roots.add(str(Path(__file__).resolve().parents[1]))  # the optbuild package (this is optbuild/common/)
     return tuple(str(Path(root).resolve()) + "/" for root in roots)
 
 
