@@ -77,26 +77,41 @@ def run(spec: WorkerSpec) -> WorkerResult:
     # "repeats": the same inputs fail the same way, so the builder may remember the failure;
     # not so for a full disk or exhausted memory, which depend on the moment
     except OptbuildError as exc:
-        _log_failure()
+        _log_failure(exc)
         return WorkerResult(ok=False, error=str(exc), expected=True, repeats=True)
     except Exception as exc:  # a bug or a tool failure: the log tail goes to the console too
         if is_disk_full(exc):  # not a bug: say which disk to make room on
             error = describe_os_error(exc, ctx.out_dir)
-            _log_failure(error)
+            _log_failure(exc, error)
             return WorkerResult(ok=False, error=error, expected=True)
-        _log_failure()
+        _log_failure(exc)
         return WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}", repeats=not isinstance(exc, MemoryError))
     return WorkerResult(ok=True, metrics=ctx.metrics, run_s=time.perf_counter() - started)
 
 
-def _log_failure(error: str | None = None) -> None:
-    """The traceback of the error being handled, and ``error``, into the log: also for an
+def _log_failure(exc: BaseException, error: str | None = None) -> None:
+    """The traceback of ``exc`` with its causes, and ``error``, into the log: also for an
     expected error, whose console message is short, as it shows where a tool raised it. A
     log on a full disk must not keep the result from saying why the step failed."""
     with contextlib.suppress(OSError):
-        traceback.print_exc()
+        print(traceback_with_causes(exc), end="", file=sys.stderr)
         if error:
             print(error, file=sys.stderr)
+
+
+def traceback_with_causes(exc: BaseException) -> str:
+    """``exc``'s traceback after those of every exception it was raised from or while
+    handling, also a context that ``raise StepError(...) from None`` hid: that keeps the
+    console message short, but the user's code (a model callable, a data file) and the cause
+    of its error (an import failing inside a library) are only in that context."""
+    report = traceback.TracebackException.from_exception(exc)
+    link: traceback.TracebackException | None = report
+    seen: set[int] = set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__suppress_context__ = False
+        link = link.__cause__ or link.__context__
+    return "".join(report.format())
 
 
 def _disk_full_exit(exc: OSError) -> NoReturn:

@@ -324,6 +324,36 @@ def test_callable_failures_name_the_file_and_callable(tmp_path, source, ref, mes
         export(tmp_path, {"model": ref})
 
 
+# A library that wraps an import error in its own, as transformers' lazy modules do.
+WRAPPED_IMPORT = """\
+def load_bert():
+    try:
+        import torchvision_nms_operator_missing
+    except ImportError as exc:
+        raise RuntimeError("Failed to import models.bert (look up to see its traceback)") from exc
+
+
+"""
+
+
+@pytest.mark.parametrize(("source", "line"), [
+    (WRAPPED_IMPORT + "def build():\n    return load_bert()\n", 9),  # the callable raises
+    (WRAPPED_IMPORT + "load_bert()\n\ndef build():\n    pass\n", 8),  # importing the file raises
+])
+def test_a_failed_steps_log_holds_the_users_traceback_and_its_causes(tmp_path, source, line):
+    project = ProjectDir(tmp_path / "proj")
+    project.write("optbuild.toml", "[build]\njobs = 1\n")
+    project.write("recipes/m.toml", '[steps.export]\nkind = "export"\nmodel = "net.py:build"\n')
+    net = write_model(project.root / "recipes", source)
+    result = project.build()
+    assert result.outcomes["m:export"].status == "failed"
+    assert "Failed to import models.bert" in result.outcomes["m:export"].error
+    log = project.read("build/.logs/m/export.log")
+    assert "No module named 'torchvision_nms_operator_missing'" in log  # the cause's message
+    assert f'File "{net}", line {line}' in log  # the user's own frame
+    assert f'File "{net}", line 3, in load_bert' in log  # ... and the frame of the cause
+
+
 def test_more_input_names_than_example_inputs_is_an_error(tmp_path):
     write_model(tmp_path, LINEAR)
     with pytest.raises(StepError, match="input_names has 2 names but net.py:build returns 1 example"):
