@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import platform
 import time
 from collections import Counter
@@ -515,13 +514,6 @@ def _host(rows: list[Row], torch_version: str | None) -> dict[str, Any]:
             "runtimes": sorted({row.runner for row in rows if row.runner}), "torch": torch_version}
 
 
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):  # not on Windows
-        return None
-
-
 def _imports() -> None:
     try:
         import numpy  # noqa: F401
@@ -581,11 +573,9 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                 runners.append(runner)
                 notes += row_notes
                 runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
-            load = _load_average()
-            cpus = os.cpu_count() or 1
-            if load is not None and load > cpus:
-                notes.append(f"load average {load:.2f} on {cpus} CPUs as measuring began: other work "
-                             "competes for the CPUs, expect noisy figures")
+            load = timing.host_load()
+            if (busy := timing.busy_note(load)) is not None:
+                notes.append(busy)
             with _torch_threads(options.threads, any(r.row.runtime == "torch" for r in runners)) as torch_threads:
                 measure(runners, options, say)
         rows = [r.row for r in runners]
@@ -597,7 +587,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                     "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
                     "other_dims": options.dim, "int_range": list(int_range),
                     "rounds": len(timing.blocks(options.runs, options.rounds)), "gc_disabled": True}
-        result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load},
+        result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load["load_average"]},
                              baseline, notes)
         out_dir = ws.project.build_dir / recipe
         result.file = out_dir / BENCH_FILE

@@ -1,11 +1,13 @@
 """Timing a model's calls: the one clock every measurement in optbuild uses, the benchmark
 step's and `optbuild bench`'s alike (time.perf_counter_ns per call, the garbage collector off
-while timing, as in ``timeit``), and the latency figures made of it.
+while timing, as in ``timeit``), the latency figures made of it, and the host's load as they
+were taken (a measurement is a fact about a moment: both record it beside their figures).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,3 +57,22 @@ def latency_figures(times_ns: list[int]) -> dict[str, float]:
     p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
     return {"p50": p50, "p90": p90, "p99": p99, "mean": float(ms.mean()),
             "min": float(ms.min()), "max": float(ms.max()), "std": float(ms.std())}
+
+
+def host_load() -> dict[str, Any]:
+    """The load as measuring begins: the 1-minute load average (None where the system keeps
+    none, as Windows) and the CPU count, so that a figure taken beside other work can be told."""
+    try:
+        average: float | None = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        average = None
+    return {"load_average": average, "cpu_count": os.cpu_count() or 1}
+
+
+def busy_note(load: dict[str, Any]) -> str | None:
+    """What to tell the user when ``host_load`` saw more runnable work than CPUs; None otherwise."""
+    average, cpus = load["load_average"], load["cpu_count"]
+    if average is None or average <= cpus:
+        return None
+    return (f"load average {average:.2f} on {cpus} CPUs as measuring began: other work competes for the "
+            "CPUs, expect noisy figures")
