@@ -321,29 +321,42 @@ def load_samples(value: str, base_dir: Path, specs: list[TensorSpec], *, args: d
     return Samples(feeds, value)
 
 
+def _batch_names(specs: list[TensorSpec]) -> set[str]:
+    return {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
+
+
+def is_batch(d: int | str | None, axis: int, batch_names: set[str]) -> bool:
+    """Whether a dim the model does not fix is the batch: axis 0, or a symbolic name that is
+    axis 0 of some input. (A time-major model's axis 0 is its sequence: declare it.)"""
+    return axis == 0 or (isinstance(d, str) and d in batch_names)
+
+
 def concrete_specs(specs: list[TensorSpec], batch: int, dim: int) -> list[TensorSpec]:
-    """Specs with every unknown dim given: ``batch`` on axis 0, ``dim`` elsewhere; a symbolic
-    name gets one value everywhere (``batch`` if it is on axis 0 of any input)."""
-    batch_names = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], str)}
-    out = []
-    for spec in specs:
-        shape = []
-        for axis, d in enumerate(spec.shape):
-            if isinstance(d, int):
-                shape.append(d)
-            elif axis == 0 or (isinstance(d, str) and d in batch_names):
-                shape.append(batch)
-            else:
-                shape.append(dim)
-        out.append(replace(spec, shape=tuple(shape)))
-    return out
+    """Specs with every unknown dim given: ``batch`` on the batch axis (``is_batch``), ``dim``
+    elsewhere, so that a symbolic name gets one value everywhere."""
+    names = _batch_names(specs)
+    return [replace(spec, shape=tuple(d if isinstance(d, int) else batch if is_batch(d, axis, names) else dim
+                                      for axis, d in enumerate(spec.shape)))
+            for spec in specs]
+
+
+def undeclared_dims(specs: list[TensorSpec], decls: InputDecls | None) -> list[tuple[TensorSpec, int]]:
+    """(input, axis) of each dim that the model does not fix, that is not the batch
+    (``is_batch``) and that no declaration gives a size (``[inputs.NAME] shape``): a sequence
+    length, an image's height or width. A measurement must not guess these."""
+    names = _batch_names(specs)
+    return [(spec, axis) for spec in specs
+            if (decl := (decls or {}).get(spec.name)) is None or decl.shape is None
+            for axis, d in enumerate(spec.shape)
+            if not isinstance(d, int) and not is_batch(d, axis, names)]
 
 
 def random_samples(specs: list[TensorSpec], count: int, seed: int, *, dynamic_size: int = 1,
                    int_range: tuple[int, int] = (0, 8), decls: InputDecls | None = None) -> Samples:
     """Seeded samples of the declared shapes: standard normal floats, uniform integers in
     ``int_range`` (high exclusive), uniform booleans; unknown dims get ``dynamic_size``.
-    An input in ``decls`` follows its declaration instead, sample ``k`` as check ``k``."""
+    An input in ``decls`` follows its declaration instead, sample ``k`` as check ``k`` (its
+    unknown dims too get ``dynamic_size`` where it declares no shape)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -352,7 +365,7 @@ def random_samples(specs: list[TensorSpec], count: int, seed: int, *, dynamic_si
         feed = {}
         for spec in specs:
             decl = (decls or {}).get(spec.name)
-            if decl is not None:
+            if decl is not None and decl.shape is not None:
                 shape = shape_for(spec, decl, k)
             else:
                 shape = [d if isinstance(d, int) else dynamic_size for d in spec.shape]

@@ -7,16 +7,33 @@ opened by its backend and run on one seeded random sample of its declared shapes
 step's ``inputs`` declare them): ``warmup`` untimed runs, then ``runs`` timed ones
 (optbuild.model.timing.time_calls: time.perf_counter_ns per run, the garbage collector off).
 
+A figure must be of what serves. A batch of 1 is real serving, a sequence of one token or an
+image one pixel wide is not: a dim that the model leaves open, that is not the batch (axis 0,
+or a symbolic name that is axis 0 of some input: optbuild.model.samples.is_batch) and that no
+declaration sizes fails the step while ``dynamic_size`` is 1, naming the input, the dim and the
+declaration to write. An error rather than a warning: the figure is cached and ``select``
+chooses by it, where a warning in one build's log is never seen again. A declared size, 1
+included (one token per decoding step), is measured as declared.
+
 Outputs: the measured artifact's files, unchanged and under their names (hard links where
 the file system allows, else copies; the cache keeps one copy of identical bytes), the
 model's file being the step's main output, so that a step downstream (``select``) can hand on
 the model it chooses; and ``benchmark.json``::
 
-    {"format": "optbuild.benchmark", "version": 1,
+    {"format": "optbuild.benchmark", "version": 2,
      "model": {"file": "model.onnx", "digest": "blake3-256:..."},
      "runtime": "onnxruntime 1.23.2 (CPU)", "batch": 1, "runs": 50, "warmup": 5, "threads": null,
-     "p50_ms": ..., "p90_ms": ..., "p99_ms": ..., "mean_ms": ..., "throughput_per_s": ...,
-     "size_bytes": ..., "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ...}}
+     "inputs": {"tokens": {"shape": [1, 128], "dtype": "int64"}},
+     "load": {"load_average": 0.4, "cpu_count": 8},
+     "p50_ms": ..., "p90_ms": ..., "p99_ms": ..., "mean_ms": ..., "min_ms": ..., "max_ms": ...,
+     "std_ms": ..., "throughput_per_s": ..., "size_bytes": ...,
+     "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ...}}
+
+``inputs`` are the shapes and dtypes measured, per input; ``load`` the 1-minute load average
+(null where the system keeps none) and the CPU count as timing began
+(optbuild.model.timing.host_load, as ``optbuild bench`` records it): a measurement is a fact
+about a moment, and one taken beside other work says so. min / max / std are the spread of
+the timed runs.
 
 ``throughput_per_s`` is batch (the first axis of the first input) / mean latency;
 ``size_bytes`` the bytes of the input artifact's files. ``verify`` summarises the
@@ -53,10 +70,11 @@ from optbuild.steps import fields
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, link_files
 
 if typing.TYPE_CHECKING:
+    from optbuild.backends.base import TensorSpec
     from optbuild.common.fingerprint import Fingerprint
 
 FORMAT = "optbuild.benchmark"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: the inputs measured, the load, min / max / std
 REPORT = "benchmark.json"
 
 # Where the latency of a runtime's results depends on the device beyond the fields its
@@ -85,7 +103,10 @@ class BenchmarkParams(StepParams):
     seed: int = fields.seed_field(note=" Floats are standard normal, integers uniform in [0, 8), "
                                        "booleans uniform, unless declared.")
     dynamic_size: int = fields.dynamic_size_field(
-        "the model", note=": the batch measured, when the batch axis is dynamic", example=8)
+        "the model", example=8,
+        note=": the batch measured, when the batch axis is dynamic. Another dim left open (a sequence "
+             "length, an image's height or width) is an error while this is 1, unless inputs or the "
+             "recipe's [inputs.NAME] declare its size")
     inputs: StepInputs = inputs_field(
         " A declared input follows its declaration (a dim range: its opt, else its min), the others "
         "dynamic_size.", example={"x": {"shape": [8, 3, 224, 224]}})
@@ -103,7 +124,7 @@ class Benchmark(Step):
     Params = BenchmarkParams
     preload = ONNX_TOOLS
     exclusive = True  # timings taken beside other builds would measure those
-    version = "1"
+    version = "2"  # 2: benchmark.json records the inputs, the load and the spread; open dims at 1 refused
 
     # The step measured and what runs its model, as that step says (see bind). Not bound:
     # onnxruntime, as for any ONNX model.
@@ -148,7 +169,7 @@ class Benchmark(Step):
     # --- execution -------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
         from optbuild.model import samples as sampling
-        from optbuild.model.timing import latency_figures, time_calls
+        from optbuild.model.timing import busy_note, host_load, latency_figures, time_calls
         from optbuild.steps.verify import entered_runner, model_entry
 
         p = self.params
@@ -165,6 +186,8 @@ class Benchmark(Step):
             ctx.log(f"runtime: {runner.label} (loaded in {runner.load_ms:.1f} ms)")
             specs = runner.input_specs()
             check_declarations(specs, p.inputs, what)
+            if p.dynamic_size == 1 and (open_dims := sampling.undeclared_dims(specs, p.inputs)):
+                raise StepError(_degenerate(open_dims, what))
             samples = sampling.random_samples(specs, 1, p.seed, dynamic_size=p.dynamic_size, decls=p.inputs)
             feed = runner.cast(samples.feeds[0])
             shapes = ", ".join(f"{name} {value.dtype}{list(value.shape)}" for name, value in feed.items())
@@ -178,6 +201,9 @@ class Benchmark(Step):
                                 f"{type(exc).__name__}: {first_line(exc)}") from None
             ctx.log(f"inputs: {shapes} ({samples.source}); {p.warmup} warm-up + {p.runs} timed runs, "
                     f"threads {p.threads or 'default'}")
+            load = host_load()
+            if (busy := busy_note(load)) is not None:
+                ctx.log(f"note: {busy}")
             times = time_calls(lambda: runner.infer(feed), p.runs, p.warmup)
             label = runner.label
         latency = latency_figures(times)
@@ -193,10 +219,9 @@ class Benchmark(Step):
             "runs": p.runs,
             "warmup": p.warmup,
             "threads": p.threads,
-            "p50_ms": round(latency["p50"], 6),
-            "p90_ms": round(latency["p90"], 6),
-            "p99_ms": round(latency["p99"], 6),
-            "mean_ms": round(latency["mean"], 6),
+            "inputs": {name: {"shape": list(value.shape), "dtype": str(value.dtype)} for name, value in feed.items()},
+            "load": load,
+            **{f"{figure}_ms": round(latency[figure], 6) for figure in ("p50", "p90", "p99", "mean", "min", "max", "std")},
             "throughput_per_s": round(batch / (latency["mean"] / 1000), 3),
             "size_bytes": size,
             "verify": verify,
@@ -208,6 +233,25 @@ class Benchmark(Step):
                            throughput_per_s=report["throughput_per_s"], size_bytes=size)
         if verify is not None:
             ctx.metrics["passed"] = verify["passed"]
+
+
+def _degenerate(open_dims: list[tuple[TensorSpec, int]], what: str) -> str:
+    """The error for dims that dynamic_size = 1 would measure at 1: each named, and the
+    declaration that fixes them, written for the first input."""
+    def dim(spec: TensorSpec, axis: int) -> str:
+        name = spec.shape[axis]
+        return f"input {spec.name!r} dim {axis}" + (f" ({name!r})" if isinstance(name, str) else "")
+
+    first = open_dims[0][0]
+    mine = {axis: str(first.shape[axis] or "N").upper() for spec, axis in open_dims if spec is first}
+    shape = ", ".join(str(d) if isinstance(d, int) else mine.get(axis, "1") for axis, d in enumerate(first.shape))
+    return (f"{', '.join(dim(spec, axis) for spec, axis in open_dims)} of {what}: not fixed by the model "
+            "and not declared, so measured at dynamic_size = 1 (a sequence of one token, an image one pixel "
+            "wide), not at a size that serves. Declare the size it serves at, in the recipe: "
+            f"[inputs.{first.name}] shape = [{shape}], or in this step: inputs = {{ {first.name} = "
+            f"{{ shape = [{shape}] }} }}, with {' and '.join(dict.fromkeys(mine.values()))} the size it serves "
+            "at (or [min, opt, max]: opt is measured); a size of 1 that serves (one token per decoding step) "
+            "is declared the same way")
 
 
 def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:

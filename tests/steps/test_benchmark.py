@@ -4,6 +4,7 @@ unchanged (the main output is the model), the verify step's figures summarised."
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,15 @@ def test_a_built_benchmark_measures_and_hands_on_the_model(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["benchmark.json", "model.onnx"]
     assert _digest(folder / "model.onnx") == _digest(model) == f"{ALGORITHM}:{outcome.entry.outputs['model.onnx'].digest}"
     report = json.loads((folder / "benchmark.json").read_text())
-    assert report["format"] == "optbuild.benchmark" and report["version"] == 1
+    assert report["format"] == "optbuild.benchmark" and report["version"] == 2
     assert report["model"] == {"file": "model.onnx", "digest": _digest(model)}
     assert report["runtime"].startswith("onnxruntime ") and report["batch"] == 1
     assert (report["runs"], report["warmup"], report["threads"]) == (3, 1, 1)
     assert 0 < report["p50_ms"] <= report["p90_ms"] <= report["p99_ms"] and report["mean_ms"] > 0
+    # what was measured: the shapes (a symbolic batch of dynamic_size = 1), the load, the spread
+    assert report["inputs"] == {"x": {"shape": [1, 4], "dtype": "float32"}}
+    assert set(report["load"]) == {"load_average", "cpu_count"} and report["load"]["cpu_count"] == os.cpu_count()
+    assert report["min_ms"] <= report["p50_ms"] <= report["max_ms"] and report["std_ms"] >= 0
     assert report["throughput_per_s"] == pytest.approx(1000 / report["mean_ms"], rel=1e-3)
     assert report["size_bytes"] == model.stat().st_size
     assert report["verify"]["passed"] is True and report["verify"]["max_abs"] == 0.0
@@ -211,3 +216,68 @@ objective = "size_bytes"
     assert report["chosen"] == "r:bench"
     assert report["candidates"][0]["rejected"] == ["its verify step failed"]
     assert _digest(proj.root / "build/r/best/model.onnx") == _digest(proj.root / "mlp.onnx")
+
+
+# --- shapes that serve -------------------------------------------------------------------
+def _tokens_model(path: Path) -> Path:
+    """tokens: int64 [batch, seq] -> embedding mean -> y: float32 [batch, 3], a BERT in miniature."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from plugins.models import save
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "tokens"], ["e"]),
+         helper.make_node("ReduceMean", ["e"], ["m"], axes=[1], keepdims=0),
+         helper.make_node("MatMul", ["m", "w"], ["y"])],
+        "tokens",
+        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "emb"),
+         numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w")])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+TOKENS = """\
+DECLARATION
+[steps.model]
+kind = "onnx"
+path = "../tokens.onnx"
+
+[steps.bench]
+kind = "benchmark"
+input = "model"
+runs = 2
+warmup = 0
+PARAMS
+"""
+
+
+def _tokens_project(root: Path, declaration: str = "", params: str = "") -> ProjectDir:
+    proj = _project(root, recipe=TOKENS.replace("DECLARATION", declaration).replace("PARAMS", params))
+    _tokens_model(root / "tokens.onnx")
+    return proj
+
+
+def test_an_open_sequence_dim_left_at_1_fails_naming_the_input_dim_and_the_declaration(tmp_path):
+    result = _tokens_project(tmp_path / "proj").build()
+    error = result.outcomes["r:bench"].error
+    assert not result.ok and "input 'tokens' dim 1 ('seq') of the input r:model" in error, error
+    assert "dynamic_size = 1" in error
+    assert "[inputs.tokens] shape = [1, SEQ]" in error and "inputs = { tokens = { shape = [1, SEQ] } }" in error
+    assert not (tmp_path / "proj/build/r/bench/benchmark.json").exists()
+
+
+@pytest.mark.parametrize(("declaration", "params", "shape"), [
+    ("[inputs.tokens]\nshape = [1, 64]\n", "", [1, 64]),                  # the recipe's declaration
+    ("[inputs.tokens]\nshape = [1, [16, 32, 128]]\n", "", [1, 32]),       # a range: its opt
+    ("", "inputs = { tokens = { shape = [1, 1] } }", [1, 1]),               # 1 declared: one decoding step
+    ("", "dynamic_size = 8", [8, 8]),                                      # a size chosen for every open dim
+])
+def test_a_declared_or_chosen_size_is_measured_and_recorded(tmp_path, declaration, params, shape):
+    proj = _tokens_project(tmp_path / "proj", declaration, params)
+    result = proj.build()
+    assert result.ok, result.outcomes["r:bench"].error
+    report = json.loads(proj.read("build/r/bench/benchmark.json"))
+    assert report["inputs"] == {"tokens": {"shape": shape, "dtype": "int64"}}
+    assert report["batch"] == shape[0]
