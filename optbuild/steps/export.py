@@ -25,10 +25,19 @@ Exporter choice, measured with torch 2.13.0 (CPU), onnxscript 0.7.2 and the exam
 Torchscript is the default for opset 17 (what TensorRT-era deploys ask for) and speed;
 ``exporter = "dynamo"`` is one parameter away, and the choice is part of the key. If a later
 torch drops the TorchScript exporter, the export fails with a message that says to switch.
+
+The TorchScript exporter runs with PyTorch's fast path of nn.MultiheadAttention off: in eval
+mode without gradients that path calls ``aten::_native_multi_head_attention``, which no opset
+translates (torchvision's ViT failed so). The failures real models met that a parameter or
+a wrapper fixes are said in the message: an operator this exporter cannot translate, a
+decorated forward() (transformers) that gets an argument twice because this exporter passes
+every parameter positionally, and dynamo's torch.export taking a dynamic axis of size 1 in
+the example for a constant.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 import warnings
@@ -145,7 +154,10 @@ class ExportParams(StepParams):
 class Export(Step):
     """A PyTorch module to ONNX (TorchScript or dynamo exporter), checked against PyTorch."""
 
-    version = "2"  # 2: stack traces stripped from dynamo exports; second-size dynamic check
+    # 2: stack traces stripped from dynamo exports; second-size dynamic check; 3: the
+    # TorchScript exporter runs with nn.MultiheadAttention's fast path off (builds that failed
+    # on it, and were remembered as failed, build again)
+    version = "3"
     Params = ExportParams
     preload = TORCH_TOOLS
     tools = ("torch", "onnx")
@@ -300,23 +312,40 @@ class Export(Step):
             try:
                 if p.exporter == "torchscript":
                     axes = {name: dict(mapping) for name, mapping in p.dynamic_axes.items()}
-                    torch.onnx.export(module, inputs, str(out), dynamo=False, dynamic_axes=axes or None,
-                                      do_constant_folding=True, **common)
+                    with _mha_fastpath_off():
+                        torch.onnx.export(module, inputs, str(out), dynamo=False, dynamic_axes=axes or None,
+                                          do_constant_folding=True, **common)
                 else:
                     shapes = self._input_axes(len(inputs))
                     torch.onnx.export(module, inputs, str(out), dynamo=True, external_data=False,
                                       verbose=False, optimize=True,
                                       dynamic_shapes=tuple(shapes) if any(shapes) else None, **common)
-            except Exception as exc:
-                ctx.log(traceback.format_exc())
-                hint = (" (this torch may no longer ship the TorchScript exporter: try exporter = 'dynamo')"
-                        if p.exporter == "torchscript" and isinstance(exc, (AttributeError, ImportError,
-                                                                            NotImplementedError)) else "")
+            except Exception as exc:  # its traceback goes to the log with the StepError's
                 raise StepError(f"torch.onnx.export ({p.exporter}) failed for {p.model}: "
-                                f"{type(exc).__name__}: {_shorten(first_line(exc))}{hint}") from None
+                                f"{type(exc).__name__}: {_shorten(first_line(exc))}{self._export_hint(exc)}") from None
         for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught
                                      if not issubclass(w.category, (DeprecationWarning, FutureWarning))):
             ctx.log(f"export warning: {_shorten(message)}")
+
+    def _export_hint(self, exc: Exception) -> str:
+        """What to change for a failure of torch.onnx.export that real models met."""
+        p = self.params
+        if p.exporter != "torchscript":
+            return ""
+        text = str(exc)
+        if isinstance(exc, TypeError) and ("multiple values for argument" in text or ", not Tensor" in text):
+            return ("; the TorchScript exporter passes every parameter of forward() positionally, "
+                    "defaults included, so a decorated forward() (transformers models) gets one twice "
+                    "and a flag becomes a tensor: return from the callable a wrapper module whose "
+                    "forward() calls the model with keywords, e.g. self.model(input_ids=input_ids, "
+                    "attention_mask=attention_mask, return_dict=False), or use exporter = 'dynamo'")
+        if match := UNSUPPORTED.search(text):
+            higher = f", or a higher opset (up to {TORCHSCRIPT_MAX_OPSET})" if p.opset < TORCHSCRIPT_MAX_OPSET else ""
+            return (f"; the dynamo exporter translates more operators: exporter = 'dynamo' with opset >= "
+                    f"{DYNAMO_MIN_OPSET}{higher}, or replace {match.group(1)} in the model")
+        if isinstance(exc, (AttributeError, ImportError, NotImplementedError)):
+            return " (this torch may no longer ship the TorchScript exporter: try exporter = 'dynamo')"
+        return ""
 
     def _finish(self, ctx: StepContext, out: Path) -> None:
         """Self-contained, reproducible, the opset asked for, and valid for onnx.checker."""
@@ -396,9 +425,7 @@ class Export(Step):
             ctx.log(f"dynamic axes not re-checked: PyTorch itself fails at {sizes}: {first_line(exc)}")
             return
         reference = [t.detach().cpu().numpy() for t in _tensors(expected)]
-        hint = ("; the trace baked a size into the graph (a Python int taken from a tensor "
-                "shape?): compute it with tensor ops, or use exporter = 'dynamo'"
-                if p.exporter == "torchscript" else "")
+        hint = self._dynamic_hint(inputs)
         try:
             outputs = infer_outputs(runner, self._feeds(runner, grown), names)
         except StepError:
@@ -411,6 +438,20 @@ class Export(Step):
         if result.problem or not result.max_rel <= p.tolerance:
             raise StepError(f"the export of {p.model} does not follow its dynamic axes: at {sizes}, "
                             f"{result.describe(p.tolerance)}{hint}")
+
+    def _dynamic_hint(self, inputs: tuple) -> str:
+        """Why an export may not follow its dynamic axes, by exporter."""
+        if self.params.exporter == "torchscript":
+            return ("; the trace baked a size into the graph (a Python int taken from a tensor "
+                    "shape?): compute it with tensor ops, or use exporter = 'dynamo'")
+        ones = [f"{name}[{axis}]" for tensor, name, axes
+                in zip(inputs, self.params.input_names, self._input_axes(len(inputs)))
+                for axis in sorted(axes or {}) if tensor.shape[axis] == 1]
+        if not ones:
+            return ""
+        return (f"; torch.export takes a dynamic axis of size 1 in the example for the constant 1 "
+                f"({', '.join(ones)} is 1): return example inputs of size 2 or more on every dynamic "
+                "axis (e.g. a batch of 2)")
 
     def _feeds(self, runner: Runner, inputs: tuple) -> dict[str, Any]:
         graph_inputs = [spec.name for spec in runner.input_specs()]
@@ -453,6 +494,24 @@ class Export(Step):
 
 
 # --- helpers -------------------------------------------------------------------------------
+# The TorchScript exporter's UnsupportedOperatorError, and the operator it names.
+UNSUPPORTED = re.compile(r"operator '([^']+)' to ONNX opset version \d+ is not supported")
+
+
+@contextmanager
+def _mha_fastpath_off() -> Iterator[None]:
+    """nn.MultiheadAttention on its plain path while tracing: its fast path (eval mode, no
+    gradients) is one operator that the TorchScript exporter cannot translate at any opset."""
+    import torch
+
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
 def _tensors(value: Any) -> list[Any]:
     """The tensors of a module's output, flattened in the order the exporters use."""
     import torch

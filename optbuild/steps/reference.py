@@ -302,6 +302,15 @@ is loaded into it) and a tensor or a tuple of tensors, one per `forward()` argum
 order. The example inputs fix every shape the export does not mark in `dynamic_axes`; each
 dynamic axis is checked once more one larger. The file, the project-local modules it
 imports, `weights` and `extra_files` enter the key.
+
+Give a size of 2 or more on every dynamic axis (a batch of 2): `exporter = "dynamo"`
+(torch.export) takes an axis of size 1 in the example for the constant 1. The TorchScript
+exporter calls `forward()` with every parameter positionally, defaults included: a model
+whose `forward()` is decorated (transformers) or takes flags (`is_causal`) fails so; return
+a wrapper module whose `forward()` calls the model with keywords (and `return_dict=False`),
+or use the dynamo exporter. `nn.MultiheadAttention`'s eval-mode fast path is turned off while
+the TorchScript exporter traces (no opset has its operator); an operator that exporter cannot
+translate at all fails with the message to use `exporter = "dynamo"` (opset >= 18).
 """
 
 _PROFILES = """\

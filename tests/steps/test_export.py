@@ -220,6 +220,127 @@ def test_a_dynamic_axis_beyond_the_input_rank_is_an_error(tmp_path):
         export(tmp_path, {"model": "net.py:build", "input_names": ["x"], "dynamic_axes": {"x": {"2": "n"}}})
 
 
+# --- what real models met, and the fix each message names ------------------------------------
+ATTENTION = """\
+import functools
+import torch
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def attention():
+    torch.manual_seed(0)
+    return Attention(), (torch.randn(2, 5, 8),)
+
+
+def encoder_layer(batch=2):
+    torch.manual_seed(0)
+    return torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), (torch.randn(batch, 5, 8),)
+
+
+def encoder_layer_batch_1():
+    return encoder_layer(batch=1)
+
+
+class Spectrum(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()
+
+
+def spectrum():
+    return Spectrum(), (torch.randn(2, 16),)
+
+
+def cache_off(forward):  # as transformers' decorators do
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        kwargs.setdefault("use_cache", False)
+        return forward(self, *args, **kwargs)
+    return wrapper
+
+
+class Decorated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    @cache_off
+    def forward(self, x, mask=None, use_cache=None):
+        return self.linear(x)
+
+
+def decorated():
+    torch.manual_seed(0)
+    return Decorated(), (torch.randn(2, 4),)
+
+
+class Keywords(torch.nn.Module):  # the fix the message names
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x=x)
+
+
+def decorated_called_with_keywords():
+    model, inputs = decorated()
+    return Keywords(model), inputs
+"""
+BATCH = {"input_names": ["x"], "dynamic_axes": {"x": {0: "batch"}}}
+
+
+def test_multi_head_attention_exports_with_the_torchscript_exporter(tmp_path):
+    """Its eval-mode fast path is one operator no opset translates; the export turns it off."""
+    write_model(tmp_path, ATTENTION)
+    ctx = export(tmp_path, {"model": "net.py:attention", **BATCH})
+    assert ctx.metrics["opset"] == 17 and ctx.metrics["dynamic_max_rel_error"] < 1e-3
+    import torch
+
+    assert torch.backends.mha.get_fastpath_enabled()  # on again for whatever runs next
+
+
+@pytest.mark.parametrize(("callable_", "message"), [
+    ("spectrum", (r"'aten::fft_rfft' to ONNX opset version 17 is not supported; the dynamo exporter "
+                  r"translates more operators: exporter = 'dynamo' with opset >= 18, or a higher opset "
+                  r"\(up to 20\), or replace aten::fft_rfft in the model")),
+    ("decorated", (r"got multiple values for argument 'use_cache'; the TorchScript exporter passes every "
+                   r"parameter of forward\(\) positionally.*a wrapper module whose forward\(\) calls the "
+                   r"model with keywords.*return_dict=False\), or use exporter = 'dynamo'")),
+    ("encoder_layer", (r"'is_causal' .* must be bool, not Tensor; the TorchScript exporter passes every "
+                       r"parameter of forward\(\) positionally")),
+])
+def test_torchscript_failures_name_the_fix(tmp_path, callable_, message):
+    write_model(tmp_path, ATTENTION)
+    with pytest.raises(StepError, match=message):
+        export(tmp_path, {"model": f"net.py:{callable_}"})
+
+
+def test_the_keyword_wrapper_the_message_names_exports(tmp_path):
+    write_model(tmp_path, ATTENTION)
+    ctx = export(tmp_path, {"model": "net.py:decorated_called_with_keywords", **BATCH})
+    assert ctx.metrics["max_rel_error"] < 1e-3
+
+
+def test_a_dynamic_batch_of_1_in_a_dynamo_example_is_named_and_a_batch_of_2_exports(tmp_path):
+    """torch.export takes the example's size 1 for a constant; the message says to give 2."""
+    write_model(tmp_path, ATTENTION)
+    dynamo = {"exporter": "dynamo", "opset": 18, **BATCH}
+    with pytest.raises(StepError, match=r"does not run with dynamic axes at x\[0\] = 2: .*torch\.export "
+                                        r"takes a dynamic axis of size 1 .*\(x\[0\] is 1\): return example "
+                                        r"inputs of size 2 or more on every dynamic axis"):
+        export(tmp_path, {"model": "net.py:encoder_layer_batch_1", **dynamo})
+    ctx = export(tmp_path, {"model": "net.py:encoder_layer", **dynamo}, out="batch2")
+    assert ctx.metrics["dynamic_check"] == "x[0] = 3" and ctx.metrics["dynamic_max_rel_error"] < 1e-3
+
+
 # --- weights -----------------------------------------------------------------------------
 def test_weights_are_loaded_into_the_module(tmp_path):
     import torch
