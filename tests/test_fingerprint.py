@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import pytest
 
 from optbuild.builder.keys import describe_changes
-from optbuild.common.fingerprint import Fingerprint, cuda_visible_order, describe_change
+from optbuild.common.fingerprint import (
+    Fingerprint,
+    _cuda_provider_loads,
+    _loads,
+    _tensorrt_loads,
+    cuda_visible_order,
+    describe_change,
+)
 
 GPU_FIELDS = ("gpu.count", "gpu.driver", "gpu.0.name", "gpu.0.compute_capability",
               "gpu.0.memory_mib", "gpu.0.uuid", "cuda.driver_version")
@@ -154,3 +165,153 @@ def test_nvml_fingerprint_on_a_real_gpu():
         major, minor = torch.cuda.get_device_capability(0)
         assert host.get("gpu.0.compute_capability") == f"{major}.{minor}"
         assert host.get("gpu.count") == torch.cuda.device_count()
+
+
+# --- which onnxruntime: the one `import onnxruntime` loads ---------------------------------
+_STUB = "raise ImportError('the fingerprint imported onnxruntime')\n"
+
+
+def _record_hash(text: str) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _dist_info(site: Path, name: str, version: str, init_text: str) -> None:
+    """A distribution as pip leaves it: METADATA, and a RECORD that lists onnxruntime's
+    __init__.py with the hash of the ``init_text`` it installed."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text(
+        f"onnxruntime/__init__.py,{_record_hash(init_text)},{len(init_text)}\n"
+        f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+def _stub_module(site: Path, text: str = _STUB) -> None:
+    (site / "onnxruntime").mkdir(parents=True)
+    (site / "onnxruntime" / "__init__.py").write_text(text)
+
+
+def _probe_in(*sites: Path) -> tuple[dict, str]:
+    """(what the fingerprint, the toolchain and the onnxruntime backend say, stderr), in a
+    process whose sys.path starts with ``sites``."""
+    code = (
+        "import json\n"
+        "from optbuild.common.fingerprint import Fingerprint\n"
+        "from optbuild.common.toolchain import Toolchain\n"
+        "from optbuild.backends.onnxruntime import BACKEND\n"
+        "host = Fingerprint()\n"
+        "print(json.dumps({'version': host.get('onnxruntime.version'),\n"
+        "                  'distribution': host.get('onnxruntime.distribution'),\n"
+        "                  'tool': Toolchain().version('onnxruntime'),\n"
+        "                  'keyed': BACKEND.distributions()[0]}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, sites))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout), out.stderr
+
+
+def test_two_onnxruntimes_in_one_folder_name_the_one_whose_files_are_there(tmp_path):
+    # onnxruntime 1.30 then onnxruntime-gpu 1.31.1 installed into one folder: both RECORDs list
+    # onnxruntime/__init__.py; the file there is the GPU build's (installed last).
+    gpu_init = "__version__ = '1.31.1'\n" + _STUB
+    _stub_module(tmp_path, gpu_init)
+    _dist_info(tmp_path, "onnxruntime", "1.30.0", "__version__ = '1.30.0'\n" + _STUB)
+    _dist_info(tmp_path, "onnxruntime-gpu", "1.31.1", gpu_init)
+    said, stderr = _probe_in(tmp_path)
+    assert said == {"version": "1.31.1", "distribution": "onnxruntime-gpu", "tool": "1.31.1",
+                    "keyed": "onnxruntime-gpu"}
+    assert "side by side" in stderr
+    assert "onnxruntime 1.30.0" in stderr and "`import onnxruntime` loads onnxruntime-gpu 1.31.1" in stderr
+
+
+def test_two_onnxruntimes_in_two_folders_name_the_one_first_on_the_path(tmp_path):
+    cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
+    for site, name, release in ((cpu, "onnxruntime", "1.30.0"), (gpu, "onnxruntime-gpu", "1.31.1")):
+        _stub_module(site)
+        _dist_info(site, name, release, _STUB)
+    said, stderr = _probe_in(cpu, gpu)
+    assert (said["distribution"], said["version"], said["tool"]) == ("onnxruntime", "1.30.0", "1.30.0")
+    said, stderr = _probe_in(gpu, cpu)
+    assert (said["distribution"], said["version"], said["tool"]) == ("onnxruntime-gpu", "1.31.1", "1.31.1")
+    assert "side by side" in stderr and str(cpu) in stderr and str(gpu) in stderr
+
+
+def test_an_onnxruntime_no_distribution_installed_has_no_version(tmp_path):
+    # a module on the path that no installed distribution wrote: keys must not borrow a version
+    _stub_module(tmp_path, "__version__ = '9.9.9'\n" + _STUB)
+    said, stderr = _probe_in(tmp_path)
+    assert said["version"] is None and said["distribution"] is None
+    if version_or_none("onnxruntime") is not None:  # installed, but not what loads
+        assert "none of them wrote" in stderr
+
+
+def version_or_none(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def test_one_onnxruntime_gives_no_warning():
+    said, stderr = _probe_in()
+    assert said["version"] == version_or_none("onnxruntime")
+    assert "side by side" not in stderr
+
+
+# --- which execution providers: those that can load ---------------------------------------
+def _fake_gpu_build(site: Path) -> Path:
+    """An importable onnxruntime that lists what onnxruntime-gpu lists, with its capi folder."""
+    _stub_module(site, "def get_available_providers():\n"
+                       "    return ['TensorrtExecutionProvider', 'CUDAExecutionProvider', 'CPUExecutionProvider']\n")
+    (site / "onnxruntime" / "capi").mkdir()
+    return site / "onnxruntime" / "capi"
+
+
+def test_gpu_providers_are_not_listed_without_a_gpu(tmp_path):
+    capi = _fake_gpu_build(tmp_path)
+    (capi / "libonnxruntime_providers_cuda.so").write_bytes(b"not a library")
+    code = ("from optbuild.common.fingerprint import Fingerprint\n"
+            "print(Fingerprint().as_dict()['ort_providers.available'])\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}  # hides any GPU
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "CPUExecutionProvider"
+
+
+def test_cuda_provider_needs_its_library_to_load(tmp_path):
+    capi = _fake_gpu_build(tmp_path)
+    assert not _cuda_provider_loads(capi)  # no library
+    (capi / "libonnxruntime_providers_cuda.so").write_bytes(b"not a library")
+    assert not _cuda_provider_loads(capi)  # one that does not load
+
+
+def test_tensorrt_provider_needs_tensorrt(tmp_path):
+    capi = _fake_gpu_build(tmp_path)
+    assert not _tensorrt_loads(capi)  # onnxruntime without the TensorRT provider library
+    (capi / "libonnxruntime_providers_tensorrt.so").write_bytes(b"")
+    has_tensorrt = _loads("libnvinfer.so.10", "libnvinfer.so") or version_or_none("tensorrt") is not None
+    assert _tensorrt_loads(capi) == has_tensorrt
+
+
+@pytest.mark.gpu
+def test_listed_gpu_providers_run_a_session():
+    """On a GPU host, a provider the fingerprint lists is one a session really runs on."""
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    available = Fingerprint().as_dict()["ort_providers.available"].split(",")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime has no CUDA provider (install onnxruntime-gpu)")
+    helper = onnx.helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        if provider not in ort.get_available_providers():
+            continue
+        try:
+            session = ort.InferenceSession(model.SerializeToString(), providers=[provider, "CPUExecutionProvider"])
+            runs = session.get_providers()[0] == provider
+        except Exception:  # a provider that cannot load may refuse the session instead of falling back
+            runs = False
+        assert runs == (provider in available), provider

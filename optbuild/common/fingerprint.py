@@ -7,9 +7,12 @@ JSON file recorded on another host (to plan or fetch for that host).
 The GPU sections ("gpu", "cuda") read NVML through nvidia-ml-py (``pynvml``): no CUDA
 context is created, nothing is allocated on a GPU. A host without the library or a driver
 probes fast and completely: ``gpu.count`` is 0 and ``gpu.error`` says why. Tool versions
-("tensorrt", "tensorrt_rtx", "onnxruntime") come from distribution metadata, never from
-importing the tool. "ort_providers" must import onnxruntime (~230 ms): it is a section of its
-own, read by a full dump (``as_dict``, i.e. ``optbuild fingerprint``) and by nothing else.
+("tensorrt", "tensorrt_rtx", "onnxruntime") are those of the distribution whose files
+``import`` loads (``toolchain.loaded_distribution``: onnxruntime-gpu over onnxruntime when
+both are installed, with a warning), read from metadata, never by importing the tool.
+"ort_providers" must import onnxruntime (~230 ms): it is a section of its own, read by a full
+dump (``as_dict``, i.e. ``optbuild fingerprint``) and by steps that need a provider; it lists
+the providers that can load here (CUDA and TensorRT only with a GPU and their libraries).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from optbuild.common.toolchain import loaded_distribution
 
 # CPU features that change what optimizing compilers (ORT, TensorRT) emit.
 RELEVANT_CPU_FLAGS = (
@@ -64,30 +69,6 @@ def _probe_cpu() -> dict[str, Any]:
 
 
 # --- GPU and accelerator toolchain -------------------------------------------------------
-# Distributions that install a tool's module, most specific first. The CUDA-flavoured wheel
-# ("tensorrt-cu12") carries the code; the meta-package ("tensorrt") may be absent.
-DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "tensorrt": ("tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11", "tensorrt"),
-    "tensorrt_rtx": ("tensorrt-rtx-cu13", "tensorrt-rtx-cu12", "tensorrt-rtx"),
-    "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"),
-}
-
-
-def installed_distribution(module: str) -> tuple[str | None, str | None]:
-    """(distribution, version) of the first installed distribution providing ``module``.
-
-    Read from package metadata: the module itself is never imported.
-    """
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in DISTRIBUTIONS.get(module, (module,)):
-        try:
-            return name, version(name)
-        except PackageNotFoundError:
-            continue
-    return None, None
-
-
 def cuda_visible_order(spec: str | None, uuids: list[str],
                        resolve_mig: Callable[[str], int | None] | None = None) -> list[int]:
     """NVML indices of the devices CUDA exposes, in CUDA's order, under CUDA_VISIBLE_DEVICES.
@@ -205,7 +186,7 @@ def _probe_cuda() -> dict[str, Any]:
 
 def _tool_probe(module: str) -> Callable[[], dict[str, Any]]:
     def probe() -> dict[str, Any]:
-        distribution, version = installed_distribution(module)
+        distribution, version = loaded_distribution(module)
         return {f"{module}.version": version, f"{module}.distribution": distribution}
 
     probe.__name__ = f"_probe_{module}"
@@ -218,15 +199,58 @@ _probe_onnxruntime = _tool_probe("onnxruntime")
 
 
 def _probe_ort_providers() -> dict[str, Any]:
-    """Execution providers compiled into onnxruntime: costs an import (~230 ms).
+    """The execution providers onnxruntime can load here: costs an import (~230 ms).
 
-    Listed is not usable: onnxruntime-gpu lists CUDA and TensorRT on a host without a GPU.
+    onnxruntime-gpu lists CUDA and TensorRT wherever it is installed; listed is not usable.
     """
     try:
         import onnxruntime
     except ImportError:
         return {"ort_providers.available": None}
-    return {"ort_providers.available": ",".join(onnxruntime.get_available_providers())}
+    listed = onnxruntime.get_available_providers()
+    gpu = bool(_probe_gpu().get("gpu.count"))
+    capi = Path(onnxruntime.__file__).parent / "capi"
+    usable = [name for name in listed if name not in _NEEDS_GPU or (gpu and _NEEDS_GPU[name](capi))]
+    return {"ort_providers.available": ",".join(usable)}
+
+
+def _loads(*names: str | Path) -> bool:
+    """Whether one of these shared libraries loads (with the libraries it links)."""
+    import ctypes
+
+    for name in names:
+        try:
+            ctypes.CDLL(str(name))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _cuda_provider_loads(capi: Path) -> bool:
+    """onnxruntime's CUDA provider library loads: it links libcudart, libcublas and cuDNN,
+    so it loads only where they do."""
+    return _loads(capi / "libonnxruntime_providers_cuda.so", capi / "onnxruntime_providers_cuda.dll")
+
+
+def _tensorrt_loads(capi: Path) -> bool:
+    """onnxruntime has the TensorRT provider library, and TensorRT's library (which that links)
+    loads or the tensorrt package that brings it is importable."""
+    import importlib.util
+
+    if not any((capi / name).is_file() for name in ("libonnxruntime_providers_tensorrt.so",
+                                                     "onnxruntime_providers_tensorrt.dll")):
+        return False
+    return (importlib.util.find_spec("tensorrt") is not None
+            or _loads("libnvinfer.so.10", "libnvinfer.so.11", "libnvinfer.so.8", "libnvinfer.so",
+                      "nvinfer_10.dll"))
+
+
+# providers listed by onnxruntime-gpu that need a GPU, and what else they need to load
+_NEEDS_GPU: dict[str, Callable[[Path], bool]] = {
+    "CUDAExecutionProvider": _cuda_provider_loads,
+    "TensorrtExecutionProvider": _tensorrt_loads,
+}
 
 
 # section name -> probe returning that section's fields

@@ -15,11 +15,12 @@ if typing.TYPE_CHECKING:
 
 @cache
 def distribution() -> str:
-    """The installed distribution that provides onnxruntime ("onnxruntime", "onnxruntime-gpu",
-    ...): its version keys the steps that run onnxruntime. Read from metadata, not imported."""
-    from optbuild.common.fingerprint import installed_distribution
+    """The installed distribution whose onnxruntime ``import onnxruntime`` loads ("onnxruntime",
+    "onnxruntime-gpu", ...): its version keys the steps that run onnxruntime. Read from
+    metadata, not imported."""
+    from optbuild.common.toolchain import loaded_distribution
 
-    return installed_distribution("onnxruntime")[0] or "onnxruntime"
+    return loaded_distribution("onnxruntime")[0] or "onnxruntime"
 
 
 class OnnxRuntime(Backend):

@@ -96,9 +96,9 @@ def cudart_missing(extra: str) -> str | None:
 
 
 def runtime_distribution(module: str) -> str:
-    """The installed distribution of ``module`` (its version keys what it builds or runs),
-    or the name to install when it is absent. From metadata: nothing is imported."""
-    from optbuild.common.fingerprint import DISTRIBUTIONS, installed_distribution
+    """The installed distribution whose ``module`` ``import`` loads (its version keys what it
+    builds or runs), or the name to install when it is absent. From metadata: nothing is imported."""
+    from optbuild.common.toolchain import DISTRIBUTIONS, loaded_distribution
 
-    distribution, _ = installed_distribution(module)
+    distribution, _ = loaded_distribution(module)
     return distribution or DISTRIBUTIONS[module][-1]
