@@ -8,7 +8,7 @@ import pytest
 
 from optbuild.backends.base import TensorSpec
 from optbuild.model.inputdecl import InputDecl
-from optbuild.model.samples import concrete_specs, random_samples, undeclared_dims
+from optbuild.model.samples import measured_specs, random_samples, undeclared_dims
 
 pytest.importorskip("numpy")
 
@@ -36,7 +36,7 @@ def test_a_dim_named_as_an_axis_0_is_the_batch_wherever_it_is():
 
 def test_a_declared_shape_sizes_its_input_and_a_shapeless_declaration_does_not():
     sized = {"tokens": InputDecl(shape=[1, 128])}
-    assert _open([TOKENS, MASK], sized) == [("mask", 1)]
+    assert _open([TOKENS, IMAGE], sized) == [("image", 2), ("image", 3)]
     assert _open([TOKENS], {"tokens": InputDecl(range=(0, 5))}) == [("tokens", 1)]
 
 
@@ -44,8 +44,8 @@ def test_fixed_models_have_nothing_open():
     assert _open([TensorSpec("x", "float32", (1, 3, 224, 224))]) == []
 
 
-def test_concrete_specs_give_the_batch_its_size_everywhere_it_is_named():
-    tokens, state = concrete_specs([TOKENS, STATE], batch=4, dim=16)
+def test_undeclared_the_batch_gets_its_size_everywhere_it_is_named():
+    tokens, state = measured_specs([TOKENS, STATE], None, batch=4, other=16)
     assert tokens.shape == (4, 16) and state.shape == (2, 4, 128)
 
 
@@ -54,3 +54,12 @@ def test_a_shapeless_declaration_keeps_dynamic_size_for_its_open_dims():
     samples = random_samples([TOKENS], 3, seed=0, dynamic_size=5, decls={"tokens": InputDecl(values=[3])})
     assert [feed["tokens"].shape for feed in samples.feeds] == [(5, 5)] * 3
     assert all((feed["tokens"] == 3).all() for feed in samples.feeds)
+
+
+def test_a_dim_named_like_a_declared_one_takes_its_size():
+    decls = {"tokens": InputDecl(shape=[1, [16, 64, 128]])}
+    assert _open([TOKENS, MASK], decls) == []
+    tokens, mask, image = measured_specs([TOKENS, MASK, IMAGE], decls, batch=2, other=7)
+    assert tokens.shape == (1, 64)  # declared: the range's opt
+    assert mask.shape == (1, 64)  # both dims named like tokens': their declared sizes
+    assert image.shape == (2, 3, 7, 7)

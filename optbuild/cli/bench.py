@@ -32,7 +32,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=_count(1), default=100, help="timed runs per model (default 100)")
     parser.add_argument("--warmup", type=_count(0), default=10, help="untimed runs first (default 10)")
     parser.add_argument("--batch", type=_count(1), default=1,
-                        help="size of a symbolic batch (first) dimension (default 1)")
+                        help="size of an open batch axis (axis 0, and dims named like it), also where "
+                             "[inputs.NAME] declares a batch range that holds it (default 1)")
     parser.add_argument("--threads", type=_count(1), default=None,
                         help="intra-op threads for onnxruntime and torch.set_num_threads "
                              "(default: each library's own)")

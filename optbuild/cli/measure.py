@@ -12,12 +12,16 @@ steps that checked them.
 2. They are built with ``api.build`` (the cache makes that free when nothing changed), with
    the verify steps whose candidate is one of them. ``build=False`` (``--no-build``) only
    restores from the caches and fails, naming the steps, when any would have to build.
-3. Every model gets warm-up runs, then ``runs`` timed runs on seeded random inputs of its
-   declared shapes: a symbolic first dimension is ``batch``, other symbolic dimensions are
-   ``dim``; integer inputs (token ids) are drawn from the ``int_range`` of a verify step
-   that checks one of the models, else from [0, 8). Every model of a recipe gets the same
-   inputs. An export step also gives a "PyTorch eager" row: its callable, loaded the way the
-   export step loads it, run under ``torch.no_grad()`` on the same inputs.
+3. Every model gets warm-up runs, then ``runs`` timed runs on seeded random inputs of the
+   shapes the recipe declares, as the build's steps read them (``_declarations``: the step's
+   ``inputs``, else the recipe's ``[inputs.NAME]``; a range: its opt, else its min), else of
+   the model's own: a symbolic batch (optbuild.model.samples.is_batch) is ``batch`` (also the
+   batch of a declared range that holds it), other open dimensions ``dim``, with a note that
+   says to declare them; integer inputs (token ids) are drawn from a declared range, else the
+   ``int_range`` of a verify step that checks one of the models, else [0, 8). Every model of
+   a recipe gets the same inputs. An export step also gives a "PyTorch eager" row: its
+   callable, loaded the way the export step loads it, run under ``torch.no_grad()`` on the
+   same inputs.
 4. Timed runs are interleaved across the models of a recipe in ``rounds`` blocks (each block
    opens with one untimed run), so load from other processes on a shared host hits every
    row alike instead of whichever model was running at the time. The garbage collector is
@@ -52,6 +56,7 @@ from optbuild.common.atomic import write_atomic
 from optbuild.common.errors import OptbuildError, first_line
 from optbuild.common.units import human_size
 from optbuild.model import timing
+from optbuild.model.inputdecl import DOCS
 from optbuild.model.timing import gc_off, latency_figures
 
 if TYPE_CHECKING:
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
     from optbuild.backends.base import Backend, Manifest, TensorSpec
     from optbuild.builder.report import Reporter
     from optbuild.common.fingerprint import Fingerprint
+    from optbuild.model.inputdecl import InputDecls
     from optbuild.project.recipe import StepSpec
 
 BENCH_VERSION = 2  # 2: rows of any backend; host.runtimes says what ran them
@@ -358,6 +364,52 @@ def _int_range(ws: Workspace, verifies: list[str]) -> tuple[int, int]:
     return 0, 8
 
 
+def _declarations(ws: Workspace, sid: str) -> InputDecls | None:
+    """What the recipe declares of the step's model inputs, as its build read it: the step's
+    ``inputs`` (the recipe's [inputs.NAME] with the step's own entries), or for a kind without
+    that parameter (an onnx source) the recipe's [inputs.NAME], read again from its file (the
+    project keeps them only inside the steps' parameters)."""
+    from optbuild.project import template
+    from optbuild.project.recipe import RecipeInputs
+    from optbuild.project.tomlsource import load_toml
+
+    spec = ws.project.steps[sid]
+    if "inputs" in type(spec.step.params).model_fields:
+        return spec.step.params.inputs
+    data, _ = template.instantiate(load_toml(ws.project.recipes[spec.recipe]), [])
+    return RecipeInputs.model_validate({"inputs": data.get("inputs", {})}).inputs or None
+
+
+def _inputs(ws: Workspace, sid: str, declared: list[TensorSpec],
+            options: BenchOptions) -> tuple[list[TensorSpec], InputDecls | None, list[str]]:
+    """(the shapes the step's model is measured at, the declarations its values follow, notes):
+    the declarations with ``batch`` on each declared batch range that holds it; a note for a
+    declared batch it does not fit and for each open dimension measured at ``dim`` undeclared."""
+    from optbuild.model import samples as sampling
+    from optbuild.model.inputdecl import check_declarations, sizes
+
+    decls = dict(_declarations(ws, sid) or {})
+    try:
+        check_declarations(declared, decls, sid)
+    except OptbuildError as exc:
+        raise BenchError(f"{exc} (declared in {ws.project.recipes[ws.project.steps[sid].recipe]})") from None
+    notes = []
+    for spec in declared:
+        decl = decls.get(spec.name)
+        if decl is None or decl.shape is None or not spec.shape or isinstance(spec.shape[0], int):
+            continue
+        low, high = sizes(decl.shape[0])[0], sizes(decl.shape[0])[-1]
+        if low <= options.batch <= high:
+            decls[spec.name] = decl.model_copy(update={"shape": [options.batch, *decl.shape[1:]]})
+        else:
+            notes.append(f"[inputs.{spec.name}] declares batch {decl.shape[0]}: --batch {options.batch} "
+                         "does not apply to it")
+    notes += [f"{spec.name} dim {axis}" + (f" ({spec.shape[axis]!r})" if isinstance(spec.shape[axis], str) else "")
+              + f" is not declared: measured at {options.dim}; declare the size it serves at with "
+              f"[inputs.{spec.name}] shape = [...] in the recipe" for spec, axis in sampling.undeclared_dims(declared, decls)]
+    return sampling.measured_specs(declared, decls, options.batch, options.dim), decls or None, notes
+
+
 def _batch_of(specs: list[TensorSpec]) -> int:
     first = specs[0].shape if specs else ()
     return int(first[0]) if first and isinstance(first[0], int) else 1
@@ -382,7 +434,6 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
     from optbuild.backends import registry
     from optbuild.model import samples as sampling
 
-    notes = []
     backend, manifest = registry.for_artifact(path, sid)
     try:
         runner = stack.enter_context(backend.open(path, manifest, _fingerprint(), threads=options.threads))
@@ -390,8 +441,8 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
         raise BenchError(f"{backend.label} cannot load {sid} ({path.name}): {type(exc).__name__}: "
                          f"{first_line(exc)}") from None
     declared = runner.input_specs()
-    specs = sampling.concrete_specs(declared, options.batch, options.dim)
-    feeds = runner.cast(sampling.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0])
+    specs, decls, notes = _inputs(ws, sid, declared, options)
+    feeds = runner.cast(sampling.random_samples(specs, 1, options.seed, int_range=int_range, decls=decls).feeds[0])
     if declared and declared[0].shape and isinstance(declared[0].shape[0], int) \
             and declared[0].shape[0] != options.batch:
         notes.append(f"{sid}: the model fixes batch {declared[0].shape[0]}; --batch {options.batch} "
@@ -401,7 +452,8 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
     except Exception as exc:
         shapes = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
         raise BenchError(f"{sid} fails on {runner.label} with inputs {shapes}: {type(exc).__name__}: "
-                         f"{first_line(exc)}") from None
+                         f"{first_line(exc)}; declare what it takes in the recipe ([inputs.NAME] shape, range "
+                         f"or values: {DOCS})") from None
     row = Row(sid, backend.name, _label(ws, sid, backend), precision(ws, sid), path,
               inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
               batch=_batch_of(specs), load_ms=runner.load_ms, size_bytes=_model_size(path), runner=runner.label)
@@ -435,8 +487,8 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
         # the inputs the exported model gets (same seed, same shapes), by the export's input names
         backend, manifest = registry.for_artifact(export_model, sid)
         with backend.open(export_model, manifest, _fingerprint()) as exported:
-            specs = sampling.concrete_specs(exported.input_specs(), options.batch, options.dim)
-        feeds = sampling.random_samples(specs, 1, options.seed, int_range=int_range).feeds[0]
+            specs, decls, _ = _inputs(ws, sid, exported.input_specs(), options)  # noted with the model's row
+        feeds = sampling.random_samples(specs, 1, options.seed, int_range=int_range, decls=decls).feeds[0]
         names = list(step.params.input_names) or [s.name for s in specs]
         args = tuple(torch.from_numpy(feeds[names[i]]) if i < len(names) and names[i] in feeds else example
                      for i, example in enumerate(examples))
@@ -571,7 +623,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                 say(f"  load     {sid} ({runs_on(ws.project.steps[sid])[0].name})")
                 runner, row_notes = _model_runner(ws, sid, path, options, int_range, stack)
                 runners.append(runner)
-                notes += row_notes
+                notes += [note for note in row_notes if note not in notes]  # the recipe's models share inputs
                 runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
             load = timing.host_load()
             if (busy := timing.busy_note(load)) is not None:

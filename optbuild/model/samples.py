@@ -331,24 +331,42 @@ def is_batch(d: int | str | None, axis: int, batch_names: set[str]) -> bool:
     return axis == 0 or (isinstance(d, str) and d in batch_names)
 
 
-def concrete_specs(specs: list[TensorSpec], batch: int, dim: int) -> list[TensorSpec]:
-    """Specs with every unknown dim given: ``batch`` on the batch axis (``is_batch``), ``dim``
-    elsewhere, so that a symbolic name gets one value everywhere."""
-    names = _batch_names(specs)
-    return [replace(spec, shape=tuple(d if isinstance(d, int) else batch if is_batch(d, axis, names) else dim
-                                      for axis, d in enumerate(spec.shape)))
-            for spec in specs]
+def _declared_shapes(specs: list[TensorSpec], decls: InputDecls | None) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """(input -> its declared shape as check 0 takes it, symbolic dim name -> the size a
+    declared shape gives it)."""
+    shapes: dict[str, list[int]] = {}
+    named: dict[str, int] = {}
+    for spec in specs:
+        decl = (decls or {}).get(spec.name)
+        if decl is not None and decl.shape is not None:
+            shapes[spec.name] = shape_for(spec, decl, 0)
+            named.update((d, size) for d, size in zip(spec.shape, shapes[spec.name]) if isinstance(d, str))
+    return shapes, named
 
 
 def undeclared_dims(specs: list[TensorSpec], decls: InputDecls | None) -> list[tuple[TensorSpec, int]]:
     """(input, axis) of each dim that the model does not fix, that is not the batch
-    (``is_batch``) and that no declaration gives a size (``[inputs.NAME] shape``): a sequence
-    length, an image's height or width. A measurement must not guess these."""
-    names = _batch_names(specs)
-    return [(spec, axis) for spec in specs
-            if (decl := (decls or {}).get(spec.name)) is None or decl.shape is None
+    (``is_batch``) and that no declaration gives a size (``[inputs.NAME] shape``, of its input
+    or of another whose dim has the same name): a sequence length, an image's height or width.
+    A measurement must not guess these."""
+    batch_names = _batch_names(specs)
+    shapes, named = _declared_shapes(specs, decls)
+    return [(spec, axis) for spec in specs if spec.name not in shapes
             for axis, d in enumerate(spec.shape)
-            if not isinstance(d, int) and not is_batch(d, axis, names)]
+            if not isinstance(d, int) and d not in named and not is_batch(d, axis, batch_names)]
+
+
+def measured_specs(specs: list[TensorSpec], decls: InputDecls | None, batch: int, other: int) -> list[TensorSpec]:
+    """Specs with the sizes a measurement feeds: a declared shape where its input declares one
+    (a range: its opt, else its min); in the other inputs, a dim named like a declared one
+    takes its size, the batch (``is_batch``) ``batch`` and any other open dim ``other``."""
+    batch_names = _batch_names(specs)
+    shapes, named = _declared_shapes(specs, decls)
+    return [replace(spec, shape=tuple(shapes[spec.name])) if spec.name in shapes else
+            replace(spec, shape=tuple(d if isinstance(d, int) else named[d] if d in named
+                                      else batch if is_batch(d, axis, batch_names) else other
+                                      for axis, d in enumerate(spec.shape)))
+            for spec in specs]
 
 
 def random_samples(specs: list[TensorSpec], count: int, seed: int, *, dynamic_size: int = 1,

@@ -4,7 +4,8 @@ The model of ``input`` (an ONNX or ORT-format model on onnxruntime, CPU; an Open
 TensorRT engine on gpu.0: whatever ``optbuild.backends.registry`` runs for its artifact) is
 opened by its backend and run on one seeded random sample of its declared shapes
 (``seed``; symbolic dims get ``dynamic_size`` unless the recipe's ``[inputs.NAME]`` or the
-step's ``inputs`` declare them): ``warmup`` untimed runs, then ``runs`` timed ones
+step's ``inputs`` declare them, or declare a dim of the same name in another input:
+optbuild.model.samples.measured_specs): ``warmup`` untimed runs, then ``runs`` timed ones
 (optbuild.model.timing.time_calls: time.perf_counter_ns per run, the garbage collector off).
 
 A figure must be of what serves. A batch of 1 is real serving, a sequence of one token or an
@@ -94,7 +95,9 @@ class BenchmarkParams(StepParams):
     and worst cosine, max_abs and top-1 are copied into benchmark.json ('verify'). Not set:
     'verify' is null."""
     runs: int = Field(50, ge=1, examples=[200])
-    """Timed inferences; p50 / p90 / p99 / mean latency are over these."""
+    """Timed inferences; p50 / p90 / p99 / mean latency and their spread (min, max, std) are
+    over these. benchmark.json also records the shapes and dtypes measured, per input, and the
+    load average and CPU count as timing began."""
     warmup: int = Field(5, ge=0, examples=[20])
     """Untimed inferences before timing (caches, thread pools, lazy initialization)."""
     threads: int | None = Field(None, ge=1, examples=[4])
@@ -104,12 +107,13 @@ class BenchmarkParams(StepParams):
                                        "booleans uniform, unless declared.")
     dynamic_size: int = fields.dynamic_size_field(
         "the model", example=8,
-        note=": the batch measured, when the batch axis is dynamic. Another dim left open (a sequence "
-             "length, an image's height or width) is an error while this is 1, unless inputs or the "
-             "recipe's [inputs.NAME] declare its size")
+        note=": the batch measured, when the batch axis is dynamic. The batch is axis 0, and any dim named "
+             "like an input's axis 0; another dim left open (a sequence length, an image's height or "
+             "width; a time-major model's axis 0 is declared) is an error while this is 1, unless inputs "
+             "or the recipe's [inputs.NAME] declare its size, 1 included")
     inputs: StepInputs = inputs_field(
-        " A declared input follows its declaration (a dim range: its opt, else its min), the others "
-        "dynamic_size.", example={"x": {"shape": [8, 3, 224, 224]}})
+        " A declared input follows its declaration (a dim range: its opt, else its min), a dim named "
+        "like one a declaration sizes takes that size, the others dynamic_size.", example={"x": {"shape": [8, 3, 224, 224]}})
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkParams:
@@ -188,7 +192,8 @@ class Benchmark(Step):
             check_declarations(specs, p.inputs, what)
             if p.dynamic_size == 1 and (open_dims := sampling.undeclared_dims(specs, p.inputs)):
                 raise StepError(_degenerate(open_dims, what))
-            samples = sampling.random_samples(specs, 1, p.seed, dynamic_size=p.dynamic_size, decls=p.inputs)
+            shaped = sampling.measured_specs(specs, p.inputs, p.dynamic_size, p.dynamic_size)
+            samples = sampling.random_samples(shaped, 1, p.seed, decls=p.inputs)
             feed = runner.cast(samples.feeds[0])
             shapes = ", ".join(f"{name} {value.dtype}{list(value.shape)}" for name, value in feed.items())
             if (why := backend.unfit(manifest, feed)) is not None:

@@ -17,6 +17,7 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from plugins.models import make_mlp
 from plugins.projects import ProjectDir
+from plugins.serving import tokens_model
 
 from optbuild import api
 from optbuild.backends import registry
@@ -219,25 +220,6 @@ objective = "size_bytes"
 
 
 # --- shapes that serve -------------------------------------------------------------------
-def _tokens_model(path: Path) -> Path:
-    """tokens: int64 [batch, seq] -> embedding mean -> y: float32 [batch, 3], a BERT in miniature."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-    from plugins.models import save
-
-    rng = np.random.default_rng(0)
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["emb", "tokens"], ["e"]),
-         helper.make_node("ReduceMean", ["e"], ["m"], axes=[1], keepdims=0),
-         helper.make_node("MatMul", ["m", "w"], ["y"])],
-        "tokens",
-        [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "emb"),
-         numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w")])
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-
-
 TOKENS = """\
 DECLARATION
 [steps.model]
@@ -255,7 +237,7 @@ PARAMS
 
 def _tokens_project(root: Path, declaration: str = "", params: str = "") -> ProjectDir:
     proj = _project(root, recipe=TOKENS.replace("DECLARATION", declaration).replace("PARAMS", params))
-    _tokens_model(root / "tokens.onnx")
+    tokens_model(root / "tokens.onnx")
     return proj
 
 
@@ -281,3 +263,14 @@ def test_a_declared_or_chosen_size_is_measured_and_recorded(tmp_path, declaratio
     report = json.loads(proj.read("build/r/bench/benchmark.json"))
     assert report["inputs"] == {"tokens": {"shape": shape, "dtype": "int64"}}
     assert report["batch"] == shape[0]
+
+
+def test_an_input_sized_by_another_inputs_declaration_is_declared(tmp_path):
+    """mask shares tokens' dims by name: declaring tokens sizes mask too, as the model needs."""
+    proj = _tokens_project(tmp_path / "proj", "[inputs.tokens]\nshape = [1, 24]\n")
+    tokens_model(proj.root / "tokens.onnx", mask=True)
+    result = proj.build()
+    assert result.ok, result.outcomes["r:bench"].error
+    report = json.loads(proj.read("build/r/bench/benchmark.json"))
+    assert report["inputs"] == {"tokens": {"shape": [1, 24], "dtype": "int64"},
+                                "mask": {"shape": [1, 24], "dtype": "int64"}}
