@@ -38,6 +38,13 @@ no range: they are left out of the table, and logged. Shape inference finds them
 size 0), or minmax at run time ([inf, -inf]: no value seen); the histogram methods would
 make up ranges for them, such as [0, 0].
 
+A tensor whose range has an infinite end is not taken for a broken model when it also holds
+finite values: an additive attention mask adds -inf (or a large negative constant that
+overflows to it) to the scores it hides, by design. Such a tensor is run once more over the
+samples, and its infinite end replaced by the end of its finite values (logged: quantized,
+the masked scores saturate there; exclude the node from quantization if verify says that
+hurts). NaN, or no finite value at all, is still an error.
+
 Hardware: ranges come from float32 CPU kernels; CPUs with other vector units may differ in
 the last bits, which does not matter for a range, so the key holds no host field.
 
@@ -73,6 +80,7 @@ _METHOD_OPTIONS = {
     "minmax": ("moving_average", "averaging_constant"),
 }
 _HISTOGRAM = ("entropy", "percentile")
+ENTROPY_BINS = 128  # onnxruntime's num_bins for entropy
 
 
 class CalibrateParams(StepParams):
@@ -84,8 +92,11 @@ class CalibrateParams(StepParams):
                                                "set: all of them (a data callable must then end).")
     method: Literal["minmax", "entropy", "percentile"] = Field("minmax", examples=["percentile"])
     """How observed values become one [min, max] range per tensor: 'minmax' (the extremes seen),
-    'entropy' (the range that minimizes KL divergence of the quantized histogram) or
-    'percentile' (clips the tails at `percentile`)."""
+    'entropy' (the range that minimizes KL divergence of the quantized histogram; give num_bins
+    more than num_quantized_bins, else its ranges are minmax's, with a warning in the log) or
+    'percentile' (clips the tails at `percentile`). An infinite end of a range (an additive
+    attention mask's -inf) is replaced by the end of the tensor's finite values, and logged;
+    NaN, or a tensor with no finite value, fails."""
     symmetric: bool | None = Field(None, examples=[True])
     """Ask for ranges symmetric around 0, (-m, m). Not set: onnxruntime's default (true for
     percentile, false for minmax and entropy)."""
@@ -121,8 +132,8 @@ class CalibrateParams(StepParams):
                              f"not {self.method!r}")
         if non_default(self, ["averaging_constant"]) and not self.moving_average:
             raise ValueError("'averaging_constant' needs moving_average = true")
-        if self.method == "entropy" and (self.num_bins or 128) < self.num_quantized_bins:
-            raise ValueError(f"entropy needs num_bins >= num_quantized_bins ({self.num_bins or 128} < "
+        if self.method == "entropy" and (self.num_bins or ENTROPY_BINS) < self.num_quantized_bins:
+            raise ValueError(f"entropy needs num_bins >= num_quantized_bins ({self.num_bins or ENTROPY_BINS} < "
                              f"{self.num_quantized_bins})")
         if self.data_args and ".py:" not in self.data:
             raise ValueError("'data_args' only apply to a 'file.py:callable' data source")
@@ -132,6 +143,7 @@ class CalibrateParams(StepParams):
 class Calibrate(fields.DataSourceStep):
     """Activation ranges of an ONNX model over calibration data, as a portable calibration.json."""
 
+    version = "2"  # 2: an infinite end of a range is bounded by the finite values (failed before)
     Params = CalibrateParams
     preload = ONNX_TOOLS
     primary_output = TABLE_FILE
@@ -154,6 +166,11 @@ class Calibrate(fields.DataSourceStep):
             options["percentile"] = p.percentile
         return options
 
+    def _symmetric(self) -> bool:
+        """Whether the ranges are symmetric around 0 (onnxruntime's default: percentile only)."""
+        p = self.params
+        return bool(p.symmetric if p.symmetric is not None else p.method == "percentile")
+
     def run(self, ctx: StepContext) -> None:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, create_calibrator
 
@@ -170,6 +187,10 @@ class Calibrate(fields.DataSourceStep):
             raise StepError(f"onnxruntime cannot load {ctx.inputs['input'].step}: {exc}") from None
         samples = sampling.load_samples(p.data, ctx.base_dir, specs, args=p.data_args, limit=p.samples)
         ctx.log(f"calibrating with {len(samples)} samples from {samples.source}, method {p.method}")
+        if p.method == "entropy" and (p.num_bins or ENTROPY_BINS) == p.num_quantized_bins:
+            ctx.log(f"warning: method = 'entropy' with num_bins = num_quantized_bins = {p.num_quantized_bins} "
+                    "leaves no room to clip, so its ranges are minmax's: set num_bins larger in the step's "
+                    "table (e.g. num_bins = 2048)")
 
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:
@@ -190,9 +211,16 @@ class Calibrate(fields.DataSourceStep):
             except StepError:
                 raise
             except Exception as exc:
+                hint = ("; a tensor holds infinity (an additive attention mask's -inf?), which onnxruntime's "
+                        "histograms cannot take: use method = 'minmax', which bounds it by the tensor's "
+                        "finite values, or op_types that leave it out"
+                        if p.method in _HISTOGRAM and "is not finite" in str(exc) else "")
                 raise StepError(f"calibration ({p.method}) failed on {ctx.inputs['input'].step}: "
-                                f"{type(exc).__name__}: {exc}") from exc
-        tensors, empty = _table_ranges(ranges, _empty_tensors(ctx, model))
+                                f"{type(exc).__name__}: {exc}{hint}") from exc
+        tensors, empty, unbounded = _table_ranges(ranges, _empty_tensors(ctx, model))
+        if unbounded:
+            tensors.update(_bounded(ctx, model, unbounded, samples.feeds, symmetric=self._symmetric()))
+            tensors = dict(sorted(tensors.items()))
         if empty:
             ctx.log(f"left out of the table: {len(empty)} tensor(s) with no elements, so no range: "
                     f"{', '.join(empty)}")
@@ -205,7 +233,7 @@ class Calibrate(fields.DataSourceStep):
             "format": TABLE_FORMAT,
             "version": TABLE_VERSION,
             "method": p.method,
-            "symmetric": bool(p.symmetric if p.symmetric is not None else p.method == "percentile"),
+            "symmetric": self._symmetric(),
             "options": {k: v for k, v in self._ort_options().items() if k != "symmetric"},
             "samples": len(samples),
             "rows": samples.rows,
@@ -238,14 +266,16 @@ def _empty_tensors(ctx: StepContext, model: Path) -> set[str]:
             and any(d.HasField("dim_value") and d.dim_value == 0 for d in v.type.tensor_type.shape.dim)}
 
 
-def _table_ranges(ranges: Any, empty: set[str]) -> tuple[dict[str, list[float]], list[str]]:
+def _table_ranges(ranges: Any, empty: set[str]) -> tuple[dict[str, list[float]], list[str],
+                                                        dict[str, tuple[float, float]]]:
     """TensorsData -> ({name: [min, max]} of Python floats (float32 values), sorted by name;
-    the names left out because they hold no element: in ``empty``, or minmax saw no value)."""
+    the names left out because they hold no element: in ``empty``, or minmax saw no value;
+    {name: (min, max)} of the ranges with an infinite end, for ``_bounded``)."""
     import math
 
     import numpy as np
 
-    tensors, left_out = {}, []
+    tensors, left_out, unbounded = {}, [], {}
     for name in sorted(ranges.keys()):
         low, high = ranges[name].range_value
         low, high = np.asarray(low, dtype=np.float32).reshape(-1), np.asarray(high, dtype=np.float32).reshape(-1)
@@ -255,11 +285,58 @@ def _table_ranges(ranges: Any, empty: set[str]) -> tuple[dict[str, list[float]],
         if name in empty or (lo == math.inf and hi == -math.inf):
             left_out.append(name)
             continue
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise StepError(f"tensor {name!r} has a non-finite range [{lo}, {hi}]: the model produces "
-                            "NaN or infinity on the calibration data")
+        if math.isnan(lo) or math.isnan(hi):
+            raise StepError(f"tensor {name!r} has a range [{lo}, {hi}]: the model produces NaN on the "
+                            "calibration data")
+        if math.isinf(lo) or math.isinf(hi):
+            unbounded[name] = (lo, hi)
+            continue
         tensors[name] = [lo, hi]
-    return tensors, left_out
+    return tensors, left_out, unbounded
+
+
+def _bounded(ctx: StepContext, model: Path, unbounded: dict[str, tuple[float, float]],
+             feeds: list[dict[str, Any]], *, symmetric: bool) -> dict[str, list[float]]:
+    """The ranges of ``unbounded`` with each infinite end replaced by the end of the tensor's
+    finite values over ``feeds`` (an additive attention mask's -inf is a mask working as
+    meant); StepError for a tensor with NaN or no finite value."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+
+    proto = onnx.load(str(model))
+    known = {o.name for o in proto.graph.output}
+    proto.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                              for name in unbounded if name not in known)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = list(unbounded)
+    low = dict.fromkeys(names, np.inf)
+    high = dict.fromkeys(names, -np.inf)
+    for feed in feeds:
+        for name, values in zip(names, session.run(names, feed)):
+            if np.isnan(values).any():
+                raise StepError(f"tensor {name!r} holds NaN on the calibration data")
+            finite = values[np.isfinite(values)]
+            if finite.size:
+                low[name], high[name] = min(low[name], finite.min()), max(high[name], finite.max())
+    tensors = {}
+    for name, (lo, hi) in unbounded.items():
+        if low[name] > high[name]:
+            raise StepError(f"tensor {name!r} has a non-finite range [{lo}, {hi}] and no finite value: "
+                            "the model produces only infinity on the calibration data")
+        bounded = [lo if np.isfinite(lo) else float(np.float32(low[name])),
+                   hi if np.isfinite(hi) else float(np.float32(high[name]))]
+        if symmetric:
+            end = max(abs(bounded[0]), abs(bounded[1]))
+            bounded = [-end, end]
+        ctx.log(f"tensor {name!r}: range [{lo}, {hi}] holds infinity (an additive attention mask's "
+                f"-inf?); its finite values give [{bounded[0]:.6g}, {bounded[1]:.6g}], kept in the table "
+                "(quantized, the infinite values saturate there: exclude its node from quantization "
+                "if verify fails)")
+        tensors[name] = bounded
+    return tensors
 
 
 def read_table(path: Path, step: str) -> dict[str, Any]:

@@ -120,6 +120,17 @@ def test_histogram_methods(tmp_path, mlp, method):
         assert table["options"]["percentile"] == 99.0
 
 
+def test_entropy_without_more_bins_than_quantized_bins_warns_that_it_is_minmax(tmp_path, mlp, capsys):
+    np.savez(tmp_path / "calib.npz", x=data(64))
+    default = calibrate(tmp_path, mlp, data="calib.npz", method="entropy")
+    minmax = calibrate(tmp_path, mlp, name="minmax", data="calib.npz")
+    assert default["tensors"] == minmax["tensors"]
+    assert ("warning: method = 'entropy' with num_bins = num_quantized_bins = 128 leaves no room to clip, "
+            "so its ranges are minmax's: set num_bins larger" in capsys.readouterr().err)
+    wide = calibrate(tmp_path, mlp, name="wide", data="calib.npz", method="entropy", num_bins=2048)
+    assert "warning" not in capsys.readouterr().err and wide["tensors"] != minmax["tensors"]
+
+
 def test_symmetric_minmax_and_op_types(tmp_path, mlp):
     np.savez(tmp_path / "calib.npz", x=data())
     table = calibrate(tmp_path, mlp, data="calib.npz", symmetric=True, op_types=["Relu"])
@@ -175,8 +186,61 @@ def test_a_tensor_empty_on_every_sample_is_left_out_and_an_infinite_one_still_fa
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [zero])
     divide = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), tmp_path / "div.onnx")
-    with pytest.raises(StepError, match=r"tensor 'y' has a non-finite range \[-inf, inf\]: the model produces NaN"):
+    with pytest.raises(StepError, match=r"tensor 'y' has a non-finite range \[-inf, inf\] and no finite value: "
+                                        r"the model produces only infinity"):
         calibrate(tmp_path, divide, name="div", data="calib.npz")
+
+
+def make_masked_attention(path: Path, mask_value: float = -np.inf) -> Path:
+    """x: [1, 4] -> scores = x @ w -> masked = scores + mask -> Softmax -> y: the additive mask
+    hides the last two scores with ``mask_value``, as attention masks do."""
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32), "w")
+    mask = numpy_helper.from_array(np.array([0, 0, mask_value, mask_value], np.float32), "mask")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"]), helper.make_node("Add", ["scores", "mask"], ["masked"]),
+         helper.make_node("Softmax", ["masked"], ["y"], axis=-1)],
+        "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w, mask])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_an_additive_masks_infinity_is_bounded_by_the_finite_values(tmp_path, capsys, symmetric):
+    """[-inf, x] is a mask working as meant: the table keeps the range of the finite values."""
+    model = make_masked_attention(tmp_path / "masked.onnx")
+    x = data(8)
+    np.savez(tmp_path / "calib.npz", x=x)
+    table = calibrate(tmp_path, model, data="calib.npz", symmetric=symmetric)
+    scores = x @ numpy_helper.to_array(onnx.load(str(model)).graph.initializer[0])
+    finite = scores[:, :2]  # what the mask lets through
+    low, high = table["tensors"]["masked"]
+    if symmetric:
+        end = np.float32(np.abs(finite).max())
+        assert (low, high) == (-end, end)
+    else:
+        assert (low, high) == (np.float32(finite.min()), np.float32(finite.max()))
+    unmasked = [scores.min(), scores.max()]
+    assert table["tensors"]["scores"] == pytest.approx(unmasked if not symmetric
+                                                        else [-np.abs(scores).max(), np.abs(scores).max()])
+    log = capsys.readouterr().err
+    assert "tensor 'masked': range [-inf, " in log and "holds infinity (an additive attention mask's -inf?)" in log
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_a_histogram_method_on_an_infinite_mask_says_to_use_minmax(tmp_path, method):
+    np.savez(tmp_path / "calib.npz", x=data(8))
+    with pytest.raises(StepError, match=r"is not finite; a tensor holds infinity .*use method = 'minmax'"):
+        calibrate(tmp_path, make_masked_attention(tmp_path / "masked.onnx"), data="calib.npz", method=method)
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN axis encountered:RuntimeWarning")
+def test_nan_fails_calibration(tmp_path):
+    """onnxruntime's minmax skips NaN ('masked' gets the range of its numbers); a tensor of
+    NaN only ('y', the Softmax of rows with NaN) fails."""
+    model = make_masked_attention(tmp_path / "nan.onnx", mask_value=np.nan)
+    np.savez(tmp_path / "calib.npz", x=data(8))
+    with pytest.raises(StepError, match=r"tensor 'y' has a range \[nan, nan\]: the model produces NaN"):
+        calibrate(tmp_path, model, data="calib.npz")
 
 
 # --- bad data: one clear error per class ----------------------------------------------------------
