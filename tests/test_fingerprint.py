@@ -1,4 +1,5 @@
-"""The host fingerprint: GPU sections through NVML, tool versions from metadata, wording."""
+"""The host fingerprint: GPU sections through NVML, the runtimes' sections from their backends
+(versions from metadata, of the distribution import loads), wording."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+import optbuild.backends  # noqa: F401  (registers the runtimes' sections)
 from optbuild.builder.keys import describe_changes
 from optbuild.common.fingerprint import (
+    PROBES,
     Fingerprint,
-    _cuda_provider_loads,
-    _loads,
-    _tensorrt_loads,
     cuda_visible_order,
     describe_change,
+    register_section,
 )
 
 GPU_FIELDS = ("gpu.count", "gpu.driver", "gpu.0.name", "gpu.0.compute_capability",
@@ -59,6 +60,7 @@ def test_host_without_gpu_is_complete_and_fast():
 def test_tool_versions_come_from_metadata_without_importing_the_tools():
     code = (
         "import sys\n"
+        "import optbuild.backends\n"
         "from optbuild.common.fingerprint import Fingerprint\n"
         "f = Fingerprint()\n"
         "values = [f.get(n) for n in ('gpu.count', 'cuda.driver_version', 'tensorrt.version',"
@@ -259,59 +261,28 @@ def test_one_onnxruntime_gives_no_warning():
     assert "side by side" not in stderr
 
 
-# --- which execution providers: those that can load ---------------------------------------
-def _fake_gpu_build(site: Path) -> Path:
-    """An importable onnxruntime that lists what onnxruntime-gpu lists, with its capi folder."""
-    _stub_module(site, "def get_available_providers():\n"
-                       "    return ['TensorrtExecutionProvider', 'CUDAExecutionProvider', 'CPUExecutionProvider']\n")
-    (site / "onnxruntime" / "capi").mkdir()
-    return site / "onnxruntime" / "capi"
+# --- the runtimes' sections: registered by optbuild.backends ------------------------------
+def _sections_in_fresh_process(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport json\nfrom optbuild.common.fingerprint import "
+                          "Fingerprint\nprint(json.dumps(sorted({f.split('.')[0] for f in Fingerprint().as_dict()})))"],
+                         capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))
 
 
-def test_gpu_providers_are_not_listed_without_a_gpu(tmp_path):
-    capi = _fake_gpu_build(tmp_path)
-    (capi / "libonnxruntime_providers_cuda.so").write_bytes(b"not a library")
-    code = ("from optbuild.common.fingerprint import Fingerprint\n"
-            "print(Fingerprint().as_dict()['ort_providers.available'])\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}  # hides any GPU
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert out.stdout.strip() == "CPUExecutionProvider"
+def test_runtime_sections_come_with_the_backends():
+    host_only = set(PROBES)
+    runtimes = {"onnxruntime", "ort_providers", "tensorrt", "tensorrt_rtx"}
+    assert _sections_in_fresh_process("") == host_only  # common alone knows no runtime
+    assert _sections_in_fresh_process("import optbuild.backends.registry") == host_only | runtimes
 
 
-def test_cuda_provider_needs_its_library_to_load(tmp_path):
-    capi = _fake_gpu_build(tmp_path)
-    assert not _cuda_provider_loads(capi)  # no library
-    (capi / "libonnxruntime_providers_cuda.so").write_bytes(b"not a library")
-    assert not _cuda_provider_loads(capi)  # one that does not load
+def test_every_command_that_offers_the_whole_fingerprint_has_the_runtime_sections():
+    # `optbuild worker` offers Fingerprint().as_dict() to the scheduler; the CLI's parser, which
+    # every command builds, brings the backends in
+    sections = _sections_in_fresh_process("from optbuild.cli import _parser\n_parser()")
+    assert {"onnxruntime", "ort_providers", "tensorrt", "tensorrt_rtx"} <= sections
 
 
-def test_tensorrt_provider_needs_tensorrt(tmp_path):
-    capi = _fake_gpu_build(tmp_path)
-    assert not _tensorrt_loads(capi)  # onnxruntime without the TensorRT provider library
-    (capi / "libonnxruntime_providers_tensorrt.so").write_bytes(b"")
-    has_tensorrt = _loads("libnvinfer.so.10", "libnvinfer.so") or version_or_none("tensorrt") is not None
-    assert _tensorrt_loads(capi) == has_tensorrt
-
-
-@pytest.mark.gpu
-def test_listed_gpu_providers_run_a_session():
-    """On a GPU host, a provider the fingerprint lists is one a session really runs on."""
-    ort = pytest.importorskip("onnxruntime")
-    onnx = pytest.importorskip("onnx")
-    available = Fingerprint().as_dict()["ort_providers.available"].split(",")
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("this onnxruntime has no CUDA provider (install onnxruntime-gpu)")
-    helper = onnx.helper
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    for provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
-        if provider not in ort.get_available_providers():
-            continue
-        try:
-            session = ort.InferenceSession(model.SerializeToString(), providers=[provider, "CPUExecutionProvider"])
-            runs = session.get_providers()[0] == provider
-        except Exception:  # a provider that cannot load may refuse the session instead of falling back
-            runs = False
-        assert runs == (provider in available), provider
+def test_a_runtime_cannot_take_a_host_section():
+    with pytest.raises(ValueError, match="host's own"):
+        register_section("cpu", lambda host: {})

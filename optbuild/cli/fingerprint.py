@@ -10,6 +10,11 @@ import argparse
 import json
 from pathlib import Path
 
+# The runtimes' sections of the fingerprint register when optbuild.backends is imported (a
+# few ms, nothing heavy). Imported here, with the parser that every command builds, so that
+# each command that prints or offers the whole fingerprint (this one, `optbuild worker`) has them.
+import optbuild.backends  # noqa: F401
+
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")

@@ -6,13 +6,14 @@ JSON file recorded on another host (to plan or fetch for that host).
 
 The GPU sections ("gpu", "cuda") read NVML through nvidia-ml-py (``pynvml``): no CUDA
 context is created, nothing is allocated on a GPU. A host without the library or a driver
-probes fast and completely: ``gpu.count`` is 0 and ``gpu.error`` says why. Tool versions
-("tensorrt", "tensorrt_rtx", "onnxruntime") are those of the distribution whose files
-``import`` loads (``toolchain.loaded_distribution``: onnxruntime-gpu over onnxruntime when
-both are installed, with a warning), read from metadata, never by importing the tool.
-"ort_providers" must import onnxruntime (~230 ms): it is a section of its own, read by a full
-dump (``as_dict``, i.e. ``optbuild fingerprint``) and by steps that need a provider; it lists
-the providers that can load here (CUDA and TensorRT only with a GPU and their libraries).
+probes fast and completely: ``gpu.count`` is 0 and ``gpu.error`` says why.
+
+The runtimes' sections ("onnxruntime", "ort_providers", "tensorrt", "tensorrt_rtx") are
+probed by the runtimes themselves (``optbuild/backends/<runtime>/probe.py``), which register
+them here (``register_section``) when ``optbuild.backends`` is imported: every step that
+reads such a field imports its runtime's backend, and so do the commands that print or offer
+the whole fingerprint. A process that never imported ``optbuild.backends`` has a fingerprint
+of the host sections only.
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-from optbuild.common.toolchain import loaded_distribution
 
 # CPU features that change what optimizing compilers (ORT, TensorRT) emit.
 RELEVANT_CPU_FLAGS = (
@@ -184,75 +183,6 @@ def _probe_cuda() -> dict[str, Any]:
             pass
 
 
-def _tool_probe(module: str) -> Callable[[], dict[str, Any]]:
-    def probe() -> dict[str, Any]:
-        distribution, version = loaded_distribution(module)
-        return {f"{module}.version": version, f"{module}.distribution": distribution}
-
-    probe.__name__ = f"_probe_{module}"
-    return probe
-
-
-_probe_tensorrt = _tool_probe("tensorrt")
-_probe_tensorrt_rtx = _tool_probe("tensorrt_rtx")
-_probe_onnxruntime = _tool_probe("onnxruntime")
-
-
-def _probe_ort_providers() -> dict[str, Any]:
-    """The execution providers onnxruntime can load here: costs an import (~230 ms).
-
-    onnxruntime-gpu lists CUDA and TensorRT wherever it is installed; listed is not usable.
-    """
-    try:
-        import onnxruntime
-    except ImportError:
-        return {"ort_providers.available": None}
-    listed = onnxruntime.get_available_providers()
-    gpu = bool(_probe_gpu().get("gpu.count"))
-    capi = Path(onnxruntime.__file__).parent / "capi"
-    usable = [name for name in listed if name not in _NEEDS_GPU or (gpu and _NEEDS_GPU[name](capi))]
-    return {"ort_providers.available": ",".join(usable)}
-
-
-def _loads(*names: str | Path) -> bool:
-    """Whether one of these shared libraries loads (with the libraries it links)."""
-    import ctypes
-
-    for name in names:
-        try:
-            ctypes.CDLL(str(name))
-            return True
-        except OSError:
-            continue
-    return False
-
-
-def _cuda_provider_loads(capi: Path) -> bool:
-    """onnxruntime's CUDA provider library loads: it links libcudart, libcublas and cuDNN,
-    so it loads only where they do."""
-    return _loads(capi / "libonnxruntime_providers_cuda.so", capi / "onnxruntime_providers_cuda.dll")
-
-
-def _tensorrt_loads(capi: Path) -> bool:
-    """onnxruntime has the TensorRT provider library, and TensorRT's library (which that links)
-    loads or the tensorrt package that brings it is importable."""
-    import importlib.util
-
-    if not any((capi / name).is_file() for name in ("libonnxruntime_providers_tensorrt.so",
-                                                     "onnxruntime_providers_tensorrt.dll")):
-        return False
-    return (importlib.util.find_spec("tensorrt") is not None
-            or _loads("libnvinfer.so.10", "libnvinfer.so.11", "libnvinfer.so.8", "libnvinfer.so",
-                      "nvinfer_10.dll"))
-
-
-# providers listed by onnxruntime-gpu that need a GPU, and what else they need to load
-_NEEDS_GPU: dict[str, Callable[[Path], bool]] = {
-    "CUDAExecutionProvider": _cuda_provider_loads,
-    "TensorrtExecutionProvider": _tensorrt_loads,
-}
-
-
 # section name -> probe returning that section's fields
 PROBES: dict[str, Callable[[], dict[str, Any]]] = {
     "os": _probe_os,
@@ -260,11 +190,25 @@ PROBES: dict[str, Callable[[], dict[str, Any]]] = {
     "cpu": _probe_cpu,
     "gpu": _probe_gpu,
     "cuda": _probe_cuda,
-    "tensorrt": _probe_tensorrt,
-    "tensorrt_rtx": _probe_tensorrt_rtx,
-    "onnxruntime": _probe_onnxruntime,
-    "ort_providers": _probe_ort_providers,
 }
+
+# What a probe of a runtime's section is given: the fingerprint it fills, to read the GPU
+# sections through (its probe runs once for all).
+RuntimeProbe = Callable[["Fingerprint"], dict[str, Any]]
+
+# The runtimes' sections ("onnxruntime", "ort_providers", "tensorrt", ...): each runtime's
+# package in optbuild.backends registers its own when optbuild.backends is first imported
+# (common cannot import it). Section name -> probe.
+RUNTIME_PROBES: dict[str, RuntimeProbe] = {}
+
+
+def register_section(section: str, probe: RuntimeProbe, words: Mapping[str, str] | None = None) -> None:
+    """Add a runtime's section to every live fingerprint; ``words`` name its fields in
+    messages ("onnxruntime.version" -> "onnxruntime")."""
+    if section in PROBES:
+        raise ValueError(f"fingerprint section {section!r} is the host's own")
+    RUNTIME_PROBES[section] = probe
+    _FIELD_WORDS.update(words or {})
 
 
 class Fingerprint:
@@ -273,7 +217,8 @@ class Fingerprint:
     def __init__(self, recorded: dict[str, Any] | None = None):
         self._fields: dict[str, Any] = dict(recorded or {})
         # A recorded fingerprint is complete: it never probes the local host.
-        self._probed: set[str] = set(PROBES) if recorded is not None else set()
+        self._live = recorded is None
+        self._probed: set[str] = set()
 
     @classmethod
     def load(cls, path: Path) -> Fingerprint:
@@ -282,14 +227,18 @@ class Fingerprint:
 
     def get(self, field: str) -> Any:
         section = field.split(".", 1)[0]
-        if section not in self._probed and section in PROBES:
-            self._probed.add(section)
-            self._fields.update(PROBES[section]())
+        if self._live and section not in self._probed:
+            if section in PROBES:
+                self._probed.add(section)
+                self._fields.update(PROBES[section]())
+            elif section in RUNTIME_PROBES:
+                self._probed.add(section)
+                self._fields.update(RUNTIME_PROBES[section](self))
         return self._fields.get(field)
 
     def as_dict(self) -> dict[str, Any]:
-        """Every field, probing all sections."""
-        for section in PROBES:
+        """Every field, probing all sections (the runtimes' ones: those registered)."""
+        for section in [*PROBES, *RUNTIME_PROBES]:
             self.get(section + ".")
         return dict(sorted(self._fields.items()))
 
@@ -299,14 +248,7 @@ _FIELD_WORDS = {
     "gpu.driver": "NVIDIA driver",
     "gpu.error": "GPU status",
     "cuda.driver_version": "CUDA driver version",
-    "tensorrt.version": "TensorRT",
-    "tensorrt.distribution": "TensorRT distribution",
-    "tensorrt_rtx.version": "TensorRT-RTX",
-    "tensorrt_rtx.distribution": "TensorRT-RTX distribution",
-    "onnxruntime.version": "onnxruntime",
-    "onnxruntime.distribution": "onnxruntime distribution",
-    "ort_providers.available": "onnxruntime execution providers",
-}
+}  # and the runtimes' fields, as they register their sections
 _DEVICE_WORDS = {"name": "model", "compute_capability": "compute capability",
                  "memory_mib": "memory", "uuid": "UUID"}
 

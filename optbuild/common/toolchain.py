@@ -12,8 +12,6 @@ distributions' RECORDs, without importing the module, and warns when several are
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import re
 import typing
@@ -56,6 +54,9 @@ def _origin(module: str) -> Path | None:
 
 def _file_hash(path: Path, mode: str) -> str:
     """``path``'s digest as RECORD writes it (urlsafe base64, no padding)."""
+    import base64
+    import hashlib
+
     digest = hashlib.new(mode, path.read_bytes()).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
