@@ -90,6 +90,52 @@ def test_the_table_and_strict_json():
     assert compare.jsonable(report["outputs"])["y"]["max_rel"] == "inf"
 
 
+def test_the_split_axis_is_the_smallest_non_batch_axis():
+    assert compare.split_axis((1, 84, 8400)) == 1  # YOLOv8: [batch, 4 + classes, anchors]
+    assert compare.split_axis((1, 8400, 84)) == 2
+    assert compare.split_axis((4, 1000)) == 1
+    assert compare.split_axis((2, 1, 128)) == 2  # an axis of 1 has nothing to split
+    assert compare.split_axis((4, 1)) is None and compare.split_axis((10,)) is None
+
+
+def test_runs_part_where_the_reference_scale_drops_16_fold():
+    rng = np.random.default_rng(0)
+    boxes, scores = rng.uniform(0, 320, (1, 4, 50)), rng.uniform(0, 1, (1, 80, 50))
+    samples = [np.concatenate([boxes, scores], axis=1)] * 2
+    assert compare.scale_runs(samples, 1) == [(0, 4), (4, 84)]
+    assert compare.scale_runs(samples, 2) == [(0, 50)]  # every anchor holds both quantities
+    logits = [rng.standard_normal((1, 1000))]
+    assert compare.scale_runs(logits, 1) == [(0, 1000)]  # one scale: one run
+    interleaved = [np.tile([100.0, 1.0], 20)[None]]  # 40 alternating runs: noise, not parts
+    assert compare.scale_runs(interleaved, 1) == [(0, 40)]
+
+
+def test_slice_figures_are_relative_to_the_slice():
+    ref = np.concatenate([np.full((1, 2, 3), 300.0), np.linspace(0.1, 0.9, 12).reshape(1, 4, 3)], axis=1)
+    cand = ref.copy()
+    cand[:, 2:] += 0.01
+    figures = compare.output_figures([ref], [cand], False, name="out", slices=(1, [(0, 2), (2, 6)]))
+    assert list(figures["slices"]) == ["out[:, 0:2, :]", "out[:, 2:6, :]"]
+    small = figures["slices"]["out[:, 2:6, :]"]
+    assert small["max_rel"] == pytest.approx(0.01 / 0.9) and figures["max_rel"] == pytest.approx(0.01 / 300)
+    assert figures["slices"]["out[:, 0:2, :]"]["degenerate"] == "constant 300"  # reported, not checked
+    checks = compare.threshold_checks({"out": figures}, {"max_rel": 0.001}, [])
+    assert [(c["output"], c["ok"]) for c in checks] == [("out", True), ("out[:, 2:6, :]", False)]
+
+
+def test_degenerate_references_and_collapsed_candidates():
+    varying = np.linspace(0.0, 0.5, 10, dtype=np.float32)
+    assert compare.output_figures([np.zeros(10)], [varying], False)["degenerate"] == "constant 0"
+    assert compare.output_figures([np.array([np.nan, np.inf])], [varying[:2]], False)["degenerate"] == \
+        "no finite value"
+    assert compare.output_figures([np.ones(1)], [np.ones(1)], False)["degenerate"] is None  # one value tells nothing
+    collapsed = compare.output_figures([varying], [np.zeros(10, np.float32)], False)["collapsed"]
+    assert collapsed == "constant 0 where the reference spans [0, 0.5]"
+    # a spread within the candidate type's rounding is not lost information: float16 of 1 + 1e-5 k
+    fine = (1 + 1e-5 * np.arange(10)).astype(np.float32)
+    assert compare.output_figures([fine], [fine.astype(np.float16)], False)["collapsed"] is None
+
+
 def test_importing_it_loads_no_numpy():
     code = "import sys, optbuild.model.compare, optbuild.steps.verify; print('numpy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -145,11 +145,95 @@ def compare_outputs(names: list[str], reference: list[Any], candidate: list[Any]
 
 
 # --- one output over many samples: verify's figures -----------------------------------------
-def output_figures(reference: list[Any], candidate: list[Any], top1_applies: bool) -> dict[str, Any]:
-    """Figures of one output over all samples (arrays per sample): shape, dtype, max_abs,
-    max_rel and cosine over all samples concatenated, the worst sample's cosine (cosine_min),
-    and top1 where ``top1_applies`` (its last axis holds class scores). Samples of different
-    shapes give ``shape_mismatch`` instead."""
+# A part of an output (indices along one axis) whose reference peak is under 1/SCALE_GAP of the
+# output's peak holds another quantity than the rest (a detector's scores beside its box
+# coordinates): one 8-bit scale shared by both gives it under 1/16 of its steps, and whole-output
+# figures, dominated by the large part, cannot see it lost. Such parts are judged on their own.
+SCALE_GAP = 16
+# More runs than this along the axis: small and large indices interleave (noise, not a
+# concatenation of a few quantities), and the output is judged whole.
+MAX_RUNS = 8
+
+
+def split_axis(shape: tuple[int, ...]) -> int | None:
+    """The axis a [batch, ...] output is sliced along: the non-batch axis of the smallest size
+    of 2 or more (a detector's [1, 4 + classes, anchors]: axis 1; [1, anchors, 4 + classes]:
+    axis 2), the first of equals; None for rank 0 or 1, or when no such axis exists."""
+    sizes = [(size, axis) for axis, size in enumerate(shape) if axis >= 1 and size >= 2]
+    return min(sizes)[1] if sizes else None
+
+
+def scale_runs(reference: list[Any], axis: int) -> list[tuple[int, int]]:
+    """Contiguous runs [start, stop) of the indices along ``axis`` that are all large (peak
+    |reference| over every sample at least the output's peak / SCALE_GAP) or all small. One run
+    when the output is of one scale, or when there would be more than MAX_RUNS."""
+    import numpy as np
+
+    size = reference[0].shape[axis]
+    peaks = np.zeros(size)
+    for array in reference:
+        values = np.abs(np.moveaxis(np.asarray(array, dtype=np.float64), axis, 0).reshape(size, -1))
+        peaks = np.maximum(peaks, np.where(np.isfinite(values), values, 0.0).max(axis=1, initial=0.0))
+    small = peaks < peaks.max() / SCALE_GAP
+    starts = [0, *(int(i) for i in np.flatnonzero(small[1:] != small[:-1]) + 1)]
+    runs = list(zip(starts, [*starts[1:], size]))
+    return runs if len(runs) <= MAX_RUNS else [(0, size)]
+
+
+def slice_name(output: str, rank: int, axis: int, start: int, stop: int) -> str:
+    """How a report names part of an output: ``output0[:, 4:84, :]``."""
+    return f"{output}[{', '.join(f'{start}:{stop}' if a == axis else ':' for a in range(rank))}]"
+
+
+def constant(values: Any) -> str | None:
+    """What a flat array is when it holds one value throughout ("constant 0"), or no finite
+    value; None when it varies, or has fewer than 2 elements (nothing to tell)."""
+    import numpy as np
+
+    if values.size < 2:
+        return None
+    if not np.isfinite(values).any():
+        return "no finite value"
+    return f"constant {float(values[0]):.4g}" if bool(np.all(values == values[0])) else None
+
+
+def _part_figures(reference: list[Any], candidate: list[Any]) -> dict[str, Any]:
+    """max_abs, max_rel, cosine, cosine_min of one output or part of it (arrays per sample);
+    ``degenerate``: what the reference is when it is constant (comparing with it shows
+    nothing); ``collapsed``: what the candidate is when it is constant where the reference
+    varies by more than float rounding of the candidate's type (it lost what the part holds)."""
+    import numpy as np
+
+    refs = [np.asarray(a, dtype=np.float64).ravel() for a in reference]
+    cands = [np.asarray(a, dtype=np.float64).ravel() for a in candidate]
+    ref, cand = np.concatenate(refs), np.concatenate(cands)
+    if ref.size == 0:
+        return {"max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "cosine_min": 1.0, "degenerate": None,
+                "collapsed": None}
+    figures: dict[str, Any] = dict(zip(("max_abs", "max_rel"), max_errors(ref, cand)))
+    overall = cosine(ref, cand)  # NaN when any sample holds NaN or inf, and then so is the worst
+    figures["cosine"] = overall
+    figures["cosine_min"] = overall if math.isnan(overall) else min(map(cosine, refs, cands))
+    figures["degenerate"] = constant(ref)
+    figures["collapsed"] = None
+    finite = ref[np.isfinite(ref)]
+    dtype = np.asarray(candidate[0]).dtype
+    eps = float(np.finfo(dtype).eps) if np.issubdtype(dtype, np.floating) else 0.0
+    varies = figures["degenerate"] is None and finite.size and (
+        np.ptp(finite) > ROUNDING_EPS * eps * float(np.abs(finite).max()))
+    if varies and (flat := constant(cand)) is not None:
+        figures["collapsed"] = f"{flat} where the reference spans [{finite.min():.4g}, {finite.max():.4g}]"
+    return figures
+
+
+def output_figures(reference: list[Any], candidate: list[Any], top1_applies: bool, name: str = "output",
+                   slices: tuple[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
+    """Figures of one output ``name`` over all samples (arrays per sample): shape, dtype,
+    max_abs, max_rel and cosine over all samples concatenated, the worst sample's cosine
+    (cosine_min), degenerate and collapsed (see _part_figures), top1 where ``top1_applies``
+    (its last axis holds class scores), and with ``slices`` (axis, runs [start, stop) along
+    it; more than one run; the last taken to each sample's end) the same figures, top1 aside,
+    of each part under ``slices``, keyed by slice_name. Samples of different shapes give ``shape_mismatch`` instead."""
     import numpy as np
 
     shapes = [(tuple(r.shape), tuple(c.shape)) for r, c in zip(reference, candidate)]
@@ -159,19 +243,20 @@ def output_figures(reference: list[Any], candidate: list[Any], top1_applies: boo
         i, r, c = bad[0]
         figures["shape_mismatch"] = f"sample {i}: {c} vs {r}"
         return figures
-
-    def flat(arrays: list[Any]) -> list[Any]:
-        return [np.asarray(a, dtype=np.float64).ravel() for a in arrays]
-
-    refs, cands = flat(reference), flat(candidate)
-    ref, cand = np.concatenate(refs), np.concatenate(cands)
-    if ref.size == 0:
-        return figures | {"max_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "cosine_min": 1.0, "top1": None}
-    figures["max_abs"], figures["max_rel"] = max_errors(ref, cand)
-    overall = cosine(ref, cand)  # NaN when any sample holds NaN or inf, and then so is the worst
-    figures["cosine"] = overall
-    figures["cosine_min"] = overall if math.isnan(overall) else min(map(cosine, refs, cands))
+    figures |= _part_figures(reference, candidate)
     figures["top1"] = top1(reference, candidate) if top1_applies else None
+    if slices is not None and len(slices[1]) > 1:
+        axis, runs = slices
+        rank = len(shapes[0][0])
+
+        def part(arrays: list[Any], start: int, stop: int | None) -> list[Any]:
+            return [np.asarray(a)[(slice(None),) * axis + (slice(start, stop),)] for a in arrays]
+
+        figures["slices"] = {}
+        for start, stop in runs:
+            end = None if stop == runs[-1][1] else stop  # the last part runs to each sample's end
+            figures["slices"][slice_name(name, rank, axis, start, stop)] = _part_figures(
+                part(reference, start, end), part(candidate, start, end))
     return figures
 
 
@@ -179,28 +264,58 @@ def output_figures(reference: list[Any], candidate: list[Any], top1_applies: boo
 # Ops whose output holds their input's values in its layout: a graph output behind them is
 # what the op before them computed (a Softmax's probabilities behind an Identity or a Cast).
 _PASS_THROUGH = frozenset({"Identity", "Cast", "QuantizeLinear", "DequantizeLinear"})
+_LINEAR = frozenset({"Gemm", "MatMul"})
+
+
+def _heads(model: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(graph output -> the node that computes it, seen through _PASS_THROUGH nodes; tensor ->
+    the node that makes it; the default-domain opset) of an ONNX model; ({}, {}, 0) for an
+    ORT-format model, which onnx cannot read."""
+    if model.suffix != ".onnx":
+        return {}, {}, 0
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    heads = {}
+    for output in proto.graph.output:
+        node = producer.get(output.name)
+        if (node := _through(node, producer)) is not None:
+            heads[output.name] = node
+    return heads, producer, opset
+
+
+def _through(node: Any, producer: dict[str, Any]) -> Any:
+    while node is not None and node.op_type in _PASS_THROUGH:
+        node = producer.get(node.input[0])
+    return node
 
 
 def softmax_axes(model: Path) -> dict[str, int]:
     """Graph output -> the axis of the Softmax / LogSoftmax that computes it (through
     Identity, Cast and Q/DQ nodes); the outputs that other ops compute are absent, and so is
     every output of an ORT-format model, which onnx cannot read."""
-    if model.suffix != ".onnx":
-        return {}
-    import onnx
+    heads, _, opset = _heads(model)
+    default = -1 if opset >= 13 else 1  # opset 13 moved the default from 1 to -1
+    return {name: next((a.i for a in node.attribute if a.name == "axis"), default)
+            for name, node in heads.items() if node.op_type in ("Softmax", "LogSoftmax")}
 
-    proto = onnx.load(str(model), load_external_data=False)
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
-    producer = {out: node for node in proto.graph.node for out in node.output}
-    axes = {}
-    for output in proto.graph.output:
-        node = producer.get(output.name)
-        while node is not None and node.op_type in _PASS_THROUGH:
-            node = producer.get(node.input[0])
-        if node is not None and node.op_type in ("Softmax", "LogSoftmax"):
-            default = -1 if opset >= 13 else 1  # opset 13 moved the default from 1 to -1
-            axes[output.name] = next((a.i for a in node.attribute if a.name == "axis"), default)
-    return axes
+
+def linear_heads(model: Path) -> set[str]:
+    """The graph outputs that a linear layer computes, as a classifier's head does: a Gemm, a
+    MatMul, or an Add of a MatMul's result and a bias (through Identity, Cast and Q/DQ
+    nodes). An activation (BERT's pooler ends in Tanh), a normalisation or a pooling is not
+    one; nor is anything of an ORT-format model."""
+    heads, producer, _ = _heads(model)
+    found = set()
+    for name, node in heads.items():
+        if node.op_type == "Add":
+            node = next((n for i in node.input if (n := _through(producer.get(i), producer)) is not None
+                         and n.op_type in _LINEAR), node)
+        if node.op_type in _LINEAR:
+            found.add(name)
+    return found
 
 
 def argmax_applies(array: Any) -> bool:
@@ -210,16 +325,17 @@ def argmax_applies(array: Any) -> bool:
     return np.issubdtype(array.dtype, np.floating) and array.ndim >= 1 and array.shape[-1] >= 2
 
 
-def class_scores(array: Any, softmax_axis: int | None) -> bool:
+def class_scores(array: Any, softmax_axis: int | None, linear: bool) -> bool:
     """Whether the last axis of an output (``array``, one sample) holds class scores, so that
     its argmax means something: a Softmax / LogSoftmax over that axis computed it
-    (``softmax_axis``, from ``softmax_axes``), or, with no Softmax, it is [batch, classes]
-    (rank 2). A pixel map or a recurrent state has a last axis too, and no classes on it."""
+    (``softmax_axis``, from ``softmax_axes``), or it is [batch, classes] (rank 2) and a linear
+    layer computed it (``linear``, from ``linear_heads``): a classifier's logits. A pixel map,
+    a recurrent state or an embedding (a pooler's Tanh) has a last axis too, and no classes."""
     if not argmax_applies(array):
         return False
     if softmax_axis is not None:
         return softmax_axis in (-1, array.ndim - 1)
-    return array.ndim == 2
+    return array.ndim == 2 and linear
 
 
 # --- thresholds ------------------------------------------------------------------------------
@@ -229,55 +345,104 @@ THRESHOLDS = {"max_abs": ("max_abs", "<="), "max_rel": ("max_rel", "<="),
 
 
 def threshold_checks(figures: dict[str, dict[str, Any]], thresholds: dict[str, float | None],
-                     top1_outputs: list[str]) -> list[dict[str, Any]]:
+                     top1_outputs: list[str], samples: int | None = None) -> list[dict[str, Any]]:
     """One check per output and set threshold (``thresholds`` by the names of THRESHOLDS;
-    min_top1 only on ``top1_outputs``); an output whose samples differ in shape gets a
-    failed shape check instead. A NaN or infinite figure fails its check."""
+    min_top1 only on ``top1_outputs``), a failed one for a degenerate reference and for a
+    collapsed candidate, then the same (top-1 aside) for each slice whose reference is not
+    constant; an output whose samples differ in shape gets a failed shape check instead. A
+    NaN or infinite figure fails its check. ``samples``: how many, for the messages."""
+    on = f" on all {samples} samples" if samples else ""
     checks = []
     for name, f in figures.items():
         if f.get("shape_mismatch"):
             checks.append(_check(name, "shape", f["shape_mismatch"], "==", "reference", False))
             continue
-        for metric, (key, op) in THRESHOLDS.items():
-            threshold = thresholds.get(key)
-            if threshold is None or (metric == "top1" and name not in top1_outputs):
-                continue
-            value = f[metric]
-            ok = value is not None and math.isfinite(value) and (
-                value <= threshold if op == "<=" else value >= threshold)
-            checks.append(_check(name, metric, value, op, threshold, ok))
+        checks += _figure_checks(name, f, thresholds, top1=name in top1_outputs)
+        if f.get("degenerate"):
+            checks.append(_check(
+                name, "reference", f["degenerate"], "is", "not constant", False,
+                why=f"the reference's {name} is {f['degenerate']}{on}: any candidate agrees with it, so comparing "
+                    "shows nothing. Give the reference real weights (e.g. not a zero-initialised head), or samples "
+                    "that make it vary (data); or leave the output out of outputs"))
+        checks += _collapsed_check(name, f)
+        for part, g in (f.get("slices") or {}).items():
+            if not g["degenerate"]:
+                checks += _figure_checks(part, g, thresholds, top1=False) + _collapsed_check(part, g)
     return checks
 
 
-def _check(output: str, metric: str, value: Any, op: str, threshold: Any, ok: bool) -> dict[str, Any]:
-    return {"output": output, "metric": metric, "value": value, "op": op, "threshold": threshold, "ok": ok}
+def _figure_checks(name: str, f: dict[str, Any], thresholds: dict[str, float | None], top1: bool) -> list[dict]:
+    checks = []
+    for metric, (key, op) in THRESHOLDS.items():
+        threshold = thresholds.get(key)
+        if threshold is None or (metric == "top1" and not top1):
+            continue
+        value = f[metric]
+        ok = value is not None and math.isfinite(value) and (
+            value <= threshold if op == "<=" else value >= threshold)
+        checks.append(_check(name, metric, value, op, threshold, ok))
+    return checks
+
+
+def _collapsed_check(name: str, f: dict[str, Any]) -> list[dict[str, Any]]:
+    if not f.get("collapsed"):
+        return []
+    return [_check(name, "candidate", f["collapsed"].partition(" where")[0], "is", "not constant", False,
+                   why=f"the candidate's {name} is {f['collapsed']}: it lost what this part holds (e.g. INT8 "
+                       "with one scale over values of very different ranges); exclude the nodes that compute "
+                       "it from quantization")]
+
+
+def _check(output: str, metric: str, value: Any, op: str, threshold: Any, ok: bool,
+           why: str | None = None) -> dict[str, Any]:
+    check = {"output": output, "metric": metric, "value": value, "op": op, "threshold": threshold, "ok": ok}
+    return check | {"why": why} if why else check
 
 
 # --- the report ------------------------------------------------------------------------------
+_ROW_METRICS = ("max_abs", "max_rel", "cosine", "cosine_min", "top1")
+
+
 def table(report: dict[str, Any]) -> str:
-    """Verify's readable report: a header, one row per figure (checked or not), a verdict. It
-    names models by file and digest, no step (see optbuild.steps.verify)."""
+    """Verify's readable report: a header, one row per figure (checked or not) of each output,
+    then of each of its slices, then the user metric's, and a verdict. It names models by file
+    and digest, no step (see optbuild.steps.verify)."""
     checks = {(c["output"], c["metric"]): c for c in report["checks"]}
     rows = [("output", "figure", "value", "threshold", "result")]
+
+    def row(name: str, metric: str, value: Any) -> None:
+        check = checks.get((name, metric))
+        threshold = f"{check['op']} {_fmt_threshold(metric, check['threshold'])}" if check else ""
+        result = ("ok" if check["ok"] else "FAIL") if check else ""
+        rows.append((name, metric, _fmt(metric, value), threshold, result))
+
+    def part(name: str, f: dict[str, Any]) -> None:
+        for metric in _ROW_METRICS:
+            if f.get(metric) is not None or (name, metric) in checks:
+                row(name, metric, f.get(metric))
+        for metric in ("reference", "candidate"):
+            if (check := checks.get((name, metric))) is not None:
+                row(name, metric, check["value"])
+
     for name, f in report["outputs"].items():
         if f.get("shape_mismatch"):
             rows.append((name, "shape", f["shape_mismatch"], "== reference", "FAIL"))
             continue
-        for metric in ("max_abs", "max_rel", "cosine", "cosine_min", "top1"):
-            if f.get(metric) is None and (name, metric) not in checks:
-                continue
-            check = checks.get((name, metric))
-            threshold = f"{check['op']} {_fmt_threshold(metric, check['threshold'])}" if check else ""
-            result = ("ok" if check["ok"] else "FAIL") if check else ""
-            rows.append((name, metric, _fmt(metric, f.get(metric)), threshold, result))
+        part(name, f)
+        for sliced, g in (f.get("slices") or {}).items():
+            part(sliced, g)
+    if (user := report.get("metric")) is not None:
+        for figure, value in user["figures"].items():
+            row(user["callable"], figure, value)
+        row(user["callable"], "passed", user["passed"])
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [
         f"verify: candidate {_model(report['candidate'])} vs reference {_model(report['reference'])}",
         f"{report['data']['samples']} samples from {report['data']['source']}",
         "",
     ]
-    for index, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    for index, cells in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip())
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
     lat = report["latency_ms"]
@@ -288,7 +453,8 @@ def table(report: dict[str, Any]) -> str:
     failed = [c for c in report["checks"] if not c["ok"]]
     total = len(report["checks"])
     if failed:
-        what = "; ".join(f"{c['output']} {c['metric']} {_fmt(c['metric'], c['value'])} (needs {c['op']} "
+        what = "; ".join(f"{c['output']}: {c['why']}" if c.get("why") else
+                         f"{c['output']} {c['metric']} {_fmt(c['metric'], c['value'])} (needs {c['op']} "
                          f"{_fmt_threshold(c['metric'], c['threshold'])})" for c in failed)
         lines.append(f"FAILED: {len(failed)} of {total} checks: {what}")
     else:
@@ -299,6 +465,8 @@ def table(report: dict[str, Any]) -> str:
 def _fmt(metric: str, value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, str):
         return value
     if isinstance(value, float) and not math.isfinite(value):
@@ -311,6 +479,8 @@ def _fmt(metric: str, value: Any) -> str:
 
 
 def _fmt_threshold(metric: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, str):
         return value
     return f"{value * 100:g}%" if metric == "top1" else f"{value:g}"

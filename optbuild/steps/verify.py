@@ -20,14 +20,43 @@ Figures, per output, over all samples (optbuild.model.compare, as the other step
 ``top1``     share of positions (every index but the last axis) whose argmax over the last
              axis agrees: top-1 agreement of class scores. Computed, and checked against
              ``min_top1``, only where the last axis holds class scores: on ``top1_outputs``,
-             or by default on the float outputs with a last axis of 2 or more that a Softmax
-             or LogSoftmax over that axis computes (through Identity, Cast and Q/DQ nodes;
-             read from the reference's ONNX graph) or that are [batch, classes], rank 2.
-             Anything else (a pixel map [N, 1, H, W], a recurrent state [2, N, 128], box
-             regressions, rank-3 logits without a Softmax) gets no top-1 unless named.
+             or by default, as the reference's ONNX graph says (read through Identity, Cast
+             and Q/DQ nodes), on the float outputs with a last axis of 2 or more that a
+             Softmax or LogSoftmax over that axis computes, or that are [batch, classes],
+             rank 2, computed by a linear layer (Gemm, MatMul, MatMul + Add: a classifier's
+             logits). Anything else (a pixel map [N, 1, H, W], a recurrent state [2, N, 128],
+             rank-3 box regressions or logits without a Softmax, an embedding such as BERT's
+             pooler [N, 256] behind a Tanh, any output of an ORT-format reference) gets no
+             top-1 unless named.
+
+Parts of an output (``slices``). One output may concatenate quantities of different ranges: a
+detector's [1, 4 + 80, anchors] holds box coordinates (0..320) and scores (0..1). Its whole-
+output figures are the boxes' figures: scores wiped to 0 by one INT8 scale over both still
+give cosine 0.9999. So each float output of rank 2 or more is cut along its non-batch axis
+of the smallest size of 2 or more (the channels of [B, C, N], the 84 of [1, anchors, 84])
+into runs of contiguous indices whose reference peak |value| (over all samples and the
+other axes) is at least 1/16 of the output's peak, and runs of those below (a shared 8-bit
+scale leaves such a part under 1/16 of its steps). One run, or more than 8 (small and large
+indices interleave: noise, not parts): the output is judged whole. ``slices`` declares the
+axis and the cuts of an output instead, or none. Each part gets max_abs, max_rel (to its own
+peak), cosine and cosine_min, is named like ``output0[:, 4:84, :]``, and has the thresholds
+(top-1 aside) and the collapse check below applied, unless its reference is constant there.
+
+Always checked, whatever the thresholds:
+``reference``  an output whose reference holds one value (or no finite value) over all
+             samples fails: any candidate agrees with it (a zero-initialised head gives cosine
+             1 and top-1 100% for anything), so the comparison shows nothing. The fix: real
+             weights, or samples that make it vary.
+``candidate``  an output or part that the candidate holds constant where the reference varies
+             (by more than float rounding of the candidate's type) fails: it lost what it held.
+
+A task metric (``metric = "file.py:fn"``, optbuild.model.usermetric) adds the user's figures
+and its verdict: ``fn(reference, candidate, names)`` returns {"figure": number, ...,
+"passed": bool}.
 
 Thresholds (``max_abs``, ``max_rel``, ``min_cosine``, ``min_top1``) apply to every compared
-output; at least one must be set. The artifact is ``report.json`` (figures, thresholds,
+output and part; at least one of them, or ``metric``, must be set. The artifact is
+``report.json`` (figures, thresholds,
 checks, latencies) and ``report.txt`` (the same as a table). They name the models compared
 by file and content digest, never by step: the key holds the models' content, not the steps'
 names, so two verify steps over byte-identical models share one entry, and a report restored
@@ -49,6 +78,7 @@ from the artifacts.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 import typing
@@ -61,7 +91,7 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.common.errors import StepError, StepUnavailable, first_line
-from optbuild.common.recipetable import KEYED_WHEN_SET, StepRef
+from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, RecipeTable, StepRef
 from optbuild.model import compare
 from optbuild.model.inputdecl import StepInputs, check_declarations
 from optbuild.model.samples import DataArg, non_default
@@ -79,7 +109,27 @@ from optbuild.steps.fields import (
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
-REPORT_VERSION = 3  # 2: models named by file and digest, not by step; 3: what ran each side
+# 2: models named by file and digest, not by step; 3: what ran each side; 4: slices, degenerate
+# and collapsed outputs, the user metric
+REPORT_VERSION = 4
+
+
+class SliceDecl(RecipeTable):
+    """Where one output is cut into parts that are judged on their own."""
+
+    axis: int = Field(ge=0, examples=[1])
+    """The axis the output is cut along (0 is the first, the batch axis of a [batch, ...] output)."""
+    at: list[int] = Field(examples=[[4]])
+    """The indices along axis where a new part starts, increasing, each above 0 and below the
+    axis's size: [4] cuts [1, 84, N] into [:, 0:4, :] and [:, 4:84, :]. []: the output is
+    judged whole (no automatic split)."""
+
+    @field_validator("at")
+    @classmethod
+    def _increasing(cls, value: list[int]) -> list[int]:
+        if any(a <= 0 for a in value) or any(b <= a for a, b in itertools.pairwise(value)):
+            raise ValueError(f"at must be increasing indices above 0, got {value}")
+        return value
 
 
 class VerifyParams(StepParams):
@@ -130,10 +180,29 @@ class VerifyParams(StepParams):
     top1_outputs: list[str] = Field([], examples=[["logits"]])
     """The outputs whose last axis holds class scores: top-1 is computed and min_top1 checked on
     these (needs min_top1; within outputs when that is set; each a float output with a last axis
-    of 2 or more). Empty: the compared float outputs with a last axis of 2 or more that a
-    Softmax or LogSoftmax over that axis computes in the reference's ONNX graph (through
-    Identity, Cast, Q/DQ), or that have rank 2, [batch, classes]; others (pixel maps, recurrent
-    states, boxes, rank-3 logits without a Softmax) get no top-1 unless named here."""
+    of 2 or more). Empty: as the reference's ONNX graph says (through Identity, Cast, Q/DQ),
+    the compared float outputs with a last axis of 2 or more that a Softmax or LogSoftmax over
+    that axis computes, or that have rank 2, [batch, classes], and come from a linear layer
+    (Gemm, MatMul, MatMul + Add: logits); others (pixel maps, recurrent states, boxes, rank-3
+    logits without a Softmax, embeddings such as BERT's pooler behind its Tanh, the outputs of
+    an ORT-format reference) get no top-1 unless named here."""
+    slices: Annotated[dict[str, SliceDecl] | None, KEYED_WHEN_SET] = Field(None, examples=[{"output0": {"axis": 1, "at": [4]}}])
+    """Output name -> where to cut it into parts judged on their own, for an output that
+    concatenates quantities of different ranges (a detector's box coordinates and scores). Not
+    given for an output: the float outputs of rank 2 or more are cut along their non-batch axis
+    of the smallest size of 2 or more (taken 'the channels'), into runs of indices whose
+    reference peak |value| is at least 1/16 of the output's peak, and runs of those below it
+    (a shared 8-bit scale gives such a part under 1/16 of its steps); at most 8 runs, else the
+    output is judged whole. With two runs or more, each part, named like output0[:, 4:84, :],
+    gets max_abs, max_rel (to its own peak) and min_cosine checked, and fails when the
+    candidate is constant there where the reference varies."""
+    metric: Annotated[CallableRef | None, KEYED_WHEN_SET] = Field(None, examples=["models/det_metric.py:agreement"])
+    """A task metric: 'file.py:fn', called as fn(reference, candidate, names), reference and
+    candidate mapping each compared output name to its arrays (one per sample), names the
+    compared outputs. It returns a dict of named figures (numbers or None) and 'passed' (True or
+    False), e.g. {'box_agreement': 0.97, 'passed': True}: reported, and checked (passed must be
+    True). Counts as a threshold. The file and the project-local modules it imports enter the
+    key."""
 
     @field_validator("int_range")
     @classmethod
@@ -146,8 +215,8 @@ class VerifyParams(StepParams):
     def _consistent(self) -> VerifyParams:
         if self.reference == self.candidate:
             raise ValueError("reference and candidate name the same step")
-        if all(t is None for t in (self.max_abs, self.max_rel, self.min_cosine, self.min_top1)):
-            raise ValueError("set at least one threshold: max_abs, max_rel, min_cosine or min_top1")
+        if all(t is None for t in (self.max_abs, self.max_rel, self.min_cosine, self.min_top1, self.metric)):
+            raise ValueError("set at least one threshold: max_abs, max_rel, min_cosine, min_top1 or metric")
         if self.top1_outputs and self.min_top1 is None:
             raise ValueError("'top1_outputs' needs min_top1")
         if self.data is not None:
@@ -158,6 +227,8 @@ class VerifyParams(StepParams):
             raise ValueError("'data_args' only apply to a 'file.py:callable' data source")
         if self.outputs and self.top1_outputs and (extra := sorted(set(self.top1_outputs) - set(self.outputs))):
             raise ValueError(f"top1_outputs {extra} are not in outputs")
+        if self.outputs and (extra := sorted(set(self.slices or {}) - set(self.outputs))):
+            raise ValueError(f"slices {extra} are not in outputs")
         return self
 
 
@@ -166,7 +237,9 @@ class Verify(DataSourceStep):
 
     Params = VerifyParams
     preload = ONNX_TOOLS
-    version = "3"  # 2: reports name no steps; top-1 only on class scores; 3: any backend
+    # 2: reports name no steps; top-1 only on class scores; 3: any backend; 4: slices, degenerate
+    # references and collapsed candidates fail, rank-2 top-1 only on a linear layer's output
+    version = "4"
     primary_output = "report.json"
 
     # What runs the reference and the candidate, as their steps say (see bind): the backend
@@ -186,6 +259,17 @@ class Verify(DataSourceStep):
 
     def tool_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for backend, _ in self._backends() for name in backend.distributions()))
+
+    def key_files(self) -> list[Path]:
+        """The data's files, and the metric's file with the project-local modules it imports."""
+        from optbuild.common.pyimports import local_imports
+
+        files = super().key_files()
+        if self.params.metric is not None:
+            entry = (self.base_dir / self.params.metric.rpartition(":")[0]).resolve()
+            if entry.is_file():
+                files.extend(p for p in local_imports(entry, self.project_root) if p not in files)
+        return files
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
         fields = dict.fromkeys(f for backend, manifest in self._backends() for f in backend.host_fields(manifest))
@@ -285,18 +369,31 @@ class Verify(DataSourceStep):
                                     f"{list(first[n].shape)}): it needs a float output with a last axis "
                                     "of 2 or more")
         else:
-            axes = compare.softmax_axes(ref_art.primary)
-            top1_names = [n for n in names if compare.class_scores(first[n], axes.get(n))]
+            axes, linear = compare.softmax_axes(ref_art.primary), compare.linear_heads(ref_art.primary)
+            top1_names = [n for n in names if compare.class_scores(first[n], axes.get(n), n in linear)]
             if p.min_top1 is not None and not top1_names:
                 shapes = ", ".join(f"{n} {first[n].dtype} {list(first[n].shape)}" for n in names)
                 raise StepError(f"min_top1 is set but no compared output holds class scores on its last "
                                 f"axis ({shapes}): by default only a float output that a Softmax / LogSoftmax "
-                                "over its last axis computes, or a [batch, classes] one of rank 2, does. "
-                                "Name the outputs whose last axis is the classes in top1_outputs")
-        figures = {n: compare.output_figures(results["reference"][n], results["candidate"][n], n in top1_names)
+                                "over its last axis computes, or a [batch, classes] one of rank 2 that a linear "
+                                "layer (Gemm, MatMul, MatMul + Add) computes, does, as the reference's ONNX graph "
+                                "says. Name the outputs whose last axis is the classes in top1_outputs")
+        if unknown := sorted(set(p.slices or {}) - set(names)):
+            raise StepError(f"slices: no compared output {unknown[0]!r} (compared: {names})")
+        figures = {n: compare.output_figures(results["reference"][n], results["candidate"][n], n in top1_names,
+                                             name=n, slices=self._slices(n, results["reference"][n]))
                    for n in names}
         thresholds = {"max_abs": p.max_abs, "max_rel": p.max_rel, "min_cosine": p.min_cosine, "min_top1": p.min_top1}
-        checks = compare.threshold_checks(figures, thresholds, top1_names)
+        checks = compare.threshold_checks(figures, thresholds, top1_names, samples=len(samples))
+        user = None
+        if p.metric is not None:
+            from optbuild.model.usermetric import run_metric
+
+            user_figures, user_passed = run_metric(p.metric, ctx.base_dir, results["reference"],
+                                                   results["candidate"], names)
+            user = {"callable": p.metric, "figures": user_figures, "passed": user_passed}
+            checks.append({"output": p.metric, "metric": "passed", "value": user_passed, "op": "==",
+                           "threshold": True, "ok": user_passed})
         passed = all(c["ok"] for c in checks)
         report = {
             "version": REPORT_VERSION,
@@ -305,6 +402,7 @@ class Verify(DataSourceStep):
             "data": {"source": source, "samples": len(samples)},
             "thresholds": thresholds,
             "outputs": figures,
+            "metric": user,
             "checks": checks,
             "latency_ms": {k: round(v, 4) for k, v in latency.items()},
             "runtime": labels,
@@ -316,6 +414,8 @@ class Verify(DataSourceStep):
             for metric in ("max_abs", "max_rel", "cosine", "top1"):
                 if figures[n].get(metric) is not None:
                     ctx.metrics[f"{n}.{metric}" if len(names) > 1 else metric] = figures[n][metric]
+        for figure, value in (user["figures"] if user else {}).items():
+            ctx.metrics[f"metric.{figure}"] = value
         ctx.metrics.update(samples=len(samples), passed=passed,
                            reference_ms=report["latency_ms"]["reference"],
                            candidate_ms=report["latency_ms"]["candidate"])
@@ -323,6 +423,27 @@ class Verify(DataSourceStep):
             raise StepError(text)
         (ctx.out_dir / "report.json").write_text(json.dumps(compare.jsonable(report), indent=1) + "\n")
         (ctx.out_dir / "report.txt").write_text(text + "\n")
+
+    def _slices(self, name: str, reference: list[Any]) -> tuple[int, list[tuple[int, int]]] | None:
+        """(axis, runs [start, stop)) ``name`` is cut into (see the slices parameter): as
+        declared, else where its reference's scales part; None for an output judged whole."""
+        import numpy as np
+
+        shape = reference[0].shape
+        if (decl := (self.params.slices or {}).get(name)) is not None:
+            if decl.axis >= len(shape):
+                raise StepError(f"slices.{name}.axis: {decl.axis} is past the last axis of {name} "
+                                f"{list(shape)}; give an axis from 0 to {len(shape) - 1}")
+            size = min(r.shape[decl.axis] if r.ndim == len(shape) else 0 for r in reference)  # every sample's
+            if decl.at and decl.at[-1] >= size:
+                raise StepError(f"slices.{name}.at: {decl.at[-1]} is not below the size {size} of axis "
+                                f"{decl.axis} of {name} {list(shape)}; give indices from 1 to {size - 1}")
+            bounds = [0, *decl.at, shape[decl.axis]]
+            return decl.axis, list(itertools.pairwise(bounds))
+        if (not np.issubdtype(reference[0].dtype, np.floating) or (axis := compare.split_axis(shape)) is None
+                or any(r.shape != shape for r in reference)):  # parts of samples of other shapes: not guessed
+            return None
+        return axis, compare.scale_runs(reference, axis)
 
 
 def entered_runner(stack: contextlib.ExitStack, side: tuple[Backend, Manifest], path: Path,

@@ -1,9 +1,10 @@
 """kind = "verify": top-1 only where the last axis holds class scores; reports that name no step.
 
 Issue #9's survey printed top-1 for DBNet's pixel map [N, 1, H, W] and silero-vad's recurrent
-state [2, N, 128]. The rule (verify.py's docstring): outputs named in top1_outputs, else float
-outputs with a last axis of 2 or more that a Softmax / LogSoftmax over that axis computes, or
-that are [batch, classes]. The corpus tests run the real models (slow: fetched once, cached).
+state [2, N, 128]; issue #24's, for BERT's pooler embedding [N, 256]. The rule (verify.py's
+docstring): outputs named in top1_outputs, else float outputs with a last axis of 2 or more that
+a Softmax / LogSoftmax over that axis computes, or that are [batch, classes] computed by a
+linear layer. The corpus tests run the real models (slow: fetched once, cached).
 
 Two verify steps over byte-identical models share one key (the key holds content, not step
 names), so a report restored for one must not name the other.
@@ -27,7 +28,7 @@ from plugins.steps import run_step
 from plugins.thirdparty_models import corpus_model
 
 from optbuild.common.errors import StepError
-from optbuild.model.compare import class_scores, softmax_axes
+from optbuild.model.compare import class_scores, linear_heads, softmax_axes
 from optbuild.steps.verify import Verify
 
 
@@ -79,17 +80,18 @@ def three_heads(path: Path, opset: int = 17) -> Path:
 # --- the rule -------------------------------------------------------------------------------------
 def test_class_scores_rule():
     floats = np.zeros
-    assert class_scores(floats((4, 10), np.float32), None)  # [batch, classes] logits
-    assert class_scores(floats((4, 10), np.float16), -1)
-    assert class_scores(floats((1, 40, 6625), np.float32), -1)  # PP-OCR rec: softmax over the charset
-    assert class_scores(floats((1, 40, 6625), np.float32), 2)
-    assert not class_scores(floats((1, 40, 6625), np.float32), None)  # rank 3, no Softmax: not guessed
-    assert not class_scores(floats((1, 1, 64, 64), np.float32), None)  # DBNet's pixel map
-    assert not class_scores(floats((2, 1, 128), np.float32), None)  # silero-vad's state
-    assert not class_scores(floats((1, 19, 64, 64), np.float32), 1)  # softmax over channels, not the last axis
-    assert not class_scores(floats((4, 1), np.float32), -1)  # one entry: nothing to pick
-    assert not class_scores(np.zeros((4, 10), np.int64), None)  # ids, not scores
-    assert not class_scores(floats((10,), np.float32), None)
+    assert class_scores(floats((4, 10), np.float32), None, linear=True)  # [batch, classes] from a Gemm: logits
+    assert not class_scores(floats((4, 256), np.float32), None, linear=False)  # BERT's pooler: Tanh, an embedding
+    assert class_scores(floats((4, 10), np.float16), -1, linear=False)
+    assert class_scores(floats((1, 40, 6625), np.float32), -1, linear=False)  # PP-OCR rec: softmax over the charset
+    assert class_scores(floats((1, 40, 6625), np.float32), 2, linear=False)
+    assert not class_scores(floats((1, 40, 6625), np.float32), None, linear=True)  # rank 3, no Softmax: not guessed
+    assert not class_scores(floats((1, 1, 64, 64), np.float32), None, linear=False)  # DBNet's pixel map
+    assert not class_scores(floats((2, 1, 128), np.float32), None, linear=False)  # silero-vad's state
+    assert not class_scores(floats((1, 19, 64, 64), np.float32), 1, linear=False)  # softmax over channels
+    assert not class_scores(floats((4, 1), np.float32), -1, linear=False)  # one entry: nothing to pick
+    assert not class_scores(np.zeros((4, 10), np.int64), None, linear=True)  # ids, not scores
+    assert not class_scores(floats((10,), np.float32), None, linear=True)
 
 
 def test_softmax_axes_read_through_identity_and_by_opset(tmp_path):
@@ -101,8 +103,9 @@ def test_softmax_axes_read_through_identity_and_by_opset(tmp_path):
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 5])])
     old = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]), tmp_path / "log.onnx")
     assert softmax_axes(old) == {"z": 1}
-    assert class_scores(np.zeros((3, 5), np.float32), 1)
-    assert softmax_axes(tmp_path / "model.ort") == {}  # no ONNX graph to read: the rank-2 rule only
+    assert class_scores(np.zeros((3, 5), np.float32), 1, linear=False)
+    assert softmax_axes(tmp_path / "model.ort") == {}  # no ONNX graph to read: only top1_outputs
+    assert linear_heads(tmp_path / "model.ort") == set()
 
 
 # --- the step ----------------------------------------------------------------------------------------
