@@ -4,7 +4,7 @@ A `dask scheduler` and `optbuild worker` nodes run as subprocesses on 127.0.0.1,
 process group of its own, so that stopping one also ends the fork servers it started. The
 nodes take the remote cache from their command line and the signing key from their own
 environment, as docs/distributed.md says a farm's nodes do. The forged tasks are the JSON the
-coordinator submits (optbuild/distributed/backend.py, `_task`), rebuilt from the honest
+coordinator submits (optbuild/distributed/builder.py, `_task`), rebuilt from the honest
 remote entries and then altered in one way each, and sent straight to the scheduler as an
 attacker who reaches it would.
 """

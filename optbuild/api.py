@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.builder import lockfile
-from optbuild.builder.executor import BuildBackend, Executor, Options, Outcome
 from optbuild.builder.report import Reporter
+from optbuild.builder.scheduler import Options, Outcome, Scheduler
+from optbuild.builder.site import BuildContext, Builder
 from optbuild.builder.status import Status
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import (
@@ -30,7 +31,7 @@ from optbuild.common.errors import (
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import folder_problem
 from optbuild.common.toolchain import Toolchain
-from optbuild.process.pool import WorkerPool
+from optbuild.process.pool import ProcessPool
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, load_project
 from optbuild.store.local import LocalStore
@@ -95,7 +96,7 @@ def build(
     host: Fingerprint | None = None,
     fetch_only: bool = False,
     retry_failed: bool = False,
-    workers: WorkerPool | None = None,
+    pool: ProcessPool | None = None,
     executor: str | None = None,
     scheduler: str | None = None,
 ) -> BuildResult:
@@ -106,7 +107,7 @@ def build(
     A step whose failure with the same key is remembered fails again at once, unless
     ``retry_failed``.
     ``jobs``, ``keep_going`` and ``skip_unavailable`` left at None take optbuild.toml's [build].
-    ``workers``: a pool already started for this project (``WorkerPool.speculative``); the
+    ``pool``: a pool already started for this project (``ProcessPool.speculative``); the
     build closes it. ``executor`` ("local", "dask", "auto") and ``scheduler`` (a Dask
     scheduler's address, which alone means "dask") override [build]'s.
     """
@@ -120,7 +121,7 @@ def build(
         retry_failed=retry_failed,
         preload=config.preload,
         executor=executor or ("dask" if scheduler else config.executor),
-        scheduler=scheduler or config.scheduler,
+        dask_scheduler=scheduler or config.scheduler,
     )
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])
@@ -128,10 +129,10 @@ def build(
         with suppress(OSError):  # the steps that write there report it, each in its own words
             make_folder(ws.project.build_dir, "build")  # marked: `clean` deletes in it what optbuild made
     remote = ws.remote.session(reporter, dry_run=dry_run) if ws.remote is not None else None
-    executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
-                        options=options, remote=remote, workers=workers, backend=_backend(options))
+    scheduler = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
+                          options=options, remote=remote, pool=pool, builder=_builder(options))
     try:
-        outcomes = executor.run(selected)
+        outcomes = scheduler.run(selected)
     except OSError as exc:  # materializing into the build folder, say
         if not is_disk_full(exc):
             raise
@@ -141,13 +142,13 @@ def build(
     return BuildResult(outcomes, reporter)
 
 
-def _backend(options: Options) -> Callable[[Executor], BuildBackend] | None:
-    """The Dask backend where the options name it ("auto" only with a scheduler), else None
+def _builder(options: Options) -> Callable[[BuildContext], Builder] | None:
+    """The Dask builder where the options name it ("auto" only with a scheduler), else None
     (this host); optbuild.distributed is imported only then."""
-    if options.executor == "dask" or (options.executor == "auto" and options.scheduler):
-        from optbuild.distributed.backend import DaskBackend
+    if options.executor == "dask" or (options.executor == "auto" and options.dask_scheduler):
+        from optbuild.distributed.builder import DaskBuilder
 
-        return DaskBackend
+        return DaskBuilder
     return None
 
 
@@ -165,9 +166,9 @@ def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
     """The key of ``target`` with its ingredients, and where its cached result came from."""
     sid = resolve_step(ws, target)
     selected = ws.graph.select([sid])
-    executor = Executor(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), toolchain=toolchain,
-                        host=host, options=Options(jobs=1, dry_run=True))
-    outcome = executor.run(selected)[sid]
+    scheduler = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), toolchain=toolchain,
+                          host=host, options=Options(jobs=1, dry_run=True))
+    outcome = scheduler.run(selected)[sid]
     info: dict[str, Any] = {"step": sid, "status": outcome.status, "key": outcome.key,
                             "reasons": outcome.reasons}
     entry = outcome.entry or (ws.store.read_only_view().get_action(outcome.key) if outcome.key else None)

@@ -89,3 +89,21 @@ def test_the_flock_helper_is_the_only_caller_of_flock():
     callers = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
                      if "fcntl.flock(" in path.read_text())
     assert callers == ["optbuild/store/flock.py"], callers
+
+
+def test_builders_see_a_context_never_the_scheduler():
+    """The Dask builder and the node import nothing from the scheduler (builder/scheduler.py),
+    nor does the local builder: each gets a BuildContext (builder/site.py)."""
+    reaching = [f"{path.relative_to(PACKAGE.parent)}:{line}"
+                for path in [*(PACKAGE / "distributed").glob("*.py"), PACKAGE / "builder" / "local.py",
+                             PACKAGE / "builder" / "site.py"]
+                for line, module in imported_modules(path) if module.startswith("optbuild.builder.scheduler")]
+    assert not reaching, reaching
+
+
+def test_one_place_starts_a_step_process():
+    """process/runstep.py is where a step runs, for the local builder and a Dask node alike:
+    no other module starts a step's process from the pool."""
+    starters = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
+                      if "pool.start(" in path.read_text() or "workers.start(" in path.read_text())
+    assert starters == ["optbuild/process/runstep.py"], starters

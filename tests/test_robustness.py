@@ -55,7 +55,7 @@ def test_a_crashing_step_fails_cleanly_and_other_branches_build_with_keep_going(
     result = project.build(keep_going=True)
     assert not result.ok
     failed = result.outcomes["chain:boom"]
-    assert failed.status == "failed" and "worker process died (signal 6)" in failed.error
+    assert failed.status == "failed" and "step process died (signal 6)" in failed.error
     assert "about to crash" in failed.error
     assert sorted(result.steps("built")) == ["chain:mid", "chain:out", "chain:side", "chain:src"]
     assert (project.root / "build/.logs/chain/boom.log").exists()

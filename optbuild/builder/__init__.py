@@ -1,3 +1,3 @@
-"""The builder: one build's action keys, the executor that decides, builds and restores each
-step, how a step's outputs are filed, the lock file and its diff, step statuses, reporters and
-run statistics."""
+"""One build: action keys, the scheduler that decides, has built and restores each step, the
+seam to where a step builds (``site``) and the builder for this host (``local``), the lock
+file and its diff, step statuses, reporters and run statistics."""

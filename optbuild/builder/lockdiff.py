@@ -1,6 +1,6 @@
 """What differs between two lock files, per step: for ``optbuild diff``.
 
-A lock record (see optbuild.builder.lockfile and Executor._write_lock) holds a step's key, kind,
+A lock record (see optbuild.builder.lockfile and Scheduler._write_lock) holds a step's key, kind,
 outputs, the ingredients of its key (params, files, inputs, tools, host...) and, since
 metrics were added to it, its metrics. ``diff`` compares two sets of records and says, per
 step, which of these changed; nested values are flattened to dotted paths (``calibration.

@@ -1,6 +1,6 @@
 """Reporters: how build events reach a person (rich or plain lines) or a machine (JSON).
 
-The executor emits plain dict events; a reporter only formats them. ``--json`` writes one
+The scheduler emits plain dict events; a reporter only formats them. ``--json`` writes one
 JSON object per line, which tests and CI tooling read.
 """
 
@@ -34,7 +34,7 @@ class Reporter:
         self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
-        """Record and show ``event``; safe from any thread (the executor's pool threads emit),
+        """Record and show ``event``; safe from any thread (the scheduler's threads emit),
         and the events are shown in the order they are recorded."""
         event.setdefault("time", time.time())
         with self._lock:

@@ -1,7 +1,7 @@
 """Run statistics: what one run did with the caches, and the record of recent runs.
 
 ``run_stats`` counts a build's local hits and misses (and takes the remote session's
-counters); the executor emits them as the "cache" event and appends them to
+counters); the scheduler emits them as the "cache" event and appends them to
 ``cache/stats.jsonl``, as ``cache push`` / ``pull`` do. ``describe_stats`` is the line
 people read after a build; ``read_stats`` feeds ``optbuild cache stats``.
 """

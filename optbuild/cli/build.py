@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from optbuild.process.pool import WorkerPool
+    from optbuild.process.pool import ProcessPool
 
 
 def add_remote_flags(parser: argparse.ArgumentParser) -> None:
@@ -78,20 +78,20 @@ def report_remote(args: argparse.Namespace, result) -> None:
 def run(args: argparse.Namespace) -> int:
     from optbuild.cli.buildserver.server import served_pool
     from optbuild.common.projectroot import project_root
-    from optbuild.process.pool import WorkerPool
+    from optbuild.process.pool import ProcessPool
 
     # first: the fork server imports the steps' tools while optbuild loads the project and
     # plans; in a build server, its fork servers are already warm (their close is a no-op)
     root = project_root(args.directory)
-    workers = None if args.no_build else served_pool(root) or WorkerPool.speculative(root)
+    pool = None if args.no_build else served_pool(root) or ProcessPool.speculative(root)
     try:
-        return _build(args, workers)
+        return _build(args, pool)
     finally:
-        if workers is not None:
-            workers.close()
+        if pool is not None:
+            pool.close()
 
 
-def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
+def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
     from optbuild import api
     from optbuild.builder.report import make_reporter
     from optbuild.builder.status import Status
@@ -103,7 +103,7 @@ def _build(args: argparse.Namespace, workers: WorkerPool | None) -> int:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,
                            skip_unavailable=args.skip_unavailable, fetch_only=args.no_build,
-                           retry_failed=args.retry_failed, workers=workers,
+                           retry_failed=args.retry_failed, pool=pool,
                            executor=args.executor, scheduler=scheduler_override(args))
     finally:
         ws.close()

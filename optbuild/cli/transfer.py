@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from optbuild.builder import lockfile
-from optbuild.builder.executor import Executor, Options
 from optbuild.builder.report import Reporter
+from optbuild.builder.scheduler import Options, Scheduler
 from optbuild.builder.status import Status
 from optbuild.store.remote import RemoteSession
 
@@ -43,8 +43,8 @@ def pull(ws: Workspace, session: RemoteSession, targets: Iterable[str] = (), *,
     """
     report = TransferReport()
     selected = ws.graph.select(list(targets))
-    planner = Executor(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), host=host,
-                       options=Options(jobs=1, dry_run=True), remote=session)
+    planner = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), host=host,
+                        options=Options(jobs=1, dry_run=True), remote=session)
     planned = planner.run(selected)
     for sid in selected:
         outcome = planned[sid]

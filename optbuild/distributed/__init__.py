@@ -2,7 +2,7 @@
 
 The machine that runs ``optbuild build`` (the coordinator) keeps the scheduling, the keys,
 the cache lookups and the lock file; only the building of a step moves to a Dask worker
-(``backend.DaskBackend``). Artifacts travel through the remote cache's CAS, never through
+(``builder.DaskBuilder``). Artifacts travel through the remote cache's CAS, never through
 Dask's memory: the coordinator makes sure that a step's input files and upstream outputs are
 there, the task (``task.run_task``) materializes them on its node, runs the step in a worker
 process, uploads the outputs and returns the action entry, which the coordinator validates

@@ -1,6 +1,6 @@
 """The Dask task that builds one step on a node: ``run_task(doc)``.
 
-``doc`` is small JSON made by the coordinator (``backend.DaskBackend``): the step (its kind's
+``doc`` is small JSON made by the coordinator (``builder.DaskBuilder``): the step (its kind's
 implementation, main output, recipe folder), the digests of its input files (by
 project-relative path) and of its upstream outputs, its key and key material, the URL of
 the remote cache the coordinator uses and whether it accepts only signed entries. The node
@@ -21,15 +21,16 @@ trusts none of it (anyone who reaches the scheduler can send a task):
    per upstream output). Every name must be a safe relative path
    (``store.entry.check_relative_path``) and every file is written through
    ``paths.confined``: nothing lands outside the scratch folder;
-4. it runs the step in its own process, as a local build does: a child of one of the node's
-   fork servers, which have imported the step's tools once (``node_pool``; a fresh
+4. it runs the step in its own process, as a local build does (``process.runstep``): a child
+   of one of the node's fork servers, which have imported the step's tools once (``node_pool``; a fresh
    ``python -m optbuild.process.child`` where they cannot); a native crash kills that process,
    not the node. The signing key's variable is not in that process's environment;
 5. it stores the outputs and the log in the node's cache and the remote CAS, then the action
    entry (blobs first, so the remote never names a blob it lacks; a node killed half-way
    leaves no entry), and returns the entry's bytes (signed with the node's key, if it has one).
 
-It returns a dict, never raises for a step's failure: ``{"ok": True, "entry": ..., "node": ...}``
+The task is a ``taskspec.Task``, sent as a dict and read back (its shape checked) here. It
+returns a dict, never raises for a step's failure: ``{"ok": True, "entry": ..., "node": ...}``
 or ``{"ok": False, "error": ..., "log": ..., "expected": ..., "repeats": ..., "node": ...}``.
 """
 
@@ -39,15 +40,15 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from optbuild.distributed.taskspec import BadTask, Task
 
 if TYPE_CHECKING:
     from optbuild.distributed.nodeconfig import NodeConfig
 
 LOG_LIMIT = 256 << 10  # bytes of a failed step's log sent back (its tail)
-PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: project:<path>:<Class>
 
 
 _POOL: Any = None
@@ -56,7 +57,7 @@ _NODE_LOCK = threading.Lock()  # the task threads share the pool and the stores
 
 
 def node_pool(node: NodeConfig) -> Any:
-    """The node's fork servers (a ``workerpool.ServedPool``), shared by its task threads and
+    """The node's fork servers (a ``pool.ServedPool``), shared by its task threads and
     kept for the node's life (they die with it); a fresh pool when one of them ended. Not
     watched for changed modules: a node runs the optbuild it was started with, and is
     restarted to run another. Steps do not see the node's signing key in their environment."""
@@ -107,8 +108,11 @@ def run_on(doc: dict[str, Any], node: NodeConfig) -> dict[str, Any]:
     """Build the step ``doc`` describes as ``node``, in a scratch folder that goes with it."""
     tmp = Path(tempfile.mkdtemp(prefix="optbuild-step-", dir=_scratch_root()))
     try:
-        return {**_run(doc, tmp, node), "node": node.name}
-    except StepFailed as exc:  # the step's outputs break the rules: as a local build reports it
+        return {**_run(Task.read(doc), tmp, node), "node": node.name}
+    except BadTask as exc:
+        return {"ok": False, "error": f"refused: {exc}; nothing was built or stored", "infra": True,
+                "node": node.name}
+    except BadOutputs as exc:  # the step's outputs break the rules: as a local build reports it
         return {"ok": False, "error": str(exc), "expected": True, "node": node.name}
     except Refused as exc:
         return {"ok": False, "error": f"refused: {exc}; nothing was built or stored", "infra": True,
@@ -149,97 +153,85 @@ def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
     return dest
 
 
-def _run(doc: dict[str, Any], tmp: Path, node: NodeConfig) -> dict[str, Any]:
+def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
+    from optbuild.process.runstep import StepFailed, StepRun, run_step
     from optbuild.store.remote import encode_entry
 
-    material = _material(doc)
-    _check_implementation(doc, material)
+    material = _material(task)
+    _check_implementation(task, material)
     _check_host(material, node)
     _check_tools(material, node.name)
-    _check_remote(doc, node)
+    _check_remote(task, node)
     warnings = _Warnings()
     session = node.remote.session(warnings)
     store, cache = _store(tmp, node.cache)
     project = tmp / "project"
     project.mkdir()
-    step_id = str(doc["step"])
     with store.shared_gc_lock():  # a trim by another task waits: the blobs are linked here first
-        inputs = _fetch(doc, session, store, tmp, project, warnings)
-    implementation = str(doc["implementation"])
-    if implementation.startswith(PROJECT_KIND):
-        relative, _, cls = implementation[len(PROJECT_KIND):].rpartition(":")
+        inputs = _fetch(task, session, store, tmp, project, warnings)
+    implementation = task.implementation
+    if (named := task.project_kind) is not None:
+        relative, _, cls = named.rpartition(":")
         implementation = f"{_inside(project, relative, 'the step kind')}:{cls}"
-    base_dir = _inside(project, doc["base_dir"], "the recipe folder") if doc["base_dir"] != "." else project
-    out_dir, state = tmp / "out", tmp / "state"
-    out_dir.mkdir()
+    base_dir = _inside(project, task.base_dir, "the recipe folder") if task.base_dir != "." else project
+    state = tmp / "state"
     state.mkdir()
-    from optbuild.process.spec import WorkerSpec
-
-    spec = WorkerSpec(implementation=implementation, step_id=step_id, params=_params(material, doc),
-                      base_dir=str(base_dir), project_root=str(project), inputs=inputs,
-                      out_dir=str(out_dir), state_dir=str(state), result=str(tmp / "result.json"),
-                      parent_pid=os.getpid())
-    (tmp / "spec.json").write_text(spec.to_json())
-    log_path = tmp / "step.log"
-    started = time.perf_counter()
-    proc = node_pool(node).start(tmp / "spec.json", log_path, implementation, tuple(doc.get("preload", ())),
-                                 threading.Event(), cwd=tmp)
-    assert proc is not None  # None only when cancelled before it started
-    code = proc.poll(None)
-    duration = time.perf_counter() - started
-    from optbuild.builder.executor import read_result
-
-    result = read_result(tmp / "result.json", code, tmp)
-    log_bytes = log_path.read_bytes()
-    if not result.ok:
+    scratch = tmp / "run"
+    scratch.mkdir()
+    run = StepRun(step_id=task.step, kind=str(material["kind"]), implementation=implementation,
+                  params=_params(material, task), base_dir=base_dir, project_root=project, inputs=inputs,
+                  primary=task.primary_output, preload=task.preload, state_dir=state)
+    try:
+        ran = run_step(run, scratch, node_pool(node), threading.Event(), cwd=tmp)
+    except StepFailed as failed:
+        result = failed.result
         return {"ok": False, "error": result.error or "step failed", "expected": result.expected,
-                "repeats": result.repeats, "log": log_bytes[-LOG_LIMIT:].decode(errors="replace")}
+                "repeats": result.repeats, "log": failed.log[-LOG_LIMIT:].decode(errors="replace")}
     with store.shared_gc_lock():
-        entry = _entry(doc, material, out_dir, store, log_bytes, result.metrics, duration, node.name)
-        status = session.push(entry, store, step_id)
+        entry = _entry(task, material, run, ran, store, node.name)
+        status = session.push(entry, store, task.step)
     if status != "uploaded":
-        raise TaskError(_with_warnings(f"the outputs of {step_id} could not be stored in the remote "
+        raise TaskError(_with_warnings(f"the outputs of {task.step} could not be stored in the remote "
                                        f"cache {session.url} ({status})", warnings))
     if cache is not None and store.size_bytes() > cache.max_bytes:
         store.trim_blobs(cache.max_bytes)
     return {"ok": True, "entry": encode_entry(entry, session.store.signing_key).decode("ascii")}
 
 
-def _material(doc: dict[str, Any]) -> dict[str, Any]:
+def _material(task: Task) -> dict[str, Any]:
     """The key material of what this task builds: the task's, with the digests of the files
     and upstream outputs it fetches (``_fetch`` checks each blob against its digest).
     Refused unless its key (``keys.action_key``, as the coordinator computes it) is the task's."""
     from optbuild.builder.keys import action_key, describe_changes
 
-    sent = doc["ingredients"]
+    sent = task.ingredients
     material = {**sent,
-                "files": {name: blob["digest"] for name, blob in doc["files"].items()},
-                "inputs": {field: {name: blob["digest"] for name, blob in upstream["outputs"].items()}
-                           for field, upstream in doc["inputs"].items()}}
-    if action_key(material) != doc["key"]:
+                "files": {name: blob.digest for name, blob in task.files.items()},
+                "inputs": {field: {name: blob.digest for name, blob in upstream.outputs.items()}
+                           for field, upstream in task.inputs.items()}}
+    if action_key(material) != task.key:
         why = "; ".join(describe_changes(sent, material)) if material != sent else "its key is not that of its key material"
-        raise Refused(f"the task is not what its key {str(doc['key'])[:12]}… says ({why})")
+        raise Refused(f"the task is not what its key {task.key[:12]}… says ({why})")
     return material
 
 
-def _params(material: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+def _params(material: dict[str, Any], task: Task) -> dict[str, Any]:
     """The step's parameters, as its key holds them: an upstream step's name is not content
     (None in the key), and is taken from the task's inputs."""
     params = dict(material["params"])
-    for field, upstream in doc["inputs"].items():
+    for field, upstream in task.inputs.items():
         if field in params and params[field] is None:
-            params[field] = str(upstream["step"])
+            params[field] = upstream.step
     return params
 
 
-def _check_implementation(doc: dict[str, Any], material: dict[str, Any]) -> None:
+def _check_implementation(task: Task, material: dict[str, Any]) -> None:
     """A kind installed on the node runs the implementation the node's registry names for
     it; a project's kind runs the file and class its key names."""
     from optbuild.steps import registry
 
-    implementation, kind = str(doc["implementation"]), str(material["kind"])
-    if implementation.startswith(PROJECT_KIND):
-        named = implementation[len(PROJECT_KIND):]
+    implementation, kind = task.implementation, str(material["kind"])
+    if (named := task.project_kind) is not None:
         if named != material.get("class"):
             raise Refused(f"the task runs {named} of the project, its key names {material.get('class')}")
         return
@@ -261,14 +253,14 @@ def _check_host(material: dict[str, Any], node: NodeConfig) -> None:
         raise Refused(f"its key was made for another host ({'; '.join(wrong)})")
 
 
-def _check_remote(doc: dict[str, Any], node: NodeConfig) -> None:
+def _check_remote(task: Task, node: NodeConfig) -> None:
     """The coordinator fetches what the node stores: both must use one remote cache, and a
     coordinator that accepts only signed entries needs a node that holds the key."""
-    mine, wanted = node.remote.display_url.rstrip("/"), str(doc["remote"]).rstrip("/")
+    mine, wanted = node.remote.display_url.rstrip("/"), task.remote.rstrip("/")
     if mine != wanted:
         raise Refused(f"this node stores into the remote cache {mine}, the build uses {wanted} "
                       f"(start the node with --remote {wanted})")
-    if doc.get("signed") and node.remote.signing_key is None:
+    if task.signed and node.remote.signing_key is None:
         raise Refused("the build accepts only signed entries and this node holds no signing key (start it "
                       "with the key in $OPTBUILD_SIGNING_KEY, or in the variable --signing-key-env names)")
 
@@ -289,7 +281,7 @@ def _store(tmp: Path, cache: Any) -> tuple[Any, Any]:
     return store, cache
 
 
-def _fetch(doc: dict[str, Any], session: Any, store: Any, tmp: Path, project: Path,
+def _fetch(task: Task, session: Any, store: Any, tmp: Path, project: Path,
            warnings: _Warnings) -> dict[str, Any]:
     """Every input file into ``project`` and every upstream output into a folder of its own,
     from ``store`` where it holds them, else from the remote; the inputs' ArtifactSpecs."""
@@ -301,21 +293,21 @@ def _fetch(doc: dict[str, Any], session: Any, store: Any, tmp: Path, project: Pa
         store.mark_used(digest)
         return path
 
-    step_id = str(doc["step"])
+    step_id = task.step
     try:
         session.require_read_write()
-        for name, entry in sorted(doc["files"].items()):
-            _place(blob(entry["digest"], entry["size"], f"{step_id} input {name}"), project, name, "the input file")
+        for name, entry in sorted(task.files.items()):
+            _place(blob(entry.digest, entry.size, f"{step_id} input {name}"), project, name, "the input file")
         inputs = {}
-        for number, (field, upstream) in enumerate(sorted(doc["inputs"].items())):
+        for number, (field, upstream) in enumerate(sorted(task.inputs.items())):
             folder = tmp / "inputs" / str(number)
             folder.mkdir(parents=True)
             files = {}
-            for name, entry in sorted(upstream["outputs"].items()):
-                path = blob(entry["digest"], entry["size"], f"{upstream['step']} {name}")
-                files[name] = str(_place(path, folder, name, f"the output of {upstream['step']}"))
-            primary = upstream.get("primary")
-            inputs[field] = ArtifactSpec(step=str(upstream["step"]), dir=str(folder), files=files,
+            for name, entry in sorted(upstream.outputs.items()):
+                path = blob(entry.digest, entry.size, f"{upstream.step} {name}")
+                files[name] = str(_place(path, folder, name, f"the output of {upstream.step}"))
+            primary = upstream.primary
+            inputs[field] = ArtifactSpec(step=upstream.step, dir=str(folder), files=files,
                                          primary=files.get(primary) if primary else None)
     except TransferError as exc:
         raise TaskError(_with_warnings(str(exc), warnings)) from None
@@ -348,24 +340,18 @@ def _inside(root: Path, relative: str, what: str) -> Path:
         raise TaskError(f"refusing {what} {relative!r}: {exc}") from None
 
 
-def _entry(doc: dict[str, Any], material: dict[str, Any], out_dir: Path, store: Any, log: bytes, metrics: dict[str, Any],
-           duration: float, node: str) -> Any:
-    """The action entry of the outputs in ``out_dir``, under the rules of a local build."""
-    from optbuild.builder.outputs import store_outputs
+def _entry(task: Task, material: dict[str, Any], run: Any, ran: Any, store: Any, node: str) -> Any:
+    """The action entry of the step's outputs, filed as a local build files them."""
     from optbuild.common.errors import StepError
-    from optbuild.store.entry import ActionEntry
+    from optbuild.process.runstep import file_outputs
 
-    step_id, primary = doc["step"], doc.get("primary_output")
     try:
-        outputs = store_outputs(out_dir, primary, step_id, store)
+        return file_outputs(run, ran, task.key, material, store, built_on=node)
     except StepError as exc:
-        raise StepFailed(str(exc)) from None
-    return ActionEntry(key=doc["key"], step=step_id, kind=material["kind"], outputs=outputs, primary=primary,
-                       ingredients=material, log=store.put_bytes(log), metrics=metrics,
-                       duration_s=duration, created_at=time.time(), built_on=node)
+        raise BadOutputs(str(exc)) from None
 
 
-class StepFailed(TaskError):
+class BadOutputs(TaskError):
     """The step ran but its outputs break the rules (none, a link, no main output)."""
 
 

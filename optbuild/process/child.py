@@ -2,8 +2,8 @@
 forked by ``optbuild.process.forkserver``, which calls ``serve`` as this module's ``main`` does.
 
 A crash in a native library (onnxsim, TensorRT) kills this process, not the build. The
-spec and the result travel as JSON files (``optbuild.process.spec``: WorkerSpec in,
-WorkerResult out); stdout and stderr go to the step's log, and
+spec and the result travel as JSON files (``optbuild.process.spec``: ChildSpec in,
+ChildResult out); stdout and stderr go to the step's log, and
 everything that explains a failure is written there: the traceback of any error (expected
 or not), library logging, Python warnings, and on a native crash the Python stack.
 
@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from optbuild.process.spec import WorkerResult, WorkerSpec
+from optbuild.process.spec import ChildResult, ChildSpec
 
 RESULT_RESERVE = 64 << 10  # bytes; results are small JSON (an error message, metrics)
 
@@ -43,7 +43,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def run(spec: WorkerSpec) -> WorkerResult:
+def run(spec: ChildSpec) -> ChildResult:
     from optbuild.common.errors import OptbuildError, describe_os_error, is_disk_full
     from optbuild.common.fingerprint import Fingerprint
     from optbuild.steps.base import Artifact, StepContext
@@ -78,15 +78,15 @@ def run(spec: WorkerSpec) -> WorkerResult:
     # not so for a full disk or exhausted memory, which depend on the moment
     except OptbuildError as exc:
         _log_failure(exc)
-        return WorkerResult(ok=False, error=str(exc), expected=True, repeats=True)
+        return ChildResult(ok=False, error=str(exc), expected=True, repeats=True)
     except Exception as exc:  # a bug or a tool failure: the log tail goes to the console too
         if is_disk_full(exc):  # not a bug: say which disk to make room on
             error = describe_os_error(exc, ctx.out_dir)
             _log_failure(exc, error)
-            return WorkerResult(ok=False, error=error, expected=True)
+            return ChildResult(ok=False, error=error, expected=True)
         _log_failure(exc)
-        return WorkerResult(ok=False, error=f"{type(exc).__name__}: {exc}", repeats=not isinstance(exc, MemoryError))
-    return WorkerResult(ok=True, metrics=ctx.metrics, run_s=time.perf_counter() - started)
+        return ChildResult(ok=False, error=f"{type(exc).__name__}: {exc}", repeats=not isinstance(exc, MemoryError))
+    return ChildResult(ok=True, metrics=ctx.metrics, run_s=time.perf_counter() - started)
 
 
 def _log_failure(exc: BaseException, error: str | None = None) -> None:
@@ -137,7 +137,7 @@ def capture_diagnostics() -> None:
 def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
     """Run the step that ``spec_path`` describes and write its result; die with ``parent``
     (default: the builder the spec names)."""
-    spec = WorkerSpec.from_json(Path(spec_path).read_bytes())
+    spec = ChildSpec.from_json(Path(spec_path).read_bytes())
     die_with_parent(spec.parent_pid if parent is None else parent)
     result_path = Path(spec.result)
     tmp = result_path.with_suffix(".tmp")

@@ -2,14 +2,14 @@
 the step's tools (``optbuild.process.forkserver``) where it can, a fresh ``python -m optbuild.process.child``
 where it cannot (not Linux, ``[build] preload = false``, or a fork server that failed).
 
-Either way the step runs in a process of its own and the executor sees the same thing: a
-``WorkerProcess`` to poll for its exit code, or to kill. One fork server per set of
+Either way the step runs in a process of its own and its runner (``runstep``) sees the same
+thing: a ``StepProcess`` to poll for its exit code, or to kill. One fork server per set of
 preloaded modules, started on first need and shared by the steps whose ``preload`` it
 covers (a quantize step, which preloads onnx, forks from the server that holds torch and
 onnx when that one is already running); all end with the build.
 
 ``optbuild build`` starts the server of ``ONNX_TOOLS``, which most step kinds preload, before
-it even imports its own modules (``WorkerPool.speculative``): it is ready when the first
+it even imports its own modules (``ProcessPool.speculative``): it is ready when the first
 step is, instead of after it. One that no step used is killed at the end.
 
 A build server (``optbuild.cli.buildserver``) keeps its pool between builds: a ``ServedPool``,
@@ -42,7 +42,7 @@ READY_TIMEOUT_S = 600.0  # importing torch on a loaded host can take a minute; n
 MAX_MESSAGE = 4096
 
 
-class WorkerProcess(Protocol):
+class StepProcess(Protocol):
     def poll(self, timeout: float | None) -> int | None:
         """The exit code (negative: the signal that killed it), waiting at most ``timeout``
         seconds (None: until it exits); None if it still runs."""
@@ -233,8 +233,8 @@ class ForkServer:
             self.proc.wait()
 
 
-class WorkerPool:
-    """Where the executor gets the processes that run its steps."""
+class ProcessPool:
+    """Where ``runstep`` gets the processes that run steps."""
 
     def __init__(self, cwd: Path, *, preload: bool = True):
         self.cwd = cwd
@@ -243,7 +243,7 @@ class WorkerPool:
         self._lock = threading.Lock()
 
     @classmethod
-    def speculative(cls, root: str | None) -> WorkerPool | None:
+    def speculative(cls, root: str | None) -> ProcessPool | None:
         """A pool for the project at ``root`` whose ONNX_TOOLS server starts now (None
         without a root): for a build, before the builder's own imports and planning."""
         from optbuild.steps.base import ONNX_TOOLS
@@ -265,7 +265,7 @@ class WorkerPool:
             self._server_for(frozenset(modules))
 
     def start(self, spec: Path, log_path: Path, implementation: str, modules: tuple[str, ...],
-              cancel: threading.Event, cwd: Path | None = None) -> WorkerProcess | None:
+              cancel: threading.Event, cwd: Path | None = None) -> StepProcess | None:
         """A process running the step ``spec`` describes (of the kind ``implementation``,
         preloading ``modules``) in ``cwd`` (default: the pool's); None if ``cancel`` was set
         first."""
@@ -303,7 +303,7 @@ class WorkerPool:
             self._servers.clear()
 
 
-class ServedPool(WorkerPool):
+class ServedPool(ProcessPool):
     """A pool that outlives builds: a build server's (``optbuild.cli.buildserver``), whose fork
     servers report the files of the modules they import (``watch``), and a Dask node's
     (``optbuild.distributed.task``), restarted with the node when its code changes."""

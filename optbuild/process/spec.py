@@ -1,13 +1,13 @@
-"""What the executor and a step's worker process (``optbuild.process.child``) tell each other.
+"""What ``runstep`` and a step's process (``optbuild.process.child``) tell each other.
 
-The executor writes a ``WorkerSpec`` as ``spec.json`` in the step's scratch folder; the
-worker runs the step and writes a ``WorkerResult`` where the spec says. Both are plain
-dataclasses with ``to_json`` / ``from_json``: the worker must start fast, so this module
+``runstep`` writes a ``ChildSpec`` as ``spec.json`` in the step's scratch folder; the
+child runs the step and writes a ``ChildResult`` where the spec says. Both are plain
+dataclasses with ``to_json`` / ``from_json``: the child must start fast, so this module
 imports only the standard library.
 
 The result comes from another process, which may have crashed half-way or been broken by
-the step it ran: ``WorkerResult.from_json`` checks every field and raises
-``WorkerResultError`` saying what is wrong, which the executor turns into a step failure.
+the step it ran: ``ChildResult.from_json`` checks every field and raises
+``ChildResultError`` saying what is wrong, which ``runstep`` turns into a step failure.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
-class WorkerResultError(ValueError):
-    """A result file that is not a worker's result; the message says why."""
+class ChildResultError(ValueError):
+    """A result file that is not a step's result; the message says why."""
 
 
 @dataclass(frozen=True)
 class ArtifactSpec:
-    """An upstream step's outputs, as the worker's step sees them (paths as strings)."""
+    """An upstream step's outputs, as the step sees them (paths as strings)."""
 
     step: str
     dir: str
@@ -36,7 +36,7 @@ class ArtifactSpec:
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
+class ChildSpec:
     """One step to run: which kind, its parameters, its inputs and where to write."""
 
     implementation: str  # the step kind's class: "module:Class" or "/path/file.py:Class"
@@ -46,8 +46,8 @@ class WorkerSpec:
     project_root: str
     inputs: dict[str, ArtifactSpec]  # by the parameter that names the upstream step
     out_dir: str
-    result: str  # where the worker writes its WorkerResult
-    parent_pid: int  # the builder: the worker dies with it
+    result: str  # where the child writes its ChildResult
+    parent_pid: int  # its runner: the child dies with it
     state_dir: str | None = None  # kept across builds (calibration data caches, say)
 
     def to_json(self) -> str:
@@ -56,14 +56,14 @@ class WorkerSpec:
         return json.dumps(doc)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> WorkerSpec:
+    def from_json(cls, text: str | bytes) -> ChildSpec:
         doc = json.loads(text)
         inputs = {name: ArtifactSpec.from_dict(a) for name, a in doc.pop("inputs").items()}
         return cls(inputs=inputs, **doc)
 
 
 @dataclass(frozen=True)
-class WorkerResult:
+class ChildResult:
     """How the step went. ``expected``: a failure the step explained (its message says it
     all; no log tail on the console). ``repeats``: the same inputs would fail the same way,
     so the failure may be remembered by key."""
@@ -80,24 +80,24 @@ class WorkerResult:
         return json.dumps(_shallow(self), default=str)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> WorkerResult:
-        """The result in ``text``; WorkerResultError if it is not one (not JSON, not an
+    def from_json(cls, text: str | bytes) -> ChildResult:
+        """The result in ``text``; ChildResultError if it is not one (not JSON, not an
         object, a field missing, unknown or of the wrong type)."""
         try:
             doc = json.loads(text)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            raise WorkerResultError(f"it is not JSON ({_first_line(exc)})") from None
+            raise ChildResultError(f"it is not JSON ({_first_line(exc)})") from None
         if not isinstance(doc, dict):
-            raise WorkerResultError(f"it is a JSON {type(doc).__name__}, not an object")
+            raise ChildResultError(f"it is a JSON {type(doc).__name__}, not an object")
         unknown = sorted(set(doc) - _RESULT_FIELDS)
         if unknown:
-            raise WorkerResultError(f"unknown field {unknown[0]!r}")
+            raise ChildResultError(f"unknown field {unknown[0]!r}")
         if not isinstance(doc.get("ok"), bool):
-            raise WorkerResultError("its 'ok' is missing or not true/false")
+            raise ChildResultError("its 'ok' is missing or not true/false")
         for name, (types, what) in _RESULT_TYPES.items():
             value = doc.get(name)
             if value is not None and (not isinstance(value, types) or (what == "a number" and isinstance(value, bool))):
-                raise WorkerResultError(f"its {name!r} is not {what} but {_short(value)}")
+                raise ChildResultError(f"its {name!r} is not {what} but {_short(value)}")
         doc["metrics"] = doc.get("metrics") or {}
         doc["expected"] = bool(doc.get("expected"))
         doc["repeats"] = bool(doc.get("repeats"))

@@ -85,7 +85,7 @@ def test_what_a_tool_prints_warns_and_logs_reaches_the_log_in_order(tmp_path, mo
 def test_a_native_crash_leaves_what_was_printed_and_the_python_stack_in_the_log(tmp_path, monkeypatch):
     proj = chatty_project(tmp_path / "proj", True, monkeypatch)
     result = proj.build()
-    assert "worker process died (signal 6)" in result.outcomes["noisy:talk"].error
+    assert "step process died (signal 6)" in result.outcomes["noisy:talk"].error
     log = proj.read("build/.logs/noisy/talk.log")
     assert "tool: printed on stdout" in log  # not lost in a buffer when the process died
     assert "INFO sometool: tool: an INFO record" in log

@@ -179,7 +179,7 @@ def test_a_worker_ends_at_once_on_sigterm_even_when_its_builder_ignores_it(tmp_p
         os.kill(worker, signal.SIGTERM)
         output, _ = proc.communicate(timeout=20)
     assert proc.returncode == 1, output
-    assert "worker process died (signal 15)" in output
+    assert "step process died (signal 15)" in output
     assert (proj.root / "build/.logs/naps/a.log").exists()
 
 

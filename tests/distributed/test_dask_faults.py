@@ -83,9 +83,9 @@ def _build_in_thread(proj) -> tuple[threading.Thread, dict]:
 
 def test_the_only_matching_node_killed_mid_step_fails_the_step_instead_of_waiting_forever(
         tmp_path, s3_server, file_remote, monkeypatch):
-    from optbuild.distributed import backend
+    from optbuild.distributed import builder
 
-    monkeypatch.setattr(backend, "NODE_GONE_S", 1.0)
+    monkeypatch.setattr(builder, "NODE_GONE_S", 1.0)
     marker = tmp_path / "started"
     cluster = start_cluster(tmp_path / "farm", {"hopper": 1, "cpu": 1}, file_remote,
                             env={"OPTBUILD_TEST_STARTED": str(marker)})

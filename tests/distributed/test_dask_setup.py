@@ -55,9 +55,9 @@ def test_the_dask_executor_needs_a_scheduler_and_a_remote_cache(tmp_path, file_r
 
 
 def test_an_unreachable_scheduler_is_a_clear_error(tmp_path, file_remote, monkeypatch):
-    from optbuild.distributed import backend
+    from optbuild.distributed import builder
 
-    monkeypatch.setattr(backend, "CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr(builder, "CONNECT_TIMEOUT_S", 1)
     address = free_address()
     proj = make_project(tmp_path / "p", build=f'executor = "dask"\nscheduler = "{address}"\n',
                         remote=file_remote.section(), recipe=SMALL)
@@ -83,9 +83,9 @@ def test_a_tls_scheduler_without_dask_s_tls_settings_is_a_clear_error(tmp_path, 
 
 
 def test_with_executor_auto_an_unreachable_scheduler_means_a_build_on_this_host(tmp_path, file_remote, monkeypatch):
-    from optbuild.distributed import backend
+    from optbuild.distributed import builder
 
-    monkeypatch.setattr(backend, "CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr(builder, "CONNECT_TIMEOUT_S", 1)
     address = free_address()
     proj = make_project(tmp_path / "p", build=f'executor = "auto"\nscheduler = "{address}"\n',
                         remote=file_remote.section(), recipe=SMALL)
@@ -98,9 +98,9 @@ def test_with_executor_auto_an_unreachable_scheduler_means_a_build_on_this_host(
 
 def test_the_command_line_names_the_executor_and_the_scheduler(tmp_path, file_remote, monkeypatch):
     from optbuild.cli import main
-    from optbuild.distributed import backend
+    from optbuild.distributed import builder
 
-    monkeypatch.setattr(backend, "CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr(builder, "CONNECT_TIMEOUT_S", 1)
     proj = make_project(tmp_path / "p", build="", remote=file_remote.section(), recipe=SMALL)
     monkeypatch.chdir(proj.root)
     assert main(["build", "--scheduler", "127.0.0.1:1"]) == 2  # checked as [build] scheduler is
@@ -215,22 +215,20 @@ def test_a_task_names_the_remote_it_expects_but_cannot_choose_it(tmp_path, file_
 
 
 def _acceptor(tmp_path, file_remote, monkeypatch):
-    """A DaskBackend with only what ``_accept`` uses: a signed remote and a local store."""
+    """A DaskBuilder with only what ``_accept`` uses: a signed remote and a local store."""
     from types import SimpleNamespace
 
     from optbuild.common.digest import FileHasher
-    from optbuild.distributed.backend import DaskBackend
+    from optbuild.distributed.builder import DaskBuilder
     from optbuild.store.local import LocalStore
     from optbuild.store.remote import RemoteStore
 
     monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
     remote = RemoteStore(file_remote.url, signing_key_env="OPTBUILD_TEST_SIGNING").session()
     store = LocalStore(tmp_path / "cache", FileHasher(None))
-    backend = DaskBackend.__new__(DaskBackend)
-    backend._connected = False
-    backend.executor = SimpleNamespace(remote=remote, store=store, failures=SimpleNamespace(drop=lambda key: None))
+    builder = DaskBuilder(SimpleNamespace(dask_scheduler="", remote=remote, store=store))
     spec = SimpleNamespace(id="r:s", kind="join", step=SimpleNamespace(primary_output="data.txt"))
-    return backend, spec, store
+    return builder, spec, store
 
 
 def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_path, file_remote, monkeypatch):
@@ -238,7 +236,7 @@ def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_pat
     from optbuild.store.entry import ActionEntry
     from optbuild.store.remote import encode_entry
 
-    backend, spec, store = _acceptor(tmp_path, file_remote, monkeypatch)
+    builder, spec, store = _acceptor(tmp_path, file_remote, monkeypatch)
     data = b"engine bytes"
     digest = digest_bytes(data)
     file_remote.write(file_remote.blob_path(digest), data)
@@ -248,7 +246,7 @@ def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_pat
                         primary="data.txt", ingredients=ingredients, built_on="h1")
 
     def accept(entry_bytes: bytes, asked=ingredients):
-        return backend._accept(spec, key, asked, {"ok": True, "node": "h1", "entry": entry_bytes.decode()})
+        return builder._accept(spec, key, asked, {"ok": True, "node": "h1", "entry": entry_bytes.decode()})
 
     for forged, why in [
         (encode_entry(entry, None), "not signed"),
@@ -301,20 +299,20 @@ def test_steps_sharing_an_input_send_it_to_the_remote_once(tmp_path, file_remote
     from types import SimpleNamespace
 
     from optbuild.common.digest import FileHasher
-    from optbuild.distributed.backend import DaskBackend
+    from optbuild.distributed.builder import DaskBuilder
     from optbuild.store.local import LocalStore
     from optbuild.store.remote import RemoteStore
 
     store = LocalStore(tmp_path / "cache", FileHasher(None))
     remote = RemoteStore(file_remote.url).session()
-    backend = DaskBackend(SimpleNamespace(options=SimpleNamespace(scheduler=""), store=store, remote=remote))
+    builder = DaskBuilder(SimpleNamespace(dask_scheduler="", store=store, remote=remote))
     model = b"m" * (1 << 20)
     digest = store.put_bytes(model)
     start = threading.Barrier(8)
 
     def send() -> None:
         start.wait()
-        backend._ensure(digest, len(model), "r:engine input model.onnx")
+        builder._ensure(digest, len(model), "r:engine input model.onnx")
 
     threads = [threading.Thread(target=send) for _ in range(8)]
     for thread in threads:

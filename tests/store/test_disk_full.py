@@ -1,4 +1,4 @@
-"""A full disk is named, never a traceback or a mute "worker process died".
+"""A full disk is named, never a traceback or a mute "step process died".
 
 Builds run through the CLI in a subprocess, on a real 1 MiB tmpfs where this host lets us
 mount one (root), and under a real file-size limit (ulimit -f: EFBIG) everywhere.
@@ -61,7 +61,7 @@ def assert_clear(run, message: str) -> None:
     """The build failed with ``message`` (a regex) on stderr, and nothing else went wrong."""
     assert run.returncode != 0
     assert re.search(message, run.stderr), run.stderr
-    assert "Traceback" not in run.stderr and "worker process died" not in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "step process died" not in run.stderr, run.stderr
 
 
 @pytest.fixture

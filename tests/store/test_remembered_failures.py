@@ -106,7 +106,7 @@ def test_a_crash_is_not_remembered(project, tmp_path):
     for _ in range(2):
         run = project.cli("build", "c", "--json")
         (event,) = [e for e in run.events if e.get("step") == "c:boom" and e["status"] == "failed"]
-        assert "worker process died" in event["error"]
+        assert "step process died" in event["error"]
 
 
 def test_a_parked_step_and_its_dependents_are_skipped_and_the_build_is_ok(failing, tmp_path):

@@ -44,7 +44,7 @@ _POOL = None  # the served pool of the build now running (optbuild.cli.build ask
 
 
 def served_pool(root: str | None):
-    """The server's warm WorkerPool when this process is a build server serving ``root``;
+    """The server's warm ProcessPool when this process is a build server serving ``root``;
     None otherwise (a normal build starts its own)."""
     if _POOL is not None and root is not None and os.path.realpath(root) == os.path.realpath(_POOL.cwd):
         return _POOL
@@ -542,7 +542,7 @@ def serve(root: str, build_dir: str, idle_s: float) -> None:
         _log(f"serving {root} (idle limit {idle_s:g} s; socket in {folder.path})")
         import importlib
 
-        for name in ("optbuild.api", "optbuild.cli.build", "optbuild.builder.executor", "optbuild.builder.report"):
+        for name in ("optbuild.api", "optbuild.cli.build", "optbuild.builder.scheduler", "optbuild.builder.report"):
             importlib.import_module(name)  # what a build imports, loaded before the first one
 
         server.check_pool(dict(os.environ))

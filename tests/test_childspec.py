@@ -1,4 +1,4 @@
-"""The executor and its worker process talk through typed messages (optbuild.process.spec):
+"""The scheduler and a step's process talk through typed messages (optbuild.process.spec):
 the spec round-trips, and whatever a worker leaves behind (nothing, a crash, garbage) is a
 clear step failure, never an exception out of the build."""
 
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 import optbuild.process.spec
-from optbuild.builder.executor import read_result
 from optbuild.builder.status import Status
-from optbuild.process.spec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
+from optbuild.process.runstep import read_result
+from optbuild.process.spec import ArtifactSpec, ChildResult, ChildResultError, ChildSpec
 
 
-def make_spec() -> WorkerSpec:
-    return WorkerSpec(
+def make_spec() -> ChildSpec:
+    return ChildSpec(
         implementation="kinds.py:Join", step_id="chain:mid", params={"suffix": "-mid", "sleep": 0.5, "n": [1, 2]},
         base_dir="/p/recipes", project_root="/p",
         inputs={"input": ArtifactSpec(step="chain:src", dir="/p/build/chain/src",
@@ -33,29 +33,29 @@ def make_spec() -> WorkerSpec:
 
 def test_the_worker_spec_round_trips_through_json():
     spec = make_spec()
-    assert WorkerSpec.from_json(spec.to_json()) == spec
-    assert WorkerSpec.from_json(spec.to_json().encode()) == spec
+    assert ChildSpec.from_json(spec.to_json()) == spec
+    assert ChildSpec.from_json(spec.to_json().encode()) == spec
     doc = json.loads(spec.to_json())  # the file a worker reads: plain JSON, nothing pickled
     assert doc["inputs"]["input"]["files"] == {"data.txt": "/p/build/chain/src/data.txt"}
 
 
 @pytest.mark.parametrize("result", [
-    WorkerResult(ok=True, metrics={"size": 3, "ratio": 0.5}, run_s=1.25),
-    WorkerResult(ok=False, error="asked to fail", expected=True, repeats=True),
-    WorkerResult(ok=False, error="MemoryError: ", repeats=False),
+    ChildResult(ok=True, metrics={"size": 3, "ratio": 0.5}, run_s=1.25),
+    ChildResult(ok=False, error="asked to fail", expected=True, repeats=True),
+    ChildResult(ok=False, error="MemoryError: ", repeats=False),
 ])
 def test_a_worker_result_round_trips_through_json(result):
-    assert WorkerResult.from_json(result.to_json()) == result
+    assert ChildResult.from_json(result.to_json()) == result
 
 
 def test_metrics_json_cannot_hold_are_written_as_text():
-    text = WorkerResult(ok=True, metrics={"path": Path("/a/b")}).to_json()
-    assert WorkerResult.from_json(text).metrics == {"path": "/a/b"}
+    text = ChildResult(ok=True, metrics={"path": Path("/a/b")}).to_json()
+    assert ChildResult.from_json(text).metrics == {"path": "/a/b"}
 
 
 def test_the_padding_of_a_reserved_result_file_is_accepted():
-    text = WorkerResult(ok=True).to_json() + " " * 4096  # see optbuild.process.child's RESULT_RESERVE
-    assert WorkerResult.from_json(text).ok
+    text = ChildResult(ok=True).to_json() + " " * 4096  # see optbuild.process.child's RESULT_RESERVE
+    assert ChildResult.from_json(text).ok
 
 
 @pytest.mark.parametrize(("data", "why"), [
@@ -72,21 +72,21 @@ def test_the_padding_of_a_reserved_result_file_is_accepted():
     (b'{"ok": true, "surprise": 1}', "unknown field 'surprise'"),
 ])
 def test_garbage_is_not_a_worker_result(data, why):
-    with pytest.raises(WorkerResultError, match=re.escape(why)):
-        WorkerResult.from_json(data)
+    with pytest.raises(ChildResultError, match=re.escape(why)):
+        ChildResult.from_json(data)
 
 
 def test_read_result_turns_every_bad_ending_into_a_failed_result(tmp_path):
     path = tmp_path / "result.json"
     died = read_result(path, -6, tmp_path)
-    assert not died.ok and died.error == "worker process died (signal 6)" and not died.repeats
-    assert read_result(path, 0, tmp_path).error == "worker process died (exit code 0)"  # no result file
+    assert not died.ok and died.error == "step process died (signal 6)" and not died.repeats
+    assert read_result(path, 0, tmp_path).error == "step process died (exit code 0)"  # no result file
     path.write_text("garbage")
     garbage = read_result(path, 0, tmp_path)
     assert not garbage.ok and not garbage.expected and not garbage.repeats
-    assert garbage.error.startswith("worker process left an unreadable result (it is not JSON")
-    path.write_text(WorkerResult(ok=True, metrics={"n": 1}).to_json())
-    assert read_result(path, 0, tmp_path) == WorkerResult(ok=True, metrics={"n": 1})
+    assert garbage.error.startswith("step process left an unreadable result (it is not JSON")
+    path.write_text(ChildResult(ok=True, metrics={"n": 1}).to_json())
+    assert read_result(path, 0, tmp_path) == ChildResult(ok=True, metrics={"n": 1})
 
 
 def test_a_worker_that_writes_garbage_fails_its_step_clearly_and_is_not_remembered(project, tmp_path, monkeypatch):
@@ -103,7 +103,7 @@ def test_a_worker_that_writes_garbage_fails_its_step_clearly_and_is_not_remember
         result = project.build(["chain:src"])
     outcome = result.outcomes["chain:src"]
     assert not result.ok and outcome.status == Status.FAILED
-    assert "worker process left an unreadable result (its 'ok' is missing or not true/false)" in outcome.error
+    assert "step process left an unreadable result (its 'ok' is missing or not true/false)" in outcome.error
     assert "the worker is confused" in outcome.error  # the log tail, as for a crash
     assert project.build(["chain:src"]).outcomes["chain:src"].status == Status.BUILT  # not remembered
 

@@ -1,8 +1,8 @@
-"""Runs the selected steps: key, cache lookup, build in a worker process, store, restore.
+"""Runs the selected steps: key, cache lookup, build (by a builder), store, restore.
 
-Steps run in dependency order, independent ones in parallel (threads that each wait on a
-worker process: a child of a fork server that holds the step's tools, see
-``optbuild.process.pool``). A step's key needs its upstream outputs, so keys are computed as the
+Steps run in dependency order, independent ones in parallel (threads that each wait on the
+builder: ``builder.local`` on this host, a step process per step, see ``process.runstep``;
+or a Dask cluster). A step's key needs its upstream outputs, so keys are computed as the
 graph unfolds. Concurrent builders of one key (threads or other processes) build it once:
 the key's lock is held from the second lookup until the entry is stored.
 """
@@ -10,10 +10,6 @@ the key's lock is held from the second lookup until the entry is stored.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import socket
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,25 +20,20 @@ from typing import Any
 
 from optbuild.builder import lockfile
 from optbuild.builder.keys import action_key, describe_changes, file_digests, step_ingredients
-from optbuild.builder.outputs import store_outputs
+from optbuild.builder.local import LocalBuilder
 from optbuild.builder.report import Reporter
 from optbuild.builder.runstats import append_stats, run_stats
+from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.builder.status import Status
 from optbuild.common.atomic import write_atomic
 from optbuild.common.digest import FileHasher
-from optbuild.common.errors import (
-    DISK_FULL_ERRNOS,
-    DiskFullError,
-    OptbuildError,
-    StepError,
-    describe_os_error,
-    is_disk_full,
-)
+from optbuild.common.errors import OptbuildError, StepError, describe_os_error, is_disk_full
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import confined
 from optbuild.common.toolchain import Toolchain
-from optbuild.process.pool import WorkerPool, WorkerProcess
-from optbuild.process.spec import ArtifactSpec, WorkerResult, WorkerResultError, WorkerSpec
+from optbuild.process.pool import ProcessPool
+from optbuild.process.runstep import Cancelled, StepFailed, StepRun
+from optbuild.process.spec import ArtifactSpec, ChildResult
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, StepSpec
 from optbuild.store.entry import ActionEntry
@@ -55,7 +46,7 @@ LOG_TAIL_LINES = 25
 
 @dataclass
 class Options:
-    jobs: int = 1  # 0: as many as the backend builds at once (BuildBackend.slots)
+    jobs: int = 1  # 0: as many as the builder builds at once (Builder.slots)
     keep_going: bool = False
     dry_run: bool = False
     skip_unavailable: bool = False
@@ -63,7 +54,7 @@ class Options:
     retry_failed: bool = False  # run steps whose failure with the same key is remembered
     preload: bool = True  # steps fork from a server that has imported their tools (Linux)
     executor: str = "local"  # where steps build: "local", "dask", "auto" (dask when it can)
-    scheduler: str = ""  # the Dask scheduler's address, for "dask" and "auto"
+    dask_scheduler: str = ""  # the Dask scheduler's address, for "dask" and "auto"
 
 
 @dataclass
@@ -82,90 +73,7 @@ class Outcome:
         self.status = Status(self.status)  # a plain string ("built") is taken as its member
 
 
-class Cancelled(Exception):
-    pass
-
-
-@dataclass
-class Placement:
-    """Where a step will build, decided before its key: the fingerprint its key is computed
-    for (the host that will run it), and what a backend needs to send it there."""
-
-    host: Fingerprint
-    # why no node can build it, in words (None: it can be built); a callable, as a step's
-    # ``unavailable`` may be costly and is asked only when the step must build
-    missing: Callable[[], str | None] = lambda: None
-    route: Any = None  # the backend's own routing (Dask: the resources to ask for)
-
-    @classmethod
-    def on(cls, host: Fingerprint, spec: StepSpec) -> Placement:
-        """On ``host``, where ``spec`` can build unless its step says why not."""
-        return cls(host, lambda: spec.step.unavailable(host))
-
-
-class BackendUnavailable(OptbuildError):
-    """A build backend that cannot serve this build (its scheduler is unreachable, it has no
-    nodes or no remote cache): an error, or with executor "auto" a build on this host."""
-
-
-class BuildBackend:
-    """Where a step's build runs. The executor keeps the scheduling, the keys, the cache
-    lookups and the lock file; a backend decides which host a step's key is computed for
-    (``place``) and builds one step (``build``: the entry, stored in the local cache, or a
-    StepError). ``LocalBackend`` is the default; ``optbuild.distributed.backend.DaskBackend``
-    builds on Dask workers."""
-
-    local = True  # steps run in this host's worker processes (prewarm the fork servers)
-    name = "local"
-
-    def start(self) -> None:
-        """Called once, before the first step is placed."""
-
-    def slots(self) -> int:
-        """How many steps it builds at once when the user named no number (``-j``,
-        ``[build] jobs``): one per CPU here."""
-        return os.cpu_count() or 1
-
-    def place(self, spec: StepSpec) -> Placement:
-        raise NotImplementedError
-
-    def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Called once the run ends (also when it fails)."""
-
-
-class LocalBackend(BuildBackend):
-    """Steps build here, in worker processes of this host (``Executor._build``)."""
-
-    def __init__(self, executor: Executor):
-        self.executor = executor
-
-    def place(self, spec: StepSpec) -> Placement:
-        return Placement.on(self.executor.host, spec)
-
-    def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
-        return self.executor._build(spec, key, ingredients)
-
-
-def read_result(path: Path, returncode: int, tmp: Path) -> WorkerResult:
-    """What the worker that exited with ``returncode`` reports in ``path``. A worker that
-    died, or left something that is not a result, gives a failed result saying so (its
-    log tail is added to the message), never an exception."""
-    if returncode in DISK_FULL_ERRNOS and not path.exists():  # see optbuild.process.child
-        full = OSError(returncode, os.strerror(returncode))
-        return WorkerResult(ok=False, error=describe_os_error(full, tmp), expected=True)
-    if returncode != 0 or not path.exists():
-        how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-        return WorkerResult(ok=False, error=f"worker process died ({how})")
-    try:
-        return WorkerResult.from_json(path.read_bytes())
-    except WorkerResultError as exc:
-        return WorkerResult(ok=False, error=f"worker process left an unreadable result ({exc})")
-
-
-class Executor:
+class Scheduler:
     def __init__(
         self,
         project: Project,
@@ -178,10 +86,11 @@ class Executor:
         host: Fingerprint | None = None,
         options: Options | None = None,
         remote: RemoteSession | None = None,
-        workers: WorkerPool | None = None,
-        backend: Callable[[Executor], BuildBackend] | None = None,
+        pool: ProcessPool | None = None,
+        builder: Callable[[BuildContext], Builder] | None = None,
     ):
-        """``backend``: where steps build, made for this executor (default: this host, LocalBackend)."""
+        """``builder``: where steps build, made from the build's context (default: this host,
+        LocalBuilder)."""
         self.project = project
         self.graph = graph
         self.hasher = hasher
@@ -194,19 +103,19 @@ class Executor:
         self.failures = FailureStore(store.root, writable=self.store.writable)
         self.last_build = lockfile.read(project.lock_file)
         self.outcomes: dict[str, Outcome] = {}
-        self._cancel = threading.Event()
-        if workers is None or not workers.fits(project.root, preload=self.options.preload):
-            if workers is not None:
-                workers.close()
-            workers = WorkerPool(project.root, preload=self.options.preload)
-        self.workers = workers
-        self._procs: dict[str, WorkerProcess] = {}
-        self._procs_lock = threading.Lock()
+        if pool is None or not pool.fits(project.root, preload=self.options.preload):
+            if pool is not None:
+                pool.close()
+            pool = ProcessPool(project.root, preload=self.options.preload)
+        self.pool = pool
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
         self.remote = remote
+        self.context = BuildContext(project, self.store, self.host, reporter, pool, remote=remote,
+                                    dry_run=self.options.dry_run, dask_scheduler=self.options.dask_scheduler)
+        self._cancel = self.context.cancel
         if remote is not None:
             remote.cancel = self._cancel
-        self.backend = (backend or LocalBackend)(self)
+        self.builder = (builder or LocalBuilder)(self.context)
 
     # --- scheduling ------------------------------------------------------------------
     def run(self, selected: list[str]) -> dict[str, Outcome]:
@@ -257,13 +166,13 @@ class Executor:
             return not building or not self.project.steps[sid].step.exclusive
 
         try:
-            self._start_backend()
+            self._start_builder()
         except BaseException:
-            self._end_run()  # the backend: whatever it got to
+            self._end_run()  # the builder: whatever it got to
             raise
-        jobs = self.options.jobs or self.backend.slots()
+        jobs = self.options.jobs or self.builder.slots()
         self.reporter.emit({"event": "start", "steps": selected, "jobs": jobs, "dry_run": self.options.dry_run})
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as threads:
             try:
                 while ready or held or building:
                     while ready:
@@ -278,7 +187,7 @@ class Executor:
                         if isinstance(decision, Outcome):
                             settle(sid, decision)
                         else:
-                            if self.backend.local:
+                            if self.builder.local:
                                 self._prewarm(sid)
                             held.append((sid, decision))
                     while held and startable(held[0][0]):
@@ -286,7 +195,7 @@ class Executor:
                         if stop is not None:  # a failure while it waited: as for steps not started
                             settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[stop])))
                         else:
-                            building[pool.submit(self._process, sid, decision)] = sid
+                            building[threads.submit(self._process, sid, decision)] = sid
                     if building:
                         done, _ = wait(building, timeout=0.2, return_when=FIRST_COMPLETED)
                         for future in done:
@@ -294,7 +203,7 @@ class Executor:
                             settle(sid, future.result())
             except BaseException:
                 self._cancel.set()
-                self._kill_workers()
+                self._kill_steps()
                 raise
             finally:
                 self._end_run()
@@ -323,20 +232,20 @@ class Executor:
 
     def _end_run(self) -> None:
         """What a run ends with, however it ends: the stat cache written, the fork servers
-        and the backend closed."""
+        and the builder closed."""
         self.hasher.flush()
-        self.workers.close()
-        self.backend.close()
+        self.pool.close()
+        self.builder.close()
 
-    def _start_backend(self) -> None:
+    def _start_builder(self) -> None:
         try:
-            self.backend.start()
-        except BackendUnavailable as exc:
+            self.builder.start()
+        except BuilderUnavailable as exc:
             if self.options.executor != "auto":
                 raise
             self.reporter.emit({"event": "warning", "message": f"{exc}; building on this host (--executor auto)"})
-            self.backend.close()
-            self.backend = LocalBackend(self)
+            self.builder.close()
+            self.builder = LocalBuilder(self.context)
 
     def _plan_notes(self, would_stop: str | None) -> list[str]:
         """Where a build's counts may differ from a plan's: at the step that would stop it
@@ -376,15 +285,13 @@ class Executor:
             event["source"] = outcome.source
         if outcome.entry is not None and outcome.status == Status.BUILT:
             event["duration_s"] = outcome.entry.duration_s
-            if not self.backend.local:
+            if not self.builder.local:
                 event["node"] = outcome.entry.built_on  # the Dask worker that built it
         self.reporter.emit(event)
         return outcome
 
-    def _kill_workers(self) -> None:
-        with self._procs_lock:
-            for proc in self._procs.values():
-                proc.kill()
+    def _kill_steps(self) -> None:
+        self.context.running.kill_all()
 
     def _prewarm(self, sid: str) -> None:
         """Start the fork servers of a step about to build and of the steps after it (which
@@ -392,7 +299,7 @@ class Executor:
         main thread, which lives as long as the build (a server dies with the thread that
         started it: PR_SET_PDEATHSIG)."""
         for step in (sid, *self.graph.dependents[sid]):
-            self.workers.prewarm(self.project.steps[step].step.preload)
+            self.pool.prewarm(self.project.steps[step].step.preload)
 
     # --- one step ----------------------------------------------------------------------
     def _process(self, sid: str, action: Callable[[StepSpec], Outcome | Callable]) -> Outcome | Callable:
@@ -413,7 +320,7 @@ class Executor:
     def _decide(self, spec: StepSpec) -> Outcome | Callable[[StepSpec], Outcome]:
         """Key and cache lookup: an Outcome if settled now, else the build to run."""
         upstream = {}
-        placement = self.backend.place(spec)  # the host its key is for: the one that will build it
+        placement = self.builder.place(spec)  # the host its key is for: the one that will build it
         for field_name, dep in spec.deps.items():
             outcome = self.outcomes[dep]
             if outcome.entry is None:  # dry run: upstream will build, key unknown yet
@@ -478,10 +385,10 @@ class Executor:
                                     "[cache] dir to a writable folder)")
                 self.reporter.emit({"event": "step", "step": spec.id, "status": Status.RUNNING,
                                     "key": key, "reasons": reasons})
-                entry = self.backend.build(spec, key, ingredients, placement)
+                entry = self._build(spec, key, ingredients, placement)
                 status = Status.BUILT
             self._restore(entry, dest)
-            if status == Status.BUILT and self.remote is not None and self.backend.local:  # a node pushes its own
+            if status == Status.BUILT and self.remote is not None and self.builder.local:  # a node pushes its own
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
 
@@ -507,10 +414,15 @@ class Executor:
         except OSError as exc:
             raise StepError(f"cannot write the outputs of {entry.step}: {describe_os_error(exc, dest)}") from None
 
-    def _artifact(self, dep: str) -> ArtifactSpec:
-        spec = self.project.steps[dep]
+    def _entry(self, dep: str) -> ActionEntry:
+        """The entry of ``dep``, a step done in this run."""
         entry = self.outcomes[dep].entry
         assert entry is not None
+        return entry
+
+    def _artifact(self, dep: str) -> ArtifactSpec:
+        spec = self.project.steps[dep]
+        entry = self._entry(dep)
         directory = self.project.build_dir / spec.recipe / spec.name
         return ArtifactSpec(
             step=dep,
@@ -519,75 +431,31 @@ class Executor:
             primary=str(directory / entry.primary) if entry.primary else None,
         )
 
-    def _build(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> ActionEntry:
-        """Run the step in a worker; store its outputs. A full disk (scratch space, blobs,
-        entry) fails the step with a message naming that disk."""
+    def _build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
+        """Have the builder build the step; a failure is reported with its log (kept in
+        build/.logs) and, when the same inputs would fail again, remembered by key."""
         if self._cancel.is_set():
             raise Cancelled
+        run = StepRun(step_id=spec.id, kind=spec.kind, implementation=spec.implementation,
+                      params=spec.step.params.model_dump(mode="json"), base_dir=spec.step.base_dir,
+                      project_root=self.project.root, inputs={f: self._artifact(dep) for f, dep in spec.deps.items()},
+                      primary=spec.step.primary_output, preload=spec.step.preload,
+                      state_dir=self.store.root / "state")
+        upstream = {f: self._entry(dep) for f, dep in spec.deps.items()}
+        request = BuildRequest(spec, key, ingredients, placement, run, upstream,
+                               guard=lambda: self._check_inputs_unchanged(spec, ingredients))
         try:
-            tmp = self.store.new_tmp_dir(prefix=spec.name)
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            raise DiskFullError(describe_os_error(exc, self.store.root)) from None
-        try:
-            out_dir = tmp / "out"
-            out_dir.mkdir()
-            log_path = tmp / "step.log"
-            worker_spec = WorkerSpec(
-                implementation=spec.implementation,
-                step_id=spec.id,
-                params=spec.step.params.model_dump(mode="json"),
-                base_dir=str(spec.step.base_dir),
-                project_root=str(self.project.root),
-                inputs={f: self._artifact(dep) for f, dep in spec.deps.items()},
-                out_dir=str(out_dir),
-                state_dir=str(self.store.root / "state"),
-                result=str(tmp / "result.json"),
-                parent_pid=os.getpid(),
-            )
-            (tmp / "spec.json").write_text(worker_spec.to_json())
-            started = time.perf_counter()
-            result = self._run_worker(spec, tmp, log_path)
-            duration = time.perf_counter() - started
-            log = log_path.read_bytes()
-            if not result.ok:
-                message = self._failure_message(result, log, self._keep_failed_log(spec, log))
-                if result.repeats:
-                    with contextlib.suppress(OSError):  # not remembering it must not hide why it failed
-                        self.failures.put(key, spec.id, message, log)
-                raise StepError(message)
-            self.failures.drop(key)  # built at last (--retry-failed): forget the failure
-            self._check_inputs_unchanged(spec, ingredients)
-            return self._store_outputs(spec, key, ingredients, out_dir, log, result, duration)
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            raise DiskFullError(describe_os_error(exc, tmp)) from None
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            entry = self.builder.build(request)
+        except StepFailed as failed:
+            message = self._failure_message(failed.result, failed.log, self._keep_failed_log(spec, failed.log))
+            if failed.result.repeats:
+                with contextlib.suppress(OSError):  # not remembering it must not hide why it failed
+                    self.failures.put(key, spec.id, message, failed.log)
+            raise StepError(message) from None
+        self.failures.drop(key)  # built at last (--retry-failed): forget the failure
+        return entry
 
-    def _run_worker(self, spec: StepSpec, tmp: Path, log_path: Path) -> WorkerResult:
-        """Run the step's worker, its stdout and stderr into ``log_path``."""
-        proc = self.workers.start(tmp / "spec.json", log_path, spec.implementation, spec.step.preload, self._cancel)
-        if proc is None:
-            raise Cancelled
-        with self._procs_lock:
-            self._procs[spec.id] = proc
-        try:
-            while (returncode := proc.poll(0.05)) is None:
-                if self._cancel.is_set():
-                    proc.kill()
-                    proc.poll(None)
-                    raise Cancelled
-        finally:
-            with self._procs_lock:
-                self._procs.pop(spec.id, None)
-        if self._cancel.is_set():  # it ended as the build was cancelled: killed by it, most likely
-            raise Cancelled
-        return read_result(tmp / "result.json", returncode, tmp)
-
-    def _failure_message(self, result: WorkerResult, log: bytes, kept: str) -> str:
+    def _failure_message(self, result: ChildResult, log: bytes, kept: str) -> str:
         """The step's own message; with the log's tail when the failure was unexpected, and
         ``kept``: where the full log is, or why it could not be kept."""
         message = result.error or "step failed"
@@ -645,26 +513,13 @@ class Executor:
             raise StepError(f"input {', '.join(changed)} changed while {spec.id} was building; "
                             "the result was not cached (run the build again)")
         for dep in spec.deps.values():  # hard links share the blob: a write there damages the cache
-            entry = self.outcomes[dep].entry
-            assert entry is not None
+            entry = self._entry(dep)
             folder = self.project.build_dir / self.project.steps[dep].recipe / self.project.steps[dep].name
             if changed := self.store.changed_outputs(entry, folder):
                 raise StepError(f"its input {folder / changed[0]} (an output of {dep}) changed while {spec.id} "
                                 "ran: the step wrote to it (steps must not write to their inputs), or another "
                                 "build of this project replaced it. The result was not cached; a damaged "
                                 "cached copy was removed (the next build restores it)")
-
-    def _store_outputs(self, spec: StepSpec, key: str, ingredients: dict[str, Any], out_dir: Path,
-                       log: bytes, result: WorkerResult, duration: float) -> ActionEntry:
-        primary = spec.step.primary_output
-        outputs = store_outputs(out_dir, primary, spec.id, self.store)
-        entry = ActionEntry(
-            key=key, step=spec.id, kind=spec.kind, outputs=outputs, primary=primary,
-            ingredients=ingredients, log=self.store.put_bytes(log), metrics=result.metrics,
-            duration_s=duration, created_at=time.time(), built_on=socket.gethostname(),
-        )
-        self.store.put_action(entry)
-        return entry
 
     # --- provenance --------------------------------------------------------------------
     def _write_lock(self) -> None:
@@ -685,7 +540,7 @@ class Executor:
                 }
                 if overrides := self.project.steps[sid].overrides:
                     records[sid]["overrides"] = overrides  # set by -S for this build
-                if not self.backend.local:
+                if not self.builder.local:
                     records[sid]["node"] = entry.built_on  # the node that built it (a Dask worker's name)
         if not records:
             return

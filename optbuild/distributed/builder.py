@@ -1,7 +1,7 @@
-"""The dask executor's backend: each step that must build is one Dask task on a node.
+"""The dask builder: each step that must build is one Dask task on a node.
 
-The coordinator (``optbuild.builder.executor.Executor``) schedules, keys, looks up the caches and
-writes the lock file as for a local build; this backend only
+The coordinator (``optbuild.builder.scheduler.Scheduler``) schedules, keys, looks up the caches and
+writes the lock file as for a local build; this builder (``builder.site.Builder``) only
 
 * places a step (``place``): among the nodes that ``optbuild worker`` started, those whose
   fingerprint can run it (``Step.unavailable``), grouped by the host part of the key they
@@ -13,7 +13,7 @@ writes the lock file as for a local build; this backend only
   values as Dask resources (``resources.requested``), so Dask runs it only where its key holds;
 * builds a step (``build``): makes sure the remote CAS holds its input files (a snapshot,
   checked against the digests its key was made of) and its upstream outputs, submits
-  ``task.run_task`` with that small JSON, and accepts the entry it returns only as the
+  ``task.run_task`` with a small ``taskspec.Task``, and accepts the entry it returns only as the
   remote cache accepts a fetched one (``decode_entry``: its key, digests, output names,
   signature), plus its key material, step and kind must be the ones asked for. The outputs
   are then fetched into the local store (each blob checked) and restored as for a remote hit.
@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild.builder.executor import BackendUnavailable, BuildBackend, Cancelled, Executor, Placement
 from optbuild.builder.keys import _display_path, key_files
+from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.distributed.resources import MARKER, requested, satisfies
-from optbuild.process.spec import WorkerResult
+from optbuild.distributed.taskspec import PROJECT_KIND, Task, Upstream
+from optbuild.process.runstep import Cancelled, StepFailed
+from optbuild.process.spec import ChildResult
 from optbuild.project.recipe import StepSpec
 from optbuild.store.entry import ActionEntry, canonical_json
 
@@ -75,13 +77,13 @@ class Route:
     nodes: str  # the nodes' names, for messages
 
 
-class DaskBackend(BuildBackend):
+class DaskBuilder(Builder):
     local = False
     name = "dask"
 
-    def __init__(self, executor: Executor):
-        self.executor = executor
-        self.address = executor.options.scheduler
+    def __init__(self, context: BuildContext):
+        super().__init__(context)
+        self.address = context.dask_scheduler
         self.client: Any = None
         self.classes: list[HostClass] = []
         self.nodes: list[Node] = []
@@ -92,18 +94,18 @@ class DaskBackend(BuildBackend):
 
     # --- start and stop --------------------------------------------------------------
     def start(self) -> None:
-        ex = self.executor
+        ex = self.context
         config = ex.project.config_file
         if not self.address:
             raise OptbuildError('the dask executor needs the address of a Dask scheduler that `optbuild worker` '
                                 f'nodes joined: --scheduler tcp://HOST:PORT, or [build] scheduler in {config}')
-        if not ex.options.dry_run:
+        if not ex.dry_run:
             if ex.remote is None:
-                raise BackendUnavailable(f'{config}: the dask executor needs a remote cache ([remote] url, '
+                raise BuilderUnavailable(f'{config}: the dask executor needs a remote cache ([remote] url, '
                                     "s3://... or file:// on a mount every node shares): artifacts travel "
                                     "through it, not through Dask")
             if not (ex.remote.store.read and ex.remote.store.write):
-                raise BackendUnavailable(f'{config}: the dask executor needs a remote cache that this host '
+                raise BuilderUnavailable(f'{config}: the dask executor needs a remote cache that this host '
                                     "can read and write ([remote] read and write = true)")
         from optbuild.distributed import require_distributed, require_tls_settings
 
@@ -115,8 +117,8 @@ class DaskBackend(BuildBackend):
             self.client = Client(self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
         except (OSError, TimeoutError) as exc:
             message = f"cannot reach the Dask scheduler at {self.address}: {type(exc).__name__}: {exc}"
-            if not ex.options.dry_run:
-                raise BackendUnavailable(message) from None
+            if not ex.dry_run:
+                raise BuilderUnavailable(message) from None
             ex.reporter.emit({"event": "warning", "message": message + "; planning for this host"})
             return
         self._discover()
@@ -133,7 +135,7 @@ class DaskBackend(BuildBackend):
                 break
             time.sleep(0.25)
         if not self.nodes:
-            raise BackendUnavailable(f"no node has joined the Dask scheduler at {self.address}: start one on each "
+            raise BuilderUnavailable(f"no node has joined the Dask scheduler at {self.address}: start one on each "
                                 f"build host with `optbuild worker --scheduler {self.address}`")
         by_fields: dict[bytes, HostClass] = {}
         for node in self.nodes:
@@ -156,7 +158,7 @@ class DaskBackend(BuildBackend):
 
     # --- placement -------------------------------------------------------------------
     def place(self, spec: StepSpec) -> Placement:
-        ex = self.executor
+        ex = self.context
         if not self.classes:  # a plan with no scheduler reachable: for this host
             return Placement.on(ex.host, spec)
         eligible, refusals = [], []
@@ -187,23 +189,23 @@ class DaskBackend(BuildBackend):
         return Route(wanted, sorted(members) if matching != members else None, names)
 
     # --- one build -------------------------------------------------------------------
-    def build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
-        ex = self.executor
-        if ex._cancel.is_set():
+    def build(self, request: BuildRequest) -> ActionEntry:
+        ex = self.context
+        if ex.cancel.is_set():
             raise Cancelled
-        assert isinstance(placement.route, Route) and ex.remote is not None
+        spec, key, route = request.spec, request.key, request.placement.route
+        assert isinstance(route, Route) and ex.remote is not None
         self._connect()
-        doc = self._task(spec, key, ingredients)
+        task = self._task(request)
         from optbuild.distributed.task import run_task
 
-        route = placement.route
         future = self.client.submit(
-            run_task, doc, key=f"{spec.id}-{key[:12]}-{uuid.uuid4().hex[:8]}", pure=False,
+            run_task, task.model_dump(mode="json"), key=f"{spec.id}-{key[:12]}-{uuid.uuid4().hex[:8]}", pure=False,
             resources=route.resources, workers=route.workers, allow_other_workers=False)
         result = self._wait(future, spec, route)
         if not isinstance(result, dict) or not result.get("ok"):
-            self._failed(spec, key, result if isinstance(result, dict) else {"error": repr(result)[:200]})
-        return self._accept(spec, key, ingredients, result)
+            self._failed(spec, result if isinstance(result, dict) else {"error": repr(result)[:200]})
+        return self._accept(spec, key, request.ingredients, result)
 
     def _wait(self, future: Any, spec: StepSpec, route: Route) -> Any:
         from distributed import KilledWorker
@@ -212,7 +214,7 @@ class DaskBackend(BuildBackend):
             orphaned: float | None = None  # since when no connected node could run it
             checked = time.monotonic()
             while not future.done():
-                if self.executor._cancel.is_set():
+                if self.context.cancel.is_set():
                     future.cancel()
                     raise Cancelled
                 time.sleep(0.05)
@@ -247,15 +249,14 @@ class DaskBackend(BuildBackend):
         return any(satisfies(info.get("resources") or {}, route.resources)
                    and (route.workers is None or address in route.workers) for address, info in workers.items())
 
-    def _task(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> dict[str, Any]:
-        """The task's JSON; the files and upstream outputs it names are in the remote CAS.
-        A node checks it against its key (``task``): files go under the names their
-        digests have in the key material, and the parameters are the key's."""
-        from optbuild.distributed.task import PROJECT_KIND
-
-        ex = self.executor
+    def _task(self, request: BuildRequest) -> Task:
+        """The task; the files and upstream outputs it names are in the remote CAS. A node
+        checks it against its key (``task``): files go under the names their digests have in
+        the key material, and the parameters are the key's."""
+        ex, spec = self.context, request.spec
+        assert ex.remote is not None
         root = ex.project.root
-        files: dict[str, dict[str, Any]] = {}
+        files = {}
         for path in key_files(spec):
             relative = _relative(path, root, spec)
             name = _display_path(path, root)
@@ -263,31 +264,25 @@ class DaskBackend(BuildBackend):
                 blob = ex.store.put_file(path)  # a snapshot: the file may change while the step builds
             except FileNotFoundError:
                 raise StepError(f"input file disappeared: {path}") from None
-            if blob.digest != ingredients["files"].get(name):
+            if blob.digest != request.ingredients["files"].get(name):
                 raise StepError(f"input {relative} changed while {spec.id} was being sent to the Dask cluster; "
                                 "run the build again")
-            files[name] = blob.model_dump()
+            files[name] = blob
             self._ensure(blob.digest, blob.size, f"{spec.id} input {relative}")
-        inputs: dict[str, Any] = {}
-        for field_name, dep in spec.deps.items():
-            entry = ex.outcomes[dep].entry
-            assert entry is not None
+        inputs = {}
+        for field_name, entry in request.upstream.items():
             for name, output in entry.outputs.items():
-                self._ensure(output.digest, output.size, f"{dep} {name}")
-            inputs[field_name] = {"step": dep, "primary": entry.primary,
-                                  "outputs": {n: o.model_dump() for n, o in entry.outputs.items()}}
+                self._ensure(output.digest, output.size, f"{entry.step} {name}")
+            inputs[field_name] = Upstream(step=spec.deps[field_name], primary=entry.primary, outputs=entry.outputs)
         implementation = spec.implementation
         file, _, cls = implementation.rpartition(":")
         if file.endswith(".py"):
             implementation = f"{PROJECT_KIND}{_relative(Path(file), root, spec)}:{cls}"
         base = "." if Path(spec.step.base_dir).resolve() == Path(root).resolve() else _relative(spec.step.base_dir, root, spec)
         store = ex.remote.store
-        return {
-            "key": key, "step": spec.id, "implementation": implementation, "base_dir": base, "files": files,
-            "inputs": inputs, "primary_output": spec.step.primary_output, "ingredients": ingredients,
-            "preload": list(spec.step.preload),
-            "remote": store.display_url, "signed": store.signing_key is not None,
-        }
+        return Task(key=request.key, step=spec.id, implementation=implementation, base_dir=base, files=files,
+                    inputs=inputs, primary_output=spec.step.primary_output, ingredients=request.ingredients,
+                    preload=spec.step.preload, remote=store.display_url, signed=store.signing_key is not None)
 
     def _connect(self) -> None:
         """The remote cache, usable for reading and writing: StepError saying why not."""
@@ -296,7 +291,7 @@ class DaskBackend(BuildBackend):
         if self._connected:
             return
         try:
-            self.executor.remote.require_read_write()
+            self.context.remote.require_read_write()
         except TransferError as exc:
             raise StepError(str(exc)) from None
         self._connected = True
@@ -313,7 +308,7 @@ class DaskBackend(BuildBackend):
             with self._lock:
                 if digest in self._present:
                     return
-            ex = self.executor
+            ex = self.context
             if not ex.store.blob_ok(digest, size):
                 raise StepError(f"{label} is missing from the local cache {ex.store.root} (run the build again)")
             try:
@@ -323,25 +318,22 @@ class DaskBackend(BuildBackend):
             with self._lock:
                 self._present.add(digest)
 
-    def _failed(self, spec: StepSpec, key: str, result: dict[str, Any]) -> None:
-        ex = self.executor
+    def _failed(self, spec: StepSpec, result: dict[str, Any]) -> None:
+        """The node's report of a failure: the step's own (StepFailed, with its log), or the
+        node's (StepError)."""
         node = result.get("node") or "?"
         error = str(result.get("error") or "step failed")
         if result.get("infra"):
             raise StepError(f"{spec.id} could not build on node {node}: {error}")
-        log = str(result.get("log") or "").encode()
-        worker_result = WorkerResult(ok=False, error=f"{error} (on node {node})", expected=bool(result.get("expected")))
-        message = ex._failure_message(worker_result, log, ex._keep_failed_log(spec, log))
-        if result.get("repeats"):
-            with contextlib.suppress(OSError):  # not remembering it must not hide why it failed
-                ex.failures.put(key, spec.id, message, log)
-        raise StepError(message)
+        failed = ChildResult(ok=False, error=f"{error} (on node {node})", expected=bool(result.get("expected")),
+                              repeats=bool(result.get("repeats")))
+        raise StepFailed(failed, str(result.get("log") or "").encode())
 
     def _accept(self, spec: StepSpec, key: str, ingredients: dict[str, Any], result: dict[str, Any]) -> ActionEntry:
         """The node's entry, validated as a fetched remote entry is, its blobs fetched here."""
         from optbuild.store.remote import Rejected, decode_entry
 
-        ex = self.executor
+        ex = self.context
         assert ex.remote is not None
         self._connect()
         node = result.get("node") or "?"
@@ -362,7 +354,6 @@ class DaskBackend(BuildBackend):
         if fetched is None:
             raise StepError(f"the outputs that node {node} built for {spec.id} could not be fetched: "
                             f"{ex.remote.miss_reason(key) or 'see the warnings'}")
-        ex.failures.drop(key)
         return fetched
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from plugins.projects import CONFIG, FIXTURES, ProjectDir
 
-from optbuild.process.pool import WorkerPool
+from optbuild.process.pool import ProcessPool
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
 
@@ -77,7 +77,7 @@ def test_a_native_crash_fails_only_its_step_and_the_server_forks_the_next(tmp_pa
     proj = probe_project(tmp_path / "proj", steps)
     result = proj.build(keep_going=True, jobs=1)
     assert not result.ok
-    assert "worker process died (signal 11)" in result.outcomes["p:boom"].error
+    assert "step process died (signal 11)" in result.outcomes["p:boom"].error
     assert result.outcomes["p:last"].status == "built"
     assert seen(proj, "last")["ppid"] == seen(proj, "first")["ppid"]
 
@@ -93,9 +93,9 @@ def test_a_preload_that_leaves_a_thread_running_is_refused_and_steps_start_fresh
 
 def test_a_build_forks_from_the_server_started_before_it_and_ends_it(tmp_path):
     proj = probe_project(tmp_path / "proj", '[steps.o]\nkind = "onnx_probe"\n')
-    workers = WorkerPool.speculative(str(proj.root))  # as `optbuild build` does, first thing
-    server = workers._servers[0].proc
-    assert proj.build(workers=workers).ok
+    pool = ProcessPool.speculative(str(proj.root))  # as `optbuild build` does, first thing
+    server = pool._servers[0].proc
+    assert proj.build(pool=pool).ok
     assert seen(proj, "o")["ppid"] == server.pid
     assert server.poll() is not None  # ended with the build
 
@@ -104,9 +104,9 @@ def test_a_pool_started_for_another_project_is_ended_and_not_used(tmp_path):
     proj = probe_project(tmp_path / "proj", '[steps.o]\nkind = "onnx_probe"\n')
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "optbuild.toml").write_text("")
-    workers = WorkerPool.speculative(str(tmp_path / "other"))
-    server = workers._servers[0].proc
-    assert proj.build(workers=workers).ok
+    pool = ProcessPool.speculative(str(tmp_path / "other"))
+    server = pool._servers[0].proc
+    assert proj.build(pool=pool).ok
     assert server.poll() is not None and seen(proj, "o")["ppid"] != server.pid
 
 
