@@ -67,12 +67,15 @@ def step_ingredients(
     host: Fingerprint,
     salt: str,
     project_root: Path,
+    missing: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The key material of ``spec``.
 
     ``upstream`` maps each StepRef field to the outputs (name -> digest) of the step it
     names: keys depend on upstream *content*, so an upstream rebuild that reproduces the
-    same bytes does not rebuild anything downstream.
+    same bytes does not rebuild anything downstream. ``missing``: the fields of a step that
+    takes partial inputs whose steps did not succeed, with why (in the key, so that one
+    that later succeeds runs the step again).
     """
     step = spec.step
     params = key_params(step.params)
@@ -86,7 +89,7 @@ def step_ingredients(
         "kind": spec.kind,
         "version": step.version,
         "params": params,
-        "inputs": {name: upstream[name] for name in sorted(spec.deps)},
+        "inputs": {name: upstream[name] for name in sorted(spec.deps) if name not in (missing or {})},
         "files": file_digests(spec, hasher, project_root),
         "tools": {name: toolchain.version(name) for name in step.tool_names()},
         "host": step.host_key(host),
@@ -94,6 +97,8 @@ def step_ingredients(
     impl_file, _, class_name = spec.implementation.rpartition(":")
     if impl_file.endswith(".py"):  # a project kind: its file's bytes are in "files", which class of it runs here
         material["class"] = f"{_display_path(Path(impl_file), project_root)}:{class_name}"
+    if missing:
+        material["missing"] = dict(sorted(missing.items()))
     return material
 
 

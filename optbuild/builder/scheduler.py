@@ -148,9 +148,10 @@ class Scheduler:
 
         def blocked(sid: str) -> str | None:
             """Why ``sid`` must not start: an upstream step that did not succeed (for one that
-            was skipped too, the failure behind it), else the stop, if any."""
+            was skipped too, the failure behind it), else the stop, if any. A step that takes
+            partial inputs (select) starts while one of its listed inputs succeeded."""
             bad = [d for d in self.graph.deps[sid] if not self.outcomes[d].status.usable]
-            if not bad:
+            if not bad or (stop is None and self._partial_ok(sid, bad)):
                 return stop
             dep = next((d for d in bad if self.outcomes[d].status != Status.SKIPPED), bad[0])
             outcome = self.outcomes[dep]
@@ -269,11 +270,36 @@ class Scheduler:
         return notes
 
     def _parked(self, sid: str) -> str | None:
-        """Why ``sid`` is parked: ``enabled = false`` on it, or on a step it depends on."""
+        """Why ``sid`` is parked: ``enabled = false`` on it, or on a step it depends on (for
+        a step that takes partial inputs, on all the steps it depends on)."""
         if not self.project.steps[sid].enabled:
             return f"disabled (enabled = false in {self.project.recipes[self.project.steps[sid].recipe].name})"
-        parked = next((d for d in self.graph.deps[sid] if d in self.outcomes and self.outcomes[d].parked), None)
-        return f"upstream {parked} is disabled" if parked else None
+        parked = [d for d in self.graph.deps[sid] if d in self.outcomes and self.outcomes[d].parked]
+        if not parked or self._partial_ok(sid, parked):
+            return None
+        return f"upstream {parked[0]} is disabled"
+
+    def _partial_ok(self, sid: str, bad: list[str]) -> bool:
+        """Whether ``sid`` may run without ``bad``: its kind takes partial inputs, each of them
+        is one of a list (select's candidates), and one of its inputs is left."""
+        spec = self.project.steps[sid]
+        if not spec.step.partial_inputs:
+            return False
+        fields = {dep: field_name for field_name, dep in spec.deps.items()}
+        return all("." in fields[d] for d in bad) and len(set(bad)) < len(set(spec.deps.values()))
+
+    def _missing(self, spec: StepSpec) -> dict[str, str]:
+        """The inputs of ``spec`` whose steps did not succeed (or are disabled), each with
+        why: the step's status and the first line of its error or reason."""
+        missing = {}
+        for field_name, dep in spec.deps.items():
+            outcome = self.outcomes[dep]
+            if outcome.status.usable:
+                continue
+            why = "disabled" if outcome.parked else str(outcome.status)
+            detail = (outcome.error or (outcome.reasons[0] if outcome.reasons else "")).strip().splitlines()
+            missing[field_name] = f"{dep} {why}" + (f": {detail[0][:200]}" if detail and not outcome.parked else "")
+        return missing
 
     def _finish(self, sid: str, outcome: Outcome) -> Outcome:
         self.outcomes[sid] = outcome
@@ -321,8 +347,11 @@ class Scheduler:
         """Key and cache lookup: an Outcome if settled now, else the build to run."""
         upstream = {}
         placement = self.builder.place(spec)  # the host its key is for: the one that will build it
+        missing = self._missing(spec)  # only a step that takes partial inputs gets here with some
         for field_name, dep in spec.deps.items():
             outcome = self.outcomes[dep]
+            if field_name in missing:
+                continue
             if outcome.entry is None:  # dry run: upstream will build, key unknown yet
                 why = [f"upstream {dep} will build first"]
                 if (missing := placement.missing()) is not None:  # as the build will find
@@ -332,7 +361,7 @@ class Scheduler:
         try:
             ingredients = step_ingredients(
                 spec, upstream, hasher=self.hasher, toolchain=self.toolchain, host=placement.host,
-                salt=self.project.config.cache.salt, project_root=self.project.root)
+                salt=self.project.config.cache.salt, project_root=self.project.root, missing=missing)
         except FileNotFoundError as exc:
             raise StepError(f"input file disappeared: {exc.filename}") from None
         key = action_key(ingredients)
@@ -436,12 +465,14 @@ class Scheduler:
         build/.logs) and, when the same inputs would fail again, remembered by key."""
         if self._cancel.is_set():
             raise Cancelled
+        missing = ingredients.get("missing", {})
+        present = {f: dep for f, dep in spec.deps.items() if f not in missing}
         run = StepRun(step_id=spec.id, kind=spec.kind, implementation=spec.implementation,
                       params=spec.step.params.model_dump(mode="json"), base_dir=spec.step.base_dir,
-                      project_root=self.project.root, inputs={f: self._artifact(dep) for f, dep in spec.deps.items()},
+                      project_root=self.project.root, inputs={f: self._artifact(dep) for f, dep in present.items()},
                       primary=spec.step.primary_output, preload=spec.step.preload,
-                      state_dir=self.store.root / "state")
-        upstream = {f: self._entry(dep) for f, dep in spec.deps.items()}
+                      state_dir=self.store.root / "state", missing=missing)
+        upstream = {f: self._entry(dep) for f, dep in present.items()}
         request = BuildRequest(spec, key, ingredients, placement, run, upstream,
                                guard=lambda: self._check_inputs_unchanged(spec, ingredients))
         try:
@@ -512,7 +543,10 @@ class Scheduler:
                              if now.get(n) != ingredients["files"].get(n))
             raise StepError(f"input {', '.join(changed)} changed while {spec.id} was building; "
                             "the result was not cached (run the build again)")
-        for dep in spec.deps.values():  # hard links share the blob: a write there damages the cache
+        missing = ingredients.get("missing", {})
+        for field_name, dep in spec.deps.items():  # hard links share the blob: a write there damages the cache
+            if field_name in missing:
+                continue
             entry = self._entry(dep)
             folder = self.project.build_dir / self.project.steps[dep].recipe / self.project.steps[dep].name
             if changed := self.store.changed_outputs(entry, folder):

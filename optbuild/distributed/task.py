@@ -180,7 +180,7 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     scratch.mkdir()
     run = StepRun(step_id=task.step, kind=str(material["kind"]), implementation=implementation,
                   params=_params(material, task), base_dir=base_dir, project_root=project, inputs=inputs,
-                  primary=task.primary_output, preload=task.preload, state_dir=state)
+                  primary=task.primary_output, preload=task.preload, state_dir=state, missing=_missing(material))
     try:
         ran = run_step(run, scratch, node_pool(node), threading.Event(), cwd=tmp)
     except StepFailed as failed:
@@ -213,6 +213,14 @@ def _material(task: Task) -> dict[str, Any]:
         why = "; ".join(describe_changes(sent, material)) if material != sent else "its key is not that of its key material"
         raise Refused(f"the task is not what its key {task.key[:12]}… says ({why})")
     return material
+
+
+def _missing(material: dict[str, Any]) -> dict[str, str]:
+    """The inputs left out of a step that takes partial inputs, as its key names them."""
+    missing = material.get("missing") or {}
+    if not isinstance(missing, dict) or not all(isinstance(v, str) for v in missing.values()):
+        raise Refused("its key material's 'missing' is not a table of reasons")
+    return {str(name): why for name, why in missing.items()}
 
 
 def _params(material: dict[str, Any], task: Task) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ class StepRun:
     primary: str | None  # the main output's name
     preload: tuple[str, ...] = ()  # modules its fork server imports first
     state_dir: Path | None = None  # kept across builds (calibration data caches, say)
+    # inputs of a step that takes partial inputs whose steps did not succeed: field -> why
+    missing: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def run_step(run: StepRun, scratch: Path, pool: ProcessPool, cancel: threading.E
     spec = ChildSpec(implementation=run.implementation, step_id=run.step_id, params=run.params,
                       base_dir=str(run.base_dir), project_root=str(run.project_root), inputs=run.inputs,
                       out_dir=str(out_dir), result=str(result_path), parent_pid=os.getpid(),
-                      state_dir=None if run.state_dir is None else str(run.state_dir))
+                      state_dir=None if run.state_dir is None else str(run.state_dir), missing=run.missing)
     spec_path.write_text(spec.to_json())
     started = time.perf_counter()
     returncode = _wait(pool.start(spec_path, log_path, run.implementation, run.preload, cancel, cwd=cwd),

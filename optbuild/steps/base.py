@@ -68,6 +68,9 @@ class StepContext:
     # caches): under the cache root, shared by builds on this machine. Update atomically.
     state_dir: Path | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    # a kind that takes partial inputs (``Step.partial_inputs``): the inputs whose steps did
+    # not succeed, by field ("candidates.2"), each with why ("r:s unavailable: no GPU")
+    missing: dict[str, str] = field(default_factory=dict)
 
     def path(self, relative: str) -> Path:
         """Resolve a recipe-relative path (an ``InputPath`` field) to an absolute one."""
@@ -119,6 +122,9 @@ class Step:
     primary_output: ClassVar[str | None] = "model.onnx"
     # Builds with nothing else building beside it (a measurement that other steps would skew).
     exclusive: ClassVar[bool] = False
+    # Runs while one of a list of its inputs (``candidates = [...]``) succeeded: the others
+    # are left out and named in ``StepContext.missing`` (select chooses among what ran).
+    partial_inputs: ClassVar[bool] = False
 
     def __init__(self, params: StepParams, base_dir: Path, project_root: Path):
         self.params = params

@@ -13,6 +13,11 @@ table.
 
 ``candidates = ["bench[*]"]`` takes every instance of a matrix step. The key holds the
 candidates' outputs (figures included), so a new measurement selects again.
+
+A candidate that could not run here (unavailable, failed, or skipped behind one that did)
+does not stop the choice: select runs while one candidate succeeded, and the table lists
+the others with why (``Step.partial_inputs``). Its key names them, so a candidate that
+later runs selects again.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class Select(Step):
 
     Params = SelectParams
     primary_output = None  # the winner's main file; known once bound (see bind)
+    partial_inputs = True
 
     def bind(self, upstream: Mapping[str, Step]) -> None:
         """The winner's main file is the candidates' one, when they agree on its name."""
@@ -64,9 +70,10 @@ class Select(Step):
         self.primary_output = primaries.pop() if len(primaries) == 1 else None
 
     def run(self, ctx: StepContext) -> None:
-        rows = [_row(name, art) for name, art in sorted(ctx.inputs.items(), key=lambda i: _index(i[0]))]
+        rows = [_row(name, art) for name, art in ctx.inputs.items()]
         for row in rows:
             row["rejected"] = self._rejections(row)
+        rows = sorted(rows + [_absent(name, why) for name, why in ctx.missing.items()], key=lambda r: r["index"])
         eligible = [r for r in rows if not r["rejected"]]
         better = OBJECTIVES[self.params.objective]
         report: dict[str, Any] = {
@@ -122,6 +129,12 @@ def _index(name: str) -> int:
     return int(name.rpartition(".")[2])
 
 
+def _absent(name: str, why: str) -> dict[str, Any]:
+    """A candidate whose step did not succeed: ``why`` is "<step> <status>: <reason>"."""
+    return {"index": _index(name), "input": name, "step": why.split(" ", 1)[0], "runtime": None,
+            "figures": None, "verify": None, "rejected": [why.split(" ", 1)[1]], "why": None}
+
+
 def _row(name: str, artifact: Artifact) -> dict[str, Any]:
     """A candidate as the report shows it, from its benchmark.json."""
     path = artifact.files.get("benchmark.json")
@@ -145,6 +158,9 @@ def _table(report: dict[str, Any]) -> str:
         cosine = verify.get("cosine")
         verdict = "; ".join(row["rejected"]) if row["rejected"] else (row["why"] or "")
         mark = "*" if row["step"] == report["chosen"] else " "
+        if f is None:  # it did not run here
+            lines.append(f"{mark}{row['step']:31} {'-':>9} {'-':>9} {'-':>7} {'-':>9}  {verdict}")
+            continue
         lines.append(f"{mark}{row['step']:31} {f['p50_ms']:9.3f} {f['throughput_per_s']:9.1f} "
                      f"{f['size_bytes'] / (1 << 20):7.2f} {'-' if cosine is None else f'{cosine:9.6f}':>9}  {verdict}")
     return "\n".join(lines)

@@ -107,3 +107,43 @@ def test_the_report_names_the_candidates_as_the_recipe_does_now(tmp_path):
     proj.write("recipes/m.toml", proj.read("recipes/m.toml").replace("[steps.a]", "[steps.fast]")
                .replace('["a", "b"]', '["fast", "b"]'))
     assert proj.build().ok and selection(proj)["chosen"] == "m:fast"
+
+
+def test_a_candidate_that_cannot_run_here_is_listed_with_why_and_the_rest_are_chosen_from(tmp_path):
+    """On a GPU host without OpenVINO, best was skipped because one candidate was unavailable."""
+    proj = select_project(tmp_path / "p", candidate("gpu", p50_ms=0.1, unavailable_because="needs a CUDA GPU")
+                          + candidate("cpu", p50_ms=3.0) + candidate("ov", p50_ms=2.0),
+                          'candidates = ["gpu", "cpu", "ov"]\n')
+    result = proj.build(skip_unavailable=True)
+    assert result.ok and result.outcomes["m:best"].status == "built"
+    report = selection(proj)
+    assert report["chosen"] == "m:ov"
+    assert [(r["step"], r["rejected"]) for r in report["candidates"]] == [
+        ("m:gpu", ["unavailable: m:gpu cannot run here: needs a CUDA GPU"]), ("m:cpu", []), ("m:ov", [])]
+    assert "m:gpu" in proj.read("build/m/best/selection.txt").splitlines()[2]
+
+
+def test_a_failed_candidate_is_listed_and_a_candidate_that_runs_later_selects_again(tmp_path):
+    proj = select_project(tmp_path / "p", candidate("broken", p50_ms=0.1, fails=True) + candidate("ok", p50_ms=3.0),
+                          'candidates = ["broken", "ok"]\n')
+    result = proj.build(keep_going=True)
+    assert not result.ok and result.outcomes["m:best"].status == "built"  # the failure is still the build's
+    assert selection(proj)["candidates"][0]["rejected"][0].startswith("failed: the candidate broke")
+    proj.write("recipes/m.toml", proj.read("recipes/m.toml").replace("fails = true\n", ""))
+    result = proj.build()
+    assert result.ok and result.outcomes["m:best"].status == "built"  # its key named the missing one
+    assert selection(proj)["chosen"] == "m:broken"
+
+
+def test_select_waits_for_one_candidate_and_is_skipped_when_none_ran(tmp_path):
+    proj = select_project(tmp_path / "p", candidate("a", p50_ms=1.0, unavailable_because="no GPU")
+                          + candidate("b", p50_ms=1.0, unavailable_because="no NPU"), 'candidates = ["a", "b"]\n')
+    result = proj.build(skip_unavailable=True)
+    assert result.outcomes["m:best"].status == "skipped"
+
+
+def test_without_skip_unavailable_the_build_still_stops_at_the_first_unavailable_candidate(tmp_path):
+    proj = select_project(tmp_path / "p", candidate("a", p50_ms=1.0, unavailable_because="no GPU")
+                          + candidate("b", p50_ms=2.0), 'candidates = ["a", "b"]\n')
+    result = proj.build()
+    assert not result.ok and result.outcomes["m:best"].status == "skipped"
