@@ -14,11 +14,20 @@
     in this mode.
 ``mode = "fp16"``
     float32 tensors and weights to float16 (onnxconverter-common's float16 converter), with
-    ``keep_io_types``: true keeps every float input and output float32, a list keeps the
-    named ones (Cast nodes convert at the border). The model's value_info is dropped first
-    (onnx shape inference re-derives it): the converter retypes only the first of duplicated
-    entries, and a stale float32 entry left beside its float16 tensor makes the result
-    unloadable.
+    ``keep_io_types``: true (the default) keeps every float input and output float32, so the
+    model's interface does not change; a list keeps the named ones (Cast nodes convert at the
+    border). ``op_block_list`` adds to the converter's default block list. The model's
+    value_info is dropped first (onnx shape inference re-derives it): the converter retypes
+    only the first of duplicated entries, and a stale float32 entry left beside its float16
+    tensor makes the result unloadable.
+
+    The converter retypes tensors, not the nodes that make them: a Cast to float32 (a
+    YOLO head's ``/model.22/Cast``, an STFT's inside an If) keeps ``to = FLOAT`` while its
+    output is declared float16, and onnxruntime refuses the model, naming one such node per
+    load. Such nodes are found in the converted graph all at once, the rest by loading it in
+    onnxruntime (CPU): each node named in a type error is kept in float32 (as
+    ``node_block_list`` would) and the model converted again, at most
+    ``FP16_AUTO_BLOCKS`` (32) times. The log and the metric ``fp16_blocked_nodes`` name them.
 
 Before INT8 quantization, weights held by Constant nodes (paddle2onnx exports) become
 initializers in a private copy: onnxruntime quantizes initializers only ("Expected <w> to
@@ -135,14 +144,17 @@ class QuantizeParams(StepParams):
     If/Loop subgraphs in static mode, op_types_to_quantize or excluded nodes leaving
     nothing)."""
     # --- fp16 ---
-    keep_io_types: bool | list[str] = Field(False, examples=[True, ["logits"]])
-    """fp16 only: true keeps every float graph input and output float32; a list keeps the named
-    ones (Cast nodes convert at the border); false converts them to float16 too."""
-    op_block_list: list[str] | None = Field(None, examples=[["Softmax", "LayerNormalization"]])
-    """fp16 only: ONNX op types kept in float32. Not set: onnxconverter-common's default block
-    list; [] blocks nothing."""
+    keep_io_types: bool | list[str] = Field(True, examples=[False, ["logits"]])
+    """fp16 only: true keeps every float graph input and output float32, so callers feed and
+    read the same types as before; a list keeps the named ones (Cast nodes convert at the
+    border); false converts them to float16 too (the model's interface changes)."""
+    op_block_list: list[str] = Field([], examples=[["Softmax", "LayerNormalization"]])
+    """fp16 only: more ONNX op types kept in float32, added to onnxconverter-common's default
+    block list (which always applies: Resize, Upsample, TopK, NonMaxSuppression, RoiAlign,
+    Range, CumSum, Min, Max, RandomUniformLike and the ai.onnx.ml ops)."""
     node_block_list: list[str] = Field([], examples=[["/head/Gemm"]])
-    """fp16 only: node names kept in float32."""
+    """fp16 only: node names kept in float32. Nodes the converter leaves typed wrong (a Cast
+    to float32 whose output it made float16) are added by the step itself, and logged."""
     min_positive_val: float = Field(1e-7, gt=0, examples=[1e-6])
     """fp16 only: weight values of smaller magnitude (but not 0) are raised to this, so they do
     not underflow to 0 in float16."""
@@ -201,7 +213,9 @@ class Quantize(Step):
 
     # 2: Constant weights become initializers, subgraphs quantized in dynamic mode,
     #    reduce_range's default follows the host, fp16 from re-inferred value_info.
-    version = "2"
+    # 3: fp16 keeps float32 inputs and outputs by default, op_block_list adds to the
+    #    converter's defaults, nodes the converter types wrong are kept float32.
+    version = "3"
     Params = QuantizeParams
     preload = ONNX_TOOLS
 
@@ -453,17 +467,39 @@ class Quantize(Step):
             ctx.log(f"fp16: {dropped} value_info entries dropped before converting (shape inference "
                     f"re-derives them; a duplicated or stale entry keeps a float16 tensor typed float32)")
         kwargs = {"min_positive_val": p.min_positive_val, "max_finite_val": p.max_finite_val,
-                  "keep_io_types": keep is True, "node_block_list": p.node_block_list or None}
-        if p.op_block_list is not None:
-            kwargs["op_block_list"] = p.op_block_list
-        try:
-            converted = float16.convert_float_to_float16(model, **kwargs)
+                  "keep_io_types": keep is True,
+                  "op_block_list": [*float16.DEFAULT_OP_BLOCK_LIST, *p.op_block_list]}
+        names = {n.name for n in all_nodes(model.graph)}
+        auto: list[str] = []
+        converted = self._convert_fp16(ctx, model, p.node_block_list, kwargs)
+        for _ in range(FP16_AUTO_BLOCKS):
+            wrong = [n for n in mistyped_nodes(converted.graph) or _ort_type_error(converted)
+                     if n in names and n not in auto and n not in p.node_block_list]
+            if not wrong:  # loads, or an error no block can fix: _check reports it
+                break
+            auto.extend(wrong)
+            converted = self._convert_fp16(ctx, model, [*p.node_block_list, *auto], kwargs)
+        ctx.metrics["fp16_blocked_nodes"] = auto
+        if auto:
+            ctx.log(f"fp16: onnxconverter-common typed {len(auto)} node(s) wrong (their outputs declared "
+                    f"float16 while they make float32): kept in float32, as node_block_list would: "
+                    f"{', '.join(auto)}")
+        onnx.save(converted, str(out))
+
+    def _convert_fp16(self, ctx: StepContext, model: Any, blocked: list[str], kwargs: dict[str, Any]) -> Any:
+        """One conversion of a copy of ``model`` with the nodes ``blocked`` kept float32,
+        the named float32 inputs/outputs restored and every graph sorted."""
+        from onnxconverter_common import float16
+
+        try:  # the converter works on the copy its shape inference returns: model stays as it is
+            converted = float16.convert_float_to_float16(model, node_block_list=blocked, **kwargs)
         except Exception as exc:
             raise StepError(f"float16 conversion of {ctx.inputs['input'].step} failed: "
                             f"{type(exc).__name__}: {exc}") from exc
-        if isinstance(keep, list):
-            _keep_float32(converted, keep)
-        onnx.save(converted, str(out))
+        if isinstance(self.params.keep_io_types, list):
+            _keep_float32(converted, self.params.keep_io_types)
+        sort_topologically(converted.graph)  # the converter sorts the main graph only
+        return converted
 
     # --- the result loads, and runs ------------------------------------------------------------
     def _check(self, ctx: StepContext, source: Path, out: Path, label: str) -> None:
@@ -484,7 +520,7 @@ class Quantize(Step):
                 runner = stack.enter_context(registry.open_onnx(out, ctx.host))
             except Exception as exc:
                 raise StepError(f"{what} does not load in {backend.label} (CPU): {type(exc).__name__}: "
-                                f"{exc}") from None
+                                f"{exc}{self._fp16_hint(exc)}") from None
             try:
                 onnx.checker.check_model(str(out), full_check=True)
             except Exception as exc:  # ValidationError, or an InferenceError of the strict shape inference
@@ -503,6 +539,58 @@ class Quantize(Step):
                     error += ("\nhint: onnxruntime's CPU kernels lack this quantized op for these types; try "
                               "weight_type = \"uint8\", or leave the op out (op_types_to_quantize / nodes_to_exclude)")
                 raise StepError(error) from None
+
+    def _fp16_hint(self, exc: BaseException) -> str:
+        """For a float16 model onnxruntime refuses naming a node: how to keep it float32."""
+        import re
+
+        nodes = re.findall(r"of node \(([^()]+)\)", str(exc)) if self.params.mode == "fp16" else []
+        if not nodes:
+            return ""
+        return (f"\nhint: keep the node float32 with node_block_list = {[*self.params.node_block_list, nodes[-1]]!r} "
+                f"on this step (a node of the converter's own, such as '<node>_input_cast0', names the "
+                f"node to block before its suffix), or its op type in op_block_list")
+
+
+# --- float16 nodes typed wrong --------------------------------------------------------------
+FP16_AUTO_BLOCKS = 32  # conversions retried with one more node kept float32, at most
+
+
+def mistyped_nodes(graph: Any) -> list[str]:
+    """Nodes of ``graph`` (subgraphs included) whose ``to`` or ``dtype`` attribute makes
+    float32 where the graph declares their first output float16: onnxconverter-common
+    retypes every float32 tensor but leaves such attributes as they were."""
+    from onnx import AttributeProto, TensorProto
+
+    declared: dict[str, int] = {}
+
+    def collect(g: Any) -> None:
+        for info in (*g.value_info, *g.output):
+            declared[info.name] = info.type.tensor_type.elem_type
+        for node in g.node:
+            for sub in _subgraphs(node):
+                collect(sub)
+
+    collect(graph)
+    return [n.name for n in all_nodes(graph) for a in n.attribute
+            if a.name in ("to", "dtype") and a.type == AttributeProto.INT and a.i == TensorProto.FLOAT
+            and n.output and declared.get(n.output[0]) == TensorProto.FLOAT16]
+
+
+def _ort_type_error(model: Any) -> list[str]:
+    """The node onnxruntime names when it refuses ``model`` for a type error, or []."""
+    import re
+
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        found = re.findall(r"Type Error: .* of node \(([^()]+)\)", str(exc))
+        return found[-1:]
+    return []
 
 
 # --- the host's CPU and reduce_range ---------------------------------------------------------

@@ -151,6 +151,7 @@ def elem_types(model) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("keep, x_type, y_type", [
+    (None, "FLOAT", "FLOAT"),  # the default keeps the model's interface
     (False, "FLOAT16", "FLOAT16"),
     (True, "FLOAT", "FLOAT"),
     (["y"], "FLOAT16", "FLOAT"),
@@ -158,7 +159,7 @@ def elem_types(model) -> dict[str, int]:
 ])
 def test_fp16(tmp_path, mlp, keep, x_type, y_type):
     pytest.importorskip("onnxconverter_common")
-    model, _ctx = quantize(tmp_path, mlp, mode="fp16", keep_io_types=keep)
+    model, _ctx = quantize(tmp_path, mlp, mode="fp16", **({} if keep is None else {"keep_io_types": keep}))
     types = elem_types(model)
     assert types == {"x": getattr(onnx.TensorProto, x_type), "y": getattr(onnx.TensorProto, y_type)}
     assert initializer(model, "w1").dtype == np.float16
@@ -167,6 +168,77 @@ def test_fp16(tmp_path, mlp, keep, x_type, y_type):
     assert got.dtype == (np.float16 if y_type == "FLOAT16" else np.float32)
     reference = run(mlp, X)[0]
     assert np.abs(got.astype(np.float32) - reference).max() < 0.01 * np.abs(reference).max() + 1e-2
+
+
+def output_types(model) -> dict[str, int]:
+    """Node name -> elem_type of its first output, as onnx shape inference derives it."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+    return {n.name: types.get(n.output[0]) for n in inferred.graph.node}
+
+
+def make_resize_softmax(path: Path) -> Path:
+    """x -> Add -> Resize (in the converter's default block list) -> Softmax -> Mul -> y."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["a"], name="double"),
+         helper.make_node("Resize", ["a", "", "scales"], ["r"], name="up", mode="nearest"),
+         helper.make_node("Softmax", ["r"], ["s"], name="softmax", axis=-1),
+         helper.make_node("Mul", ["s", "s"], ["y"], name="square")],
+        "blocks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_fp16_op_block_list_adds_to_the_converters_defaults(tmp_path):
+    """Before, op_block_list = ["Softmax"] replaced the converter's list: Resize went float16."""
+    pytest.importorskip("onnxconverter_common")
+    path = make_resize_softmax(tmp_path / "blocks.onnx")
+    default, _ = quantize(tmp_path, path, "default", mode="fp16")
+    added, _ = quantize(tmp_path, path, "added", mode="fp16", op_block_list=["Softmax"])
+    f32, f16 = TensorProto.FLOAT, TensorProto.FLOAT16
+    assert {k: output_types(default)[k] for k in ("double", "up", "softmax", "square")} == {
+        "double": f16, "up": f32, "softmax": f16, "square": f16}
+    assert {k: output_types(added)[k] for k in ("double", "up", "softmax", "square")} == {
+        "double": f16, "up": f32, "softmax": f32, "square": f16}
+    x = {"x": np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)}
+    np.testing.assert_allclose(run(added, x)[0], run(path, x)[0], rtol=1e-2)
+
+
+def make_yolo_grid(path: Path) -> Path:
+    """A YOLOv8 head's pattern: the feature map's width, Cast to float32, scales the features
+    (y = x * W + x * (W - 1)). The converter types the Casts' outputs float16 but keeps their
+    ``to = FLOAT``: onnxruntime refused the result ('Type (tensor(float16)) of output arg (w)
+    of node (/model.22/Cast) does not match expected type (tensor(float))'), one node a load."""
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"], name="/model.22/Shape"),
+         helper.make_node("Gather", ["shape", "two"], ["width"], name="/model.22/Gather", axis=0),
+         helper.make_node("Cast", ["width"], ["w"], name="/model.22/Cast", to=TensorProto.FLOAT),
+         helper.make_node("Sub", ["width", "one"], ["left"], name="/model.22/Sub"),
+         helper.make_node("Cast", ["left"], ["w1"], name="/model.22/Cast_1", to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["x", "w"], ["a"], name="/model.22/Mul"),
+         helper.make_node("Mul", ["x", "w1"], ["b"], name="/model.22/Mul_1"),
+         helper.make_node("Add", ["a", "b"], ["y"], name="/model.22/Add")],
+        "grid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
+        [numpy_helper.from_array(np.array(2, np.int64), "two"), numpy_helper.from_array(np.array(1, np.int64), "one")])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_fp16_keeps_the_casts_the_converter_types_wrong_in_float32(tmp_path, capsys):
+    pytest.importorskip("onnxconverter_common")
+    from onnxconverter_common import float16
+
+    path = make_yolo_grid(tmp_path / "grid.onnx")
+    plain = float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+    with pytest.raises(Exception, match=r"of node \(/model.22/Cast(_1)?\) does not match expected type"):
+        run(plain, {})  # the converter alone: unloadable
+    model, ctx = quantize(tmp_path, path, mode="fp16")
+    assert ctx.metrics["fp16_blocked_nodes"] == ["/model.22/Cast", "/model.22/Cast_1"]
+    assert "kept in float32, as node_block_list would: /model.22/Cast, /model.22/Cast_1" in capsys.readouterr().err
+    x = {"x": np.random.default_rng(0).standard_normal((1, 4, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run(model, x)[0], run(path, x)[0], rtol=2e-3, atol=2e-3)
+    assert output_types(model)["/model.22/Mul"] == TensorProto.FLOAT16  # the rest is float16
 
 
 def test_fp16_names_to_keep_must_exist(tmp_path, mlp):
@@ -181,7 +253,8 @@ def test_fp16_names_to_keep_must_exist(tmp_path, mlp):
     ({"mode": "dynamic", "calibration": "calibrate"}, "'calibration' do not apply to mode 'dynamic'"),
     ({"mode": "dynamic", "activation_type": "int8"}, "'activation_type' do not apply to mode 'dynamic'"),
     ({"mode": "fp16", "per_channel": True}, "'per_channel' do not apply to mode 'fp16'"),
-    ({"mode": "static", "calibration": "c", "keep_io_types": True}, "'keep_io_types' do not apply"),
+    ({"mode": "static", "calibration": "c", "keep_io_types": False}, "'keep_io_types' do not apply"),
+    ({"mode": "dynamic", "op_block_list": ["Softmax"]}, "'op_block_list' do not apply"),
     ({"mode": "int4"}, "'dynamic', 'static' or 'fp16'"),
     ({"mode": "dynamic", "weight_type": "int4"}, "'int8' or 'uint8'"),
     ({"mode": "dynamic", "extra_options": {"Bogus": True}}, "unknown extra option 'Bogus'"),
