@@ -28,6 +28,7 @@ from optbuild.common.errors import (
     describe_os_error,
     is_disk_full,
 )
+from optbuild.common.events import DoneEvent
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import folder_problem
 from optbuild.common.toolchain import Toolchain
@@ -73,11 +74,11 @@ def open_workspace(start: Path | None = None, *, remote: str | bool | None = Non
 class BuildResult:
     outcomes: dict[str, Outcome]
     reporter: Reporter
+    done: DoneEvent  # the run's summary: ok, counts, duration
 
     @property
     def ok(self) -> bool:
-        done = self.reporter.events[-1] if self.reporter.events else {}
-        return bool(done.get("ok"))
+        return self.done["ok"]
 
     def steps(self, status: Status | str) -> list[str]:
         return [sid for sid, o in self.outcomes.items() if o.status == status]
@@ -139,7 +140,8 @@ def build(
         raise DiskFullError(describe_os_error(exc, ws.project.build_dir)) from None
     finally:
         reporter.close()
-    return BuildResult(outcomes, reporter)
+    assert scheduler.done is not None  # a run that returns has ended with its summary
+    return BuildResult(outcomes, reporter, scheduler.done)
 
 
 def _builder(options: Options) -> Callable[[BuildContext], Builder] | None:

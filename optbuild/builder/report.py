@@ -1,6 +1,6 @@
 """Reporters: how build events reach a person (rich or plain lines) or a machine (JSON).
 
-The scheduler emits plain dict events; a reporter only formats them. ``--json`` writes one
+The scheduler emits events (``optbuild.common.events``: typed dicts); a reporter only formats them. ``--json`` writes one
 JSON object per line, which tests and CI tooling read.
 """
 
@@ -10,11 +10,10 @@ import json
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from optbuild.builder.status import Status
-
-Event = dict[str, Any]
+from optbuild.common.events import Event
 
 # one lock for every writer of progress: reporters and bench's progress share stderr
 _WRITE_LOCK = threading.Lock()

@@ -28,6 +28,7 @@ from optbuild.builder.status import Status
 from optbuild.common.atomic import write_atomic
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import OptbuildError, StepError, describe_os_error, is_disk_full
+from optbuild.common.events import CacheEvent, DoneEvent, StartEvent, StepEvent, note, warning
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import confined
 from optbuild.common.toolchain import Toolchain
@@ -103,6 +104,7 @@ class Scheduler:
         self.failures = FailureStore(store.root, writable=self.store.writable)
         self.last_build = lockfile.read(project.lock_file)
         self.outcomes: dict[str, Outcome] = {}
+        self.done: DoneEvent | None = None  # the summary of the last run
         if pool is None or not pool.fits(project.root, preload=self.options.preload):
             if pool is not None:
                 pool.close()
@@ -172,7 +174,7 @@ class Scheduler:
             self._end_run()  # the builder: whatever it got to
             raise
         jobs = self.options.jobs or self.builder.slots()
-        self.reporter.emit({"event": "start", "steps": selected, "jobs": jobs, "dry_run": self.options.dry_run})
+        self.reporter.emit(StartEvent(event="start", steps=selected, jobs=jobs, dry_run=self.options.dry_run))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as threads:
             try:
                 while ready or held or building:
@@ -220,15 +222,15 @@ class Scheduler:
             self.remote.drain()
         stats = run_stats(self.outcomes, self.remote)
         if self.remote is not None:
-            self.reporter.emit({"event": "cache", **stats})
+            self.reporter.emit(CacheEvent(event="cache", local=stats["local"], remote=stats["remote"]))
         if not self.options.dry_run:
             append_stats(self.store.root, {"command": "build", "ok": ok, "counts": counts, **stats})
         else:
-            for note in self._plan_notes(would_stop):
-                self.reporter.emit({"event": "note", "message": note})
-        self.reporter.emit({"event": "done", "ok": ok, "counts": counts,
-                            "duration_s": time.perf_counter() - started,
-                            "bytes_hashed": self.hasher.bytes_read})
+            for text in self._plan_notes(would_stop):
+                self.reporter.emit(note(text))
+        self.done = DoneEvent(event="done", ok=ok, counts=counts, duration_s=time.perf_counter() - started,
+                              bytes_hashed=self.hasher.bytes_read)
+        self.reporter.emit(self.done)
         return self.outcomes
 
     def _end_run(self) -> None:
@@ -244,7 +246,7 @@ class Scheduler:
         except BuilderUnavailable as exc:
             if self.options.executor != "auto":
                 raise
-            self.reporter.emit({"event": "warning", "message": f"{exc}; building on this host (--executor auto)"})
+            self.reporter.emit(warning(f"{exc}; building on this host (--executor auto)"))
             self.builder.close()
             self.builder = LocalBuilder(self.context)
 
@@ -303,8 +305,7 @@ class Scheduler:
 
     def _finish(self, sid: str, outcome: Outcome) -> Outcome:
         self.outcomes[sid] = outcome
-        event: dict[str, Any] = {"event": "step", "step": sid, "status": outcome.status,
-                                 "key": outcome.key, "reasons": outcome.reasons}
+        event = StepEvent(event="step", step=sid, status=outcome.status, key=outcome.key, reasons=outcome.reasons)
         if outcome.error:
             event["error"] = outcome.error
         if outcome.source:
@@ -412,8 +413,8 @@ class Scheduler:
                     raise StepError(f"{spec.id} must build, but the cache {self.store.root} is read-only here: "
                                     "its result could not be stored there (make the cache writable, or set "
                                     "[cache] dir to a writable folder)")
-                self.reporter.emit({"event": "step", "step": spec.id, "status": Status.RUNNING,
-                                    "key": key, "reasons": reasons})
+                self.reporter.emit(StepEvent(event="step", step=spec.id, status=Status.RUNNING, key=key,
+                                             reasons=reasons))
                 entry = self._build(spec, key, ingredients, placement)
                 status = Status.BUILT
             self._restore(entry, dest)

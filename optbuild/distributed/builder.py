@@ -36,6 +36,7 @@ from typing import Any
 from optbuild.builder.keys import _display_path, key_files
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.common.errors import OptbuildError, StepError
+from optbuild.common.events import warning
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.distributed.resources import MARKER, requested, satisfies
 from optbuild.distributed.taskspec import PROJECT_KIND, Task, Upstream
@@ -119,7 +120,7 @@ class DaskBuilder(Builder):
             message = f"cannot reach the Dask scheduler at {self.address}: {type(exc).__name__}: {exc}"
             if not ex.dry_run:
                 raise BuilderUnavailable(message) from None
-            ex.reporter.emit({"event": "warning", "message": message + "; planning for this host"})
+            ex.reporter.emit(warning(message + "; planning for this host"))
             return
         self._discover()
 

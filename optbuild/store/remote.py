@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from optbuild.common.digest import hash_file, new_hasher
+from optbuild.common.events import Event, warning
 from optbuild.store.entry import (
     MAX_ENTRY_BYTES,
     ActionEntry,
@@ -108,7 +109,7 @@ class EventSink(Protocol):
     """Where a session's warnings go: ``optbuild.builder.report.Reporter`` is one (this layer
     imports nothing above it, so it names only the one method it calls)."""
 
-    def emit(self, event: dict[str, Any]) -> None: ...
+    def emit(self, event: Event) -> None: ...
 
 
 # --- configuration ---------------------------------------------------------------------
@@ -532,7 +533,7 @@ class RemoteSession:
 
     # --- reporting and the breaker -----------------------------------------------------
     def warn(self, message: str, **extra: Any) -> None:
-        event = {"event": "warning", "source": "remote", "message": f"remote {self.url}: {message}", **extra}
+        event = warning(f"remote {self.url}: {message}", source="remote", **extra)
         if self.reporter is not None:
             self.reporter.emit(event)
 
