@@ -16,7 +16,7 @@ import importlib.util
 import time
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -51,7 +51,7 @@ class TensorSpec:
 class Runner(ABC):
     """An opened artifact that infers on feed dicts; use it in a ``with`` block."""
 
-    label: str = ""  # what runs it, for reports: "onnxruntime 1.23.2 (CPU)"
+    label: str = ""  # what runs it, for reports: "onnxruntime 1.23.2 (CPU)", from what loaded
     load_ms: float = 0.0  # the time ``__enter__`` took
 
     def __enter__(self) -> Self:
@@ -83,6 +83,13 @@ class Runner(ABC):
     @abstractmethod
     def infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once on ``feed`` (input name -> array); output name -> array."""
+
+    def timed_call(self, feed: Mapping[str, np.ndarray]) -> Callable[[], object]:
+        """A call that runs ``feed`` once each time, for timing: it returns when the work is
+        done (a GPU runner synchronizes its device). Runners that compute on a device put
+        ``feed`` there once, beforehand, so that the time is the inference's, not the copies'.
+        Default: ``infer``."""
+        return lambda: self.infer(feed)
 
     def cast(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``feed`` with float inputs in the float type the artifact takes (a float16 model

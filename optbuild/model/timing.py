@@ -36,7 +36,9 @@ def gc_off() -> Iterator[None]:
 def time_calls(call: Callable[[], Any], runs: int, warmup: int = 0) -> list[int]:
     """``warmup`` untimed calls of ``call``, then the time of each of ``runs`` calls, in
     nanoseconds (time.perf_counter_ns), the garbage collector off while timing. What the
-    benchmark step measures; ``measure`` interleaves several models the same way."""
+    benchmark step measures; ``measure`` interleaves several models the same way. ``call``
+    returns when its work is done, on a GPU too (``Runner.timed_call``: onnxruntime's
+    run_with_iobinding synchronizes the device), so a host clock times the device."""
     for _ in range(warmup):
         call()
     clock = time.perf_counter_ns

@@ -1,12 +1,16 @@
 """kind = "benchmark": measure a model's latency and throughput on this host.
 
-The model of ``input`` (an ONNX or ORT-format model on onnxruntime, CPU; an OpenVINO IR; a
+The model of ``input`` (an ONNX or ORT-format model on onnxruntime: on the CPU, or on the
+execution provider its onnxruntime engine step names, CUDA on gpu.0; an OpenVINO IR; a
 TensorRT engine on gpu.0: whatever ``optbuild.backends.registry`` runs for its artifact) is
 opened by its backend and run on one seeded random sample of its declared shapes
 (``seed``; symbolic dims get ``dynamic_size`` unless the recipe's ``[inputs.NAME]`` or the
 step's ``inputs`` declare them, or declare a dim of the same name in another input:
 optbuild.model.samples.measured_specs): ``warmup`` untimed runs, then ``runs`` timed ones
 (optbuild.model.timing.time_calls: time.perf_counter_ns per run, the garbage collector off).
+On a GPU the sample is put on the device once, before timing (onnxruntime CUDA: inputs and
+outputs bound on gpu.0 with an IOBinding), and each run returns when the device is done, so
+the figures are the device's time, not the host's copies (``Runner.timed_call``).
 
 A figure must be of what serves. A batch of 1 is real serving, a sequence of one token or an
 image one pixel wide is not: a dim that the model leaves open, that is not the batch (axis 0,
@@ -30,7 +34,10 @@ the model it chooses; and ``benchmark.json``::
      "std_ms": ..., "throughput_per_s": ..., "size_bytes": ...,
      "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ...}}
 
-``inputs`` are the shapes and dtypes measured, per input; ``load`` the 1-minute load average
+``runtime`` is what ran, as it says once loaded (onnxruntime: the providers its session
+has, ``session.get_providers()``: "onnxruntime 1.31.1 (CUDA, CPU) on gpu.0 (NVIDIA H100 80GB
+HBM3)", CUDA running every node it has a kernel for). ``inputs`` are the shapes and dtypes
+measured, per input; ``load`` the 1-minute load average
 (null where the system keeps none) and the CPU count as timing began
 (optbuild.model.timing.host_load, as ``optbuild bench`` records it): a measurement is a fact
 about a moment, and one taken beside other work says so. min / max / std are the spread of
@@ -44,9 +51,11 @@ its outputs (null where it computed none); null without ``check``.
 
 Hardware and tools: a measurement is true of the host it was taken on. The key holds the
 distributions of the backend that runs the model and the host fields its results depend on
-(``Backend.host_fields``: cpu.arch and cpu.flags for onnxruntime and OpenVINO, gpu.0's
-compute capability and model for TensorRT), and, because latency depends on the device
-itself, the CPU's model and count for a CPU runtime or gpu.0's model for a GPU one. The step
+(``Backend.host_fields``: cpu.arch and cpu.flags for onnxruntime on the CPU and OpenVINO,
+gpu.0's model and compute capability for onnxruntime on CUDA, gpu.0's compute capability
+for TensorRT), and, because latency depends on the device itself, the CPU's model and count
+for a CPU runtime or gpu.0's model for a GPU one; never a GPU's serial or UUID (two of one
+model give one key). The step
 is unavailable where the backend cannot run the model (``Backend.unavailable``). As verify,
 it learns the backend from its input step (``bind``) and, in the worker, from the artifact.
 """
@@ -87,9 +96,10 @@ GPU_TIMING_FIELDS = ("gpu.0.name",)
 class BenchmarkParams(StepParams):
     input: StepRef = Field(examples=["quantize_int8"])
     """The step whose model is measured: an ONNX or ORT-format model (onnxruntime, CPU), or an
-    engine step (backend 'tensorrt' / 'tensorrt-rtx': on gpu.0; 'openvino': on the CPU), run by
-    its backend (the step is unavailable on hosts that cannot run it). Its files are the step's
-    outputs, unchanged."""
+    engine step, run by its backend: 'onnxruntime' on its provider (CUDAExecutionProvider: on
+    gpu.0, inputs bound there), 'tensorrt' / 'tensorrt-rtx' on gpu.0, 'openvino' on the CPU.
+    The step is unavailable on hosts that cannot run it, saying what they lack (onnxruntime-gpu,
+    a CUDA GPU). Its files are the step's outputs, unchanged."""
     check: StepRef | None = Field(None, examples=["verify_int8"])
     """A verify step whose candidate is this same model (the same content): its report's passed
     and worst cosine, max_abs and top-1 are copied into benchmark.json ('verify'). Not set:
@@ -209,7 +219,7 @@ class Benchmark(Step):
             load = host_load()
             if (busy := busy_note(load)) is not None:
                 ctx.log(f"note: {busy}")
-            times = time_calls(lambda: runner.infer(feed), p.runs, p.warmup)
+            times = time_calls(runner.timed_call(feed), p.runs, p.warmup)
             label = runner.label
         latency = latency_figures(times)
         first = next(iter(feed.values()), None)

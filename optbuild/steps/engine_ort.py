@@ -14,22 +14,31 @@ the default domain below opset 17, which onnx.checker rejects and onnxruntime ru
 the CPU provider it is then compared with the input model on ``check`` seeded random inputs
 (per output, max error relative to the input's <= ``tolerance``, or absolute <= ``atol``).
 
+``engine.json`` beside it names the backend and the provider ({"backend": "onnxruntime",
+"provider": "CUDAExecutionProvider", "level": ..., "format": ...}): verify and benchmark run
+the model on that provider (optbuild.backends.onnxruntime), so a model optimized for CUDA is
+checked and timed on CUDA, and ``select`` hands the file on with it.
+
 Key: params, the input model's content, the onnxruntime version and distribution (host
 fields, read from package metadata). "extended" and "all" also take cpu.arch and cpu.flags:
 what they emit depends on the CPU (FIELD-NOTES: "all" inserts com.microsoft.nchwc ops).
-Providers other than CPU need them present on the building host (and, for CUDA and ROCm, a
-GPU); onnxruntime-gpu lists CUDA even where there is none, so the session's actual provider
-is checked too.
+Providers other than CPU need them present on the building host (and, for CUDA, an NVIDIA
+GPU: the step is unavailable elsewhere, saying what it needs, as the backend says it for
+verify and benchmark); the session's actual provider is checked too.
 """
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from optbuild.backends.onnxruntime import BACKEND
+from optbuild.backends.onnxruntime.loader import session
+from optbuild.backends.registry import MANIFEST
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
@@ -48,7 +57,6 @@ _COMPILING = ("TensorrtExecutionProvider", "OpenVINOExecutionProvider", "CoreMLE
               "QNNExecutionProvider", "NnapiExecutionProvider", "MIGraphXExecutionProvider",
               "VitisAIExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider",
               "NvTensorRTRTXExecutionProvider")
-_GPU = ("CUDAExecutionProvider", "ROCMExecutionProvider")
 
 
 class OrtEngineParams(StepParams):
@@ -99,6 +107,7 @@ class OrtEngine(Step):
 
     Params = OrtEngineParams
     preload = ONNX_TOOLS
+    version = "2"  # 2: engine.json names the provider the model runs on
 
     def __init__(self, params: OrtEngineParams, base_dir: Path, project_root: Path):
         super().__init__(params, base_dir, project_root)
@@ -111,60 +120,39 @@ class OrtEngine(Step):
             fields += ["cpu.arch", "cpu.flags"]
         return {name: host.get(name) for name in fields}
 
+    def runs_on(self) -> dict[str, Any]:
+        """What engine.json will say of the model: onnxruntime, on the step's provider."""
+        return {"backend": BACKEND.name, "provider": self.params.provider}
+
     def unavailable(self, host: Fingerprint) -> str | None:
-        provider = self.params.provider
-        if provider == "CPUExecutionProvider":
-            return None
-        available = host.get("ort_providers.available") or ""
-        if provider not in available.split(","):
-            return (f"onnxruntime here has no {provider} (it has {available or 'none'}); install the "
-                    "onnxruntime build that provides it")
-        if provider in _GPU and not host.get("gpu.count"):
-            return f"{provider} needs a GPU: {host.get('gpu.error') or 'none found'}"
-        return None
+        return BACKEND.unavailable(host, self.runs_on())
 
     def run(self, ctx: StepContext) -> None:
-        import onnxruntime as ort
-
         p = self.params
         source = ctx.onnx_input("the onnxruntime engine")
         out = ctx.out_dir / self.primary_output
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = {
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[p.level]
-        options.optimized_model_filepath = str(out)
-        if p.format == "ort":
-            options.add_session_config_entry("session.save_model_format", "ORT")
-        providers = [p.provider] + (["CPUExecutionProvider"] if p.provider != "CPUExecutionProvider" else [])
         try:
-            sess = ort.InferenceSession(str(source), options, providers=providers)
+            session(source, p.level, provider=p.provider, save=out)
         except Exception as exc:
-            raise StepError(f"onnxruntime failed to optimize {ctx.inputs['input'].step} at level {p.level!r}: "
-                            f"{type(exc).__name__}: {exc}") from exc
-        if sess.get_providers()[0] != p.provider:
-            raise StepError(f"onnxruntime fell back to {sess.get_providers()[0]}: {p.provider} is listed but "
-                            "not usable here")
-        del sess
+            raise StepError(f"onnxruntime failed to optimize {ctx.inputs['input'].step} at level {p.level!r} "
+                            f"for {p.provider}: {type(exc).__name__}: {first_line(exc)}") from None
         if not out.is_file():
             raise StepError(f"onnxruntime wrote no optimized model for {ctx.inputs['input'].step}")
         ctx.metrics.update(level=p.level, format=p.format, provider=p.provider,
                            bytes_before=source.stat().st_size, bytes_after=out.stat().st_size)
         self._describe(ctx, source, out)
-        optimized = self._load(ctx, out, providers)
+        optimized = self._load(ctx, out)
+        manifest = {**self.runs_on(), "level": p.level, "format": p.format}
+        (ctx.out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         if p.provider == "CPUExecutionProvider" and p.check:
             self._check(ctx, source, optimized)
         elif not p.check:
             ctx.log("numeric check disabled (check = 0); the result loads in onnxruntime")
 
-    def _load(self, ctx: StepContext, out: Path, providers: list[str]) -> Any:
+    def _load(self, ctx: StepContext, out: Path) -> Any:
         """A session over the written model: one that cannot load must not be cached, even
         with check = 0. Plain ONNX (level basic) must also pass onnx.checker's full check."""
         import onnx
-        import onnxruntime as ort
 
         label, level = ctx.inputs["input"].step, self.params.level
         if out.suffix == ".onnx" and level == "basic":
@@ -173,12 +161,8 @@ class OrtEngine(Step):
             except Exception as exc:
                 raise StepError(f"the level-basic model onnxruntime wrote of {label} fails onnx.checker's "
                                 f"full check: {first_line(exc)}") from None
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if out.suffix == ".ort":
-            options.add_session_config_entry("session.load_model_format", "ORT")
         try:
-            return ort.InferenceSession(str(out), options, providers=providers)
+            return session(out, provider=self.params.provider)
         except Exception as exc:
             raise StepError(f"onnxruntime cannot load the level-{level} model it wrote of {label}: "
                             f"{first_line(exc)}") from None

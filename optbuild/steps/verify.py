@@ -2,7 +2,8 @@
 
 Each model runs on the backend that runs its artifact (``optbuild.backends.registry``: an
 ONNX or ORT-format model on onnxruntime, CPU; an engine on the backend its ``engine.json``
-names), over the same samples: those
+names, an onnxruntime engine on the execution provider its step names: CUDA on gpu.0, with
+inputs and outputs bound there, never silently on the CPU), over the same samples: those
 of ``data`` (the forms calibrate takes: .npz, folder of .npy, ``file.py:callable``) or
 seeded random inputs of the reference's declared shapes (``samples``, ``seed``; unknown
 dims get ``dynamic_size``, integer inputs draw from ``int_range``). The candidate may be an
@@ -65,11 +66,12 @@ message; nothing is cached, and the next build runs it again.
 
 Hardware and tools: the key holds the distributions of both sides' backends and the host
 fields their results depend on (``Backend.host_fields``): cpu.arch and cpu.flags for
-onnxruntime (quantized kernels differ between CPUs: x86 without VNNI saturates where VNNI
-does not), gpu.0's compute capability for a TensorRT engine (and gpu.0's model for
+onnxruntime on the CPU (quantized kernels differ between CPUs: x86 without VNNI saturates
+where VNNI does not), gpu.0's model and compute capability for onnxruntime on CUDA (never
+its serial or UUID), gpu.0's compute capability for a TensorRT engine (and gpu.0's model for
 TensorRT-RTX, which specializes an engine for the GPU that loads it). The step is
 unavailable where either side's backend says so (``Backend.unavailable``: no GPU, a GPU the
-engine was not built for, a missing module). Each sample must fit the runner before anything
+engine was not built for, a missing module, an onnxruntime without the CUDA provider). Each sample must fit the runner before anything
 runs (``Backend.unfit``: an engine's optimization profiles). Nothing of this is written in the
 verify step or the recipe: planning learns it from the steps compared (``bind``), the worker
 from the artifacts.
@@ -138,8 +140,9 @@ class VerifyParams(StepParams):
     CPU)."""
     candidate: StepRef = Field(examples=["quantize_int8"])
     """The step whose model is tested: an ONNX or ORT-format model (onnxruntime, CPU), or an
-    engine step (backend 'tensorrt' / 'tensorrt-rtx': on gpu.0; 'openvino': on the CPU), run by
-    its backend (the step is unavailable on hosts that cannot run it)."""
+    engine step, run by its backend: 'onnxruntime' on its provider (CUDAExecutionProvider: on
+    gpu.0), 'tensorrt' / 'tensorrt-rtx' on gpu.0, 'openvino' on the CPU. The step is unavailable
+    on hosts that cannot run it, saying what they lack (onnxruntime-gpu, a CUDA GPU)."""
     data: DataSource | None = data_field(
         "Sample inputs", default=None, examples=["models/calib.py:images"],
         note=" Their dtypes must be the reference's input types. Not set: seeded random inputs "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 from pathlib import Path
 
@@ -86,13 +87,36 @@ def test_providers():
         OrtEngineParams(backend="onnxruntime", input="m", provider="CudaExecutionProvider")
     cuda = OrtEngine(OrtEngineParams(backend="onnxruntime", input="m", provider="CUDAExecutionProvider"),
                      Path("."), Path("."))
-    cpu_only = Fingerprint({"ort_providers.available": "CPUExecutionProvider", "gpu.count": 0})
-    assert "has no CUDAExecutionProvider" in cuda.unavailable(cpu_only)
-    listed = Fingerprint({"ort_providers.available": "CUDAExecutionProvider,CPUExecutionProvider",
-                          "gpu.count": 0, "gpu.error": "no NVIDIA GPU (NVML library not found)"})
-    assert "needs a GPU: no NVIDIA GPU" in cuda.unavailable(listed)
+    cpu_only = Fingerprint({"ort_providers.available": "CPUExecutionProvider", "gpu.count": 0,
+                            "onnxruntime.distribution": "onnxruntime"})
+    assert "a CUDA GPU (here: none found) and onnxruntime-gpu" in cuda.unavailable(cpu_only)
+    gpu_build = Fingerprint({"ort_providers.available": "CPUExecutionProvider", "gpu.count": 0,
+                             "gpu.error": "no NVIDIA GPU (NVML library not found)",
+                             "onnxruntime.distribution": "onnxruntime-gpu"})
+    assert cuda.unavailable(gpu_build) == ("needs a CUDA GPU (here: no NVIDIA GPU (NVML library not found)) "
+                                           "for the CUDAExecutionProvider")
     cpu = OrtEngine(OrtEngineParams(backend="onnxruntime", input="m"), Path("."), Path("."))
     assert cpu.unavailable(cpu_only) is None
+    rocm = OrtEngine(OrtEngineParams(backend="onnxruntime", input="m", provider="ROCMExecutionProvider"),
+                     Path("."), Path("."))
+    assert rocm.unavailable(cpu_only) == "needs the onnxruntime build with the ROCMExecutionProvider"
+
+
+def test_engine_json_names_the_provider_that_verify_and_benchmark_run_it_on(tmp_path, convnet):
+    """What the step says before it is built (runs_on) is what engine.json says after, and
+    what registry.for_artifact reads back for verify and benchmark."""
+    from optbuild.backends import registry
+
+    step, ctx = engine(tmp_path, convnet, format="ort")
+    manifest = json.loads((ctx.out_dir / "engine.json").read_text())
+    assert manifest == {"backend": "onnxruntime", "provider": "CPUExecutionProvider", "level": "extended",
+                        "format": "ort"}
+    assert step.runs_on() == {"backend": "onnxruntime", "provider": "CPUExecutionProvider"}
+    backend, read = registry.for_artifact(ctx.out_dir / "model.ort", "the engine")
+    assert backend.name == "onnxruntime" and read == manifest
+    cuda = OrtEngine(OrtEngineParams(backend="onnxruntime", input="m", provider="CUDAExecutionProvider"),
+                     Path("."), Path("."))
+    assert registry.for_step(cuda)[1] == {"backend": "onnxruntime", "provider": "CUDAExecutionProvider"}
 
 
 def test_params_are_validated():

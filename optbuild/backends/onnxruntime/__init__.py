@@ -1,5 +1,14 @@
-"""onnxruntime on the CPU: ONNX and ORT-format models. ``loader`` makes sessions, ``runner``
-feeds them; this module only describes the backend and imports nothing heavy."""
+"""onnxruntime: ONNX and ORT-format models, on the execution provider their artifact names.
+
+A plain model runs on the CPU. An onnxruntime engine step writes an ``engine.json`` beside
+its model naming the provider it optimized for ({"backend": "onnxruntime", "provider":
+"CUDAExecutionProvider"}): verify and benchmark run it there, never silently on the CPU. On an
+NVIDIA provider (CUDA, TensorRT) the results depend on the GPU's model and compute
+capability, which key them (not its serial or UUID: two H100s give the same key); on the CPU,
+on its arch and flags. The loaded distribution's version (onnxruntime-gpu where it is the one
+``import onnxruntime`` loads) keys both. ``loader`` makes sessions, ``runner`` feeds them;
+this module only describes the backend and imports nothing heavy.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +17,20 @@ from functools import cache
 from pathlib import Path
 
 from optbuild.backends.base import Backend, Manifest, Runner, module_missing
+from optbuild.backends.onnxruntime.loader import CPU, NVIDIA
 
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
+
+# What an NVIDIA provider needs beside a GPU, in words (others: the onnxruntime build with them)
+PROVIDER_NEEDS = {
+    "CUDAExecutionProvider": "onnxruntime-gpu in place of onnxruntime, with the CUDA and cuDNN libraries "
+                             "it loads (pip install onnxruntime-gpu)",
+    "TensorrtExecutionProvider": "onnxruntime-gpu in place of onnxruntime, with TensorRT's libraries "
+                                 "(pip install onnxruntime-gpu tensorrt)",
+}
+GPU_FIELDS = ("gpu.0.name", "gpu.0.compute_capability")  # the kernels that ran on the GPU
+CPU_FIELDS = ("cpu.arch", "cpu.flags")  # quantized kernels differ between CPUs (VNNI or not)
 
 
 @cache
@@ -21,6 +41,12 @@ def distribution() -> str:
     from optbuild.common.toolchain import loaded_distribution
 
     return loaded_distribution("onnxruntime")[0] or "onnxruntime"
+
+
+def provider(manifest: Manifest) -> str:
+    """The execution provider ``manifest``'s model runs on: the one its engine step names,
+    the CPU for a plain model."""
+    return str(manifest.get("provider") or CPU)
 
 
 class OnnxRuntime(Backend):
@@ -34,17 +60,35 @@ class OnnxRuntime(Backend):
         return (distribution(), "numpy")
 
     def host_fields(self, manifest: Manifest) -> tuple[str, ...]:
-        return ("cpu.arch", "cpu.flags")  # quantized kernels differ between CPUs (VNNI or not)
+        return GPU_FIELDS if provider(manifest) in NVIDIA else CPU_FIELDS
 
     def unavailable(self, host: Fingerprint, manifest: Manifest) -> str | None:
-        missing = module_missing("onnxruntime", "onnxruntime", self.extra)
-        return f"needs {missing}" if missing else None
+        if (missing := module_missing("onnxruntime", "onnxruntime", self.extra)) is not None:
+            return f"needs {missing}"
+        wanted = provider(manifest)
+        if wanted == CPU:
+            return None
+        listed = wanted in str(host.get("ort_providers.available") or "").split(",")
+        if wanted not in NVIDIA:
+            return None if listed else f"needs the onnxruntime build with the {wanted}"
+        gpu = bool(host.get("gpu.count"))
+        needs = []
+        if not gpu:
+            needs.append(f"a CUDA GPU (here: {host.get('gpu.error') or 'none found'})")
+        # onnxruntime-gpu lists its NVIDIA providers only where a GPU is: without one, it is
+        # the GPU alone that is missing
+        if not listed and (gpu or host.get("onnxruntime.distribution") != "onnxruntime-gpu"):
+            needs.append(PROVIDER_NEEDS[wanted])
+        return f"needs {' and '.join(needs)} for the {wanted}" if needs else None
 
     def open(self, model: Path, manifest: Manifest, host: Fingerprint, *, threads: int | None = None,
              literal: bool = False) -> Runner:
         from optbuild.backends.onnxruntime.runner import OrtRunner
 
-        return OrtRunner(model, threads=threads, level="disable" if literal else None)
+        wanted = provider(manifest)
+        device = f"gpu.0 ({host.get('gpu.0.name')})" if wanted in NVIDIA else ""
+        return OrtRunner(model, provider=wanted, device=device, threads=threads,
+                         level="disable" if literal else None)
 
 
 BACKEND = OnnxRuntime()

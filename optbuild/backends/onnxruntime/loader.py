@@ -1,14 +1,22 @@
-"""onnxruntime sessions on the CPU, made one way for every caller, and their inputs as
-``TensorSpec``. onnxruntime is imported inside the functions."""
+"""onnxruntime sessions, made one way for every caller (verify, benchmark, the engine step,
+the steps' checks) on the execution provider they name, and their inputs as ``TensorSpec``.
+onnxruntime is imported inside the functions."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from optbuild.backends.base import TensorSpec
 
 Level = Literal["disable", "basic", "extended", "all"]
+
+CPU = "CPUExecutionProvider"
+# Providers that run on an NVIDIA GPU (gpu.0): their sessions take inputs and give outputs
+# on that device through an IOBinding ("cuda" in onnxruntime's device names).
+NVIDIA = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+DEVICE_ID = 0
 
 _ORT_TYPES = {
     "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -19,9 +27,25 @@ _ORT_TYPES = {
 }
 
 
-def session(path: Path, level: Level | None = None, threads: int = 0) -> Any:
-    """A CPU InferenceSession over an .onnx or ORT-format (.ort) model; ``level`` None keeps
-    onnxruntime's default graph optimizations, "disable" runs the graph as written."""
+def providers_for(provider: str) -> list[Any]:
+    """The providers list a session on ``provider`` is made with: it first, then what
+    onnxruntime assigns the nodes it has no kernel for (TensorRT hands its leftovers to CUDA;
+    every provider, to the CPU). NVIDIA providers on gpu.0."""
+    if provider == CPU:
+        return [CPU]
+    on_gpu = {"device_id": DEVICE_ID}
+    if provider == "TensorrtExecutionProvider":
+        return [(provider, on_gpu), ("CUDAExecutionProvider", on_gpu), CPU]
+    return [(provider, on_gpu) if provider in NVIDIA else provider, CPU]
+
+
+def session(path: Path, level: Level | None = None, threads: int = 0, provider: str = CPU, *,
+            save: Path | None = None) -> Any:
+    """An InferenceSession over an .onnx or ORT-format (.ort) model on ``provider``
+    (``providers_for``); ``level`` None keeps onnxruntime's default graph optimizations,
+    "disable" runs the graph as written. ``save``: write the optimized graph there (ORT format
+    for a .ort name). The session's first provider is the one asked for, or RuntimeError:
+    onnxruntime falls back to the CPU when a listed provider does not load."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -37,7 +61,20 @@ def session(path: Path, level: Level | None = None, threads: int = 0) -> Any:
         }[level]
     if Path(path).suffix == ".ort":
         options.add_session_config_entry("session.load_model_format", "ORT")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    if save is not None:
+        options.optimized_model_filepath = str(save)
+        if save.suffix == ".ort":
+            options.add_session_config_entry("session.save_model_format", "ORT")
+    sess = ort.InferenceSession(str(path), options, providers=providers_for(provider))
+    if (got := sess.get_providers()[0]) != provider:
+        raise RuntimeError(f"onnxruntime fell back to {got}: {provider} is listed but did not load "
+                           f"(onnxruntime {ort.__version__} lists {', '.join(ort.get_available_providers())})")
+    return sess
+
+
+def short_names(providers: Sequence[str]) -> str:
+    """Providers as reports name them: "CUDA, CPU"."""
+    return ", ".join(name.removesuffix("ExecutionProvider") for name in providers)
 
 
 def input_specs(sess: Any) -> list[TensorSpec]:
