@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "engine/tensorrt-rtx": "optbuild.steps.engine_trt:TensorRTRTXEngine",
     "engine/openvino": "optbuild.steps.engine_ov:OpenVINOEngine",
     "select": "optbuild.steps.select:Select",
+    "deploy": "optbuild.steps.deploy:Deploy",
 }
 
 
