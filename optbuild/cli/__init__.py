@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "bench": "latency and throughput of built models on this host (onnxruntime CPU, PyTorch eager)",
     "worker": "a build node for the dask executor: a Dask worker offering this host's fingerprint",
     "server": "the project's build server: status, stop",
+    "deploy": "publish deploy steps into a Triton model repository, switched atomically; --rollback",
 }
 
 

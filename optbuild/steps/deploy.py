@@ -143,14 +143,15 @@ class Deploy(Step):
         model = _model_file(artifact)
         name = p.model_name or ctx.step_id.partition(":")[0]
         runtime, signature, files = self._read(ctx, artifact, model)
+        provider = self._provider or _manifest(artifact).get("provider")  # a select's choice says it
         gpu = (p.device == "gpu" or p.accelerator in ("tensorrt", "cuda")
-               or (p.device == "auto" and (runtime == "tensorrt" or self._provider in _GPU_PROVIDERS)))
+               or (p.device == "auto" and (runtime == "tensorrt" or provider in _GPU_PROVIDERS)))
         if runtime == "tensorrt" and not gpu:
             raise StepError("a TensorRT engine runs on a GPU only: device must be 'gpu' or 'auto'")
         if p.accelerator in ("tensorrt", "openvino") and runtime != "onnxruntime":
             raise StepError(f"accelerator {p.accelerator!r} is onnxruntime's; {artifact.step} gives a "
                             f"{runtime} model")
-        serving = triton.Serving(name, runtime, p.max_batch_size, p.dynamic_batching, gpu, p.instances,
+        serving = triton.Serving(name, runtime, p.dynamic_batching, gpu, p.instances,
                                  None if p.accelerator == "cuda" else p.accelerator, dict(p.accelerator_parameters))
         max_batch = triton.batch_size(signature, p.max_batch_size, p.default_batch)
         config = triton.parse(triton.render(signature, serving, max_batch), "the derived config.pbtxt")
@@ -179,8 +180,8 @@ class Deploy(Step):
             return "openvino", triton.openvino_signature(model), {"model.xml": model, "model.bin": weights}
         if model.suffix == ".engine":
             manifest = artifact.files.get("engine.json")
-            backend = _backend(manifest) if manifest else None
-            if backend != "tensorrt":
+            backend = _manifest(artifact).get("backend")
+            if manifest is None or backend != "tensorrt":
                 raise StepError(f"{artifact.step} gives {model.name} built by {backend or 'an unknown builder'}"
                                 "; Triton's TensorRT backend loads engines of TensorRT ('engine' with backend "
                                 "'tensorrt'), not TensorRT-RTX")
@@ -208,13 +209,16 @@ def _onnx(artifact: Artifact) -> Path:
     return model
 
 
-def _backend(manifest: Path) -> str | None:
+def _manifest(artifact: Artifact) -> dict[str, Any]:
+    """The engine.json an engine step wrote beside its model ({} when there is none)."""
     import json
 
+    path = artifact.files.get("engine.json")
     try:
-        return json.loads(manifest.read_text()).get("backend")
-    except (OSError, ValueError, AttributeError):
-        return None
+        data = json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):
+        raise StepError(f"{artifact.step}: its engine.json is unreadable") from None
+    return data if isinstance(data, dict) else {}
 
 
 def _external_data(model: Path) -> dict[str, Path]:

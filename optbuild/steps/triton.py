@@ -153,7 +153,6 @@ class Serving:
 
     name: str
     runtime: str  # a key of RUNTIMES
-    max_batch_size: int | None  # None: the model's own (8 for an unbounded batch dim), 0: no batching
     dynamic_batching: bool
     gpu: bool
     instances: int

@@ -1,0 +1,110 @@
+"""optbuild deploy --to DIR [--keep N] [--no-build] [TARGET...] | --rollback MODEL
+
+Publishes the outputs of the project's ``deploy`` steps (optbuild.steps.deploy) into a Triton
+model repository: each is built, or restored from the local or remote cache for this host's
+fingerprint (with ``--no-build``, only restored), then switched in atomically
+(optbuild.cli.publish), recording in ``<model>/<version>/optbuild.json`` which keys were used
+and where and when they were built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+_FROM = {"built": "built here", "cached": "local cache", "restored": "remote cache"}
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    from optbuild.cli.build import add_remote_flags
+
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help="recipe or recipe:step whose deploy steps to publish (default: all of them)")
+    parser.add_argument("--to", type=Path, required=True, metavar="DIR",
+                        help="the Triton model repository (made if missing)")
+    parser.add_argument("--keep", type=int, default=2, metavar="N",
+                        help="versions of each model to keep, the current one included (default 2: one to "
+                             "roll back to)")
+    parser.add_argument("--no-build", action="store_true",
+                        help="only restore from the local or remote cache; fail, naming the steps that would "
+                             "have to build, if anything is missing")
+    parser.add_argument("--rollback", metavar="MODEL", default=None,
+                        help="make MODEL's previous version current again (builds nothing)")
+    parser.add_argument("-S", "--set", action="append", default=[], metavar="RECIPE:STEP.PARAM=VALUE",
+                        help="set a parameter for this run, as with build")
+    add_remote_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from optbuild.cli import publish
+    from optbuild.common.errors import OptbuildError
+
+    if args.keep < 1:
+        raise OptbuildError(f"--keep {args.keep}: keep at least the current version (1)")
+    if args.rollback is not None:
+        if args.targets:
+            raise OptbuildError("--rollback takes a model name and no targets")
+        change = publish.rollback(args.to, args.rollback)
+        print(f"{change.model}: {change.what} to version {change.version} in {args.to}")
+        return 0
+    found = _build(args)
+    if found is None:
+        return 1
+    by_model: dict[str, str] = {}
+    for sid, release in found:
+        if release.model in by_model:
+            raise OptbuildError(f"deploy steps {by_model[release.model]} and {sid} both publish model "
+                                f"{release.model!r}: give one of them another model_name")
+        by_model[release.model] = sid
+    for sid, release in found:
+        change = publish.publish(release, args.to, args.keep)
+        print(f"{change.model}: {change.what}, version {change.version} in {args.to} ({sid})")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
+    """Build or restore the selected deploy steps: (step, release) for each model they hold,
+    or None (after saying why) when one of them is not in place."""
+    from optbuild import api
+    from optbuild.builder.report import make_reporter
+    from optbuild.cli import publish
+    from optbuild.cli.build import remote_override
+    from optbuild.common.errors import OptbuildError
+
+    ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
+    try:
+        steps = ws.project.steps
+        wanted = [sid for sid in ws.graph.select(args.targets) if steps[sid].kind == "deploy"]
+        if not wanted:
+            raise OptbuildError(f"no deploy step in {' '.join(args.targets) or 'the project'}: add one "
+                                "([steps.NAME] kind = \"deploy\", input = \"...\")")
+        result = api.build(ws, wanted, reporter=make_reporter(False), fetch_only=args.no_build)
+    finally:
+        ws.close()
+    missing = [sid for sid in wanted if not result.outcomes[sid].status.ok]
+    if missing:
+        for sid in missing:
+            outcome = result.outcomes[sid]
+            why = "; ".join(outcome.reasons) or outcome.error or ""
+            print(f"error: {sid} is {outcome.status}" + (f" ({why})" if why else ""), file=sys.stderr)
+        print("error: nothing was published", file=sys.stderr)
+        return None
+    found = []
+    for sid in wanted:
+        spec = steps[sid]
+        provenance = {"step": sid, **_used(result.outcomes[sid]),
+                      "inputs": {field: {"step": dep, **_used(result.outcomes[dep])} for field, dep in spec.deps.items()}}
+        found += [(sid, r) for r in publish.releases(ws.project.build_dir / spec.recipe / spec.name, provenance)]
+    return found
+
+
+def _used(outcome: Any) -> dict[str, Any]:
+    """Which action a step's output is, where and when it was built, and where it came from."""
+    entry = outcome.entry
+    used = {"key": outcome.key, "built_on": entry.built_on if entry else None,
+            "built_at": entry.created_at if entry else None, "from": _FROM.get(str(outcome.status))}
+    if entry is not None and "chosen" in entry.metrics:  # a select step: which candidate won
+        used["chosen"] = entry.metrics["chosen"]
+    return used
