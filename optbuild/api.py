@@ -23,8 +23,6 @@ from optbuild.common.digest import FileHasher
 from optbuild.common.errors import (
     DiskFullError,
     OptbuildError,
-    Problem,
-    ProjectError,
     describe_os_error,
     is_disk_full,
 )
@@ -154,19 +152,10 @@ def _builder(options: Options) -> Callable[[BuildContext], Builder] | None:
     return None
 
 
-def resolve_step(ws: Workspace, target: str) -> str:
-    if target in ws.project.steps:
-        return target
-    matches = [sid for sid in ws.project.steps if sid.endswith(":" + target)]
-    if len(matches) == 1:
-        return matches[0]
-    raise ProjectError([Problem(f"{target!r} is not a step (use recipe:step)")])
-
-
 def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
             host: Fingerprint | None = None) -> dict[str, Any]:
     """The key of ``target`` with its ingredients, and where its cached result came from."""
-    sid = resolve_step(ws, target)
+    sid = ws.graph.step(target)
     selected = ws.graph.select([sid])
     scheduler = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, Reporter(), toolchain=toolchain,
                           host=host, options=Options(jobs=1, dry_run=True))

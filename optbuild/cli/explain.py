@@ -3,45 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from optbuild.api import Workspace
+from typing import Any
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="recipe:step")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--log", action="store_true", help="also print the build log")
-
-
-def resolve(ws: Workspace, target: str) -> str:
-    """``target`` ("recipe:step", or a step name one recipe has) as a step id; else an error
-    that suggests the closest step and lists the steps it may have meant."""
-    from optbuild.common.errors import OptbuildError
-
-    steps = ws.project.steps
-    if target in steps:
-        return target
-    matches = [sid for sid in steps if sid.endswith(":" + target)]
-    if len(matches) == 1:
-        return matches[0]
-    names: dict[str, list[str]] = {}  # recipe -> its step names, in recipe order
-    for spec in steps.values():
-        names.setdefault(spec.recipe, []).append(spec.name)
-    if target in names:
-        raise OptbuildError(f"{target} is a recipe: explain one of its steps: {', '.join(names[target])}")
-    if matches:
-        raise OptbuildError(f"{target!r} is a step of several recipes: use one of {', '.join(matches)}")
-    recipe, colon, _ = target.partition(":")
-    candidates = list(steps) if colon else list(dict.fromkeys(spec.name for spec in steps.values()))
-    hint = difflib.get_close_matches(target, candidates, n=1)
-    listed = [recipe] if recipe in names else list(names)
-    raise OptbuildError("\n".join([f"unknown step {target!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""),
-                                   *(f"steps of {r}: {', '.join(names[r])}" for r in listed)]))
 
 
 def _is_set(value: Any) -> bool:
@@ -56,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     ws = api.open_workspace(args.directory)
     try:
-        sid = resolve(ws, args.target)
+        sid = ws.graph.step(args.target)
         host = Fingerprint()
         info = api.explain(ws, sid, host=host)
         if info["status"] == Status.UNAVAILABLE:

@@ -11,7 +11,7 @@ import difflib
 import graphlib
 from typing import TYPE_CHECKING
 
-from optbuild.common.errors import Problem, ProjectError
+from optbuild.common.errors import OptbuildError, Problem, ProjectError
 from optbuild.project import matrix
 from optbuild.project.recipe import StepSpec
 
@@ -55,6 +55,28 @@ class StepGraph:
             path = " -> ".join([*cycle, cycle[0]])
             problems.append(first.problem(f"dependency cycle: {path}"))
         return problems
+
+    def step(self, target: str) -> str:
+        """``target`` ("recipe:step", or a step name one recipe has) as a step id; else an
+        error that suggests the closest step and lists the steps it may have meant."""
+        if target in self.steps:
+            return target
+        matches = [sid for sid in self.steps if sid.endswith(":" + target)]
+        if len(matches) == 1:
+            return matches[0]
+        names: dict[str, list[str]] = {}  # recipe -> its step names, in recipe order
+        for spec in self.steps.values():
+            names.setdefault(spec.recipe, []).append(spec.name)
+        if target in names:
+            raise OptbuildError(f"{target} is a recipe: name one of its steps: {', '.join(names[target])}")
+        if matches:
+            raise OptbuildError(f"{target!r} is a step of several recipes: use one of {', '.join(matches)}")
+        recipe, colon, _ = target.partition(":")
+        candidates = list(self.steps) if colon else list(dict.fromkeys(spec.name for spec in self.steps.values()))
+        hint = difflib.get_close_matches(target, candidates, n=1)
+        listed = [recipe] if recipe in names else list(names)
+        raise OptbuildError("\n".join([f"unknown step {target!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""),
+                                       *(f"steps of {r}: {', '.join(names[r])}" for r in listed)]))
 
     def select(self, targets: list[str]) -> list[str]:
         """Steps needed for ``targets`` ("recipe" or "recipe:step"), in build order."""

@@ -121,7 +121,7 @@ def test_explain_an_unknown_step_suggests_one_and_lists_the_recipe(project):
 def test_explain_a_recipe_lists_its_steps(project):
     run = project.cli("explain", "chain")
     assert run.returncode == 2
-    assert "error: chain is a recipe: explain one of its steps: src, mid, out, side" in run.stderr
+    assert "error: chain is a recipe: name one of its steps: src, mid, out, side" in run.stderr
 
 
 def test_explain_an_unknown_recipe_lists_every_recipe(project):
