@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 _STATIC_ONLY = ("calibration", "format", "activation_type", "symmetric_activations")
 _INT8_ONLY = ("weight_type", "per_channel", "reduce_range", "symmetric_weights", "op_types_to_quantize",
-              "nodes_to_quantize", "nodes_to_exclude", "extra_options", "allow_unchanged")
+              "nodes_to_quantize", "nodes_to_exclude", "extra_options", "allow_unchanged", "report")
 _FP16_ONLY = ("keep_io_types", "op_block_list", "node_block_list", "min_positive_val", "max_finite_val")
 
 # onnxruntime.quantization extra_options that may pass through (see quantize_static's docstring).
@@ -143,6 +143,12 @@ class QuantizeParams(StepParams):
     subgraphs included). false: that is an error saying why it likely happened (ops inside
     If/Loop subgraphs in static mode, op_types_to_quantize or excluded nodes leaving
     nothing)."""
+    report: bool = Field(False, examples=[True])
+    """dynamic and static: also write quant_report.json, the error of every float tensor the
+    INT8 model shares with the input model (cosine, relative error; node order, and the first
+    tensor under cosine 0.99: where it departs), run on REPORT_SAMPLES (4) seeded samples as
+    `inputs` declares them, with the 10 worst in the log. Off by default: it runs both models
+    with every tensor kept, which costs time and memory on large models."""
     # --- fp16 ---
     keep_io_types: bool | list[str] = Field(True, examples=[False, ["logits"]])
     """fp16 only: true keeps every float graph input and output float32, so callers feed and
@@ -258,6 +264,32 @@ class Quantize(Step):
         if self.params.mode != "fp16" and not quantized and not self.params.allow_unchanged:
             raise StepError(self._unchanged(before, label))
         self._check(ctx, source, out, label)
+        if self.params.report:
+            self._report(ctx, source, out)
+
+    def _report(self, ctx: StepContext, source: Path, out: Path) -> None:
+        """quant_report.json: each shared float tensor's error, in node order, and where the
+        INT8 model first departs from the float one (see the ``report`` parameter)."""
+        import json
+
+        from optbuild.model import int8report
+        from optbuild.model.samples import feeds
+        from optbuild.steps.rewrite_check import reference_runner
+
+        with reference_runner(source, ctx.host) as runner:
+            specs = runner.input_specs()
+        samples = [feeds(specs, self.params.inputs, i) for i in range(REPORT_SAMPLES)]
+        errors = int8report.layer_errors(source, out, samples)
+        first = int8report.first_departure(errors)
+        (ctx.out_dir / REPORT_FILE).write_text(json.dumps({
+            "samples": REPORT_SAMPLES, "departs_below_cosine": int8report.DEPARTS,
+            "first_departure": first.as_json() if first else None,
+            "tensors": [e.as_json() for e in errors]}, indent=1, allow_nan=False) + "\n")
+        ctx.metrics["report_first_departure"] = first.tensor if first else None
+        where = (f"first departs at {first.tensor!r} ({first.op} node {first.node!r}, cosine {first.cosine:.5f})"
+                 if first else f"no tensor under cosine {int8report.DEPARTS}")
+        ctx.log(f"{REPORT_FILE}: {len(errors)} tensors compared with the float model on {REPORT_SAMPLES} "
+                f"seeded samples; {where}; the worst:\n{int8report.table(errors)}")
 
     # --- INT8 ------------------------------------------------------------------------------
     def _int8(self, ctx: StepContext, source: Path, model: Any, out: Path) -> None:
@@ -281,6 +313,8 @@ class Quantize(Step):
                   "nodes_to_quantize": p.nodes_to_quantize or None,
                   "nodes_to_exclude": p.nodes_to_exclude or None}
         table = self._table(ctx, source, model) if p.mode == "static" else None
+        if table is not None:
+            self._warn_shared_scales(ctx, model, table[1])
         source = ctx.private_copy(source)  # onnxruntime writes beside the model it is given
         moved = constants_to_initializers(model.graph, nested)
         ctx.metrics["constants_to_initializers"] = moved
@@ -323,6 +357,25 @@ class Quantize(Step):
                 raise StepError(f"quantize_static failed on {label} with the table of "
                                 f"{ctx.inputs['calibration'].step}: {type(exc).__name__}: {exc}"
                                 f"{_hint(exc, model)}") from exc
+
+    def _warn_shared_scales(self, ctx: StepContext, model: Any, ranges: dict[str, list[float]]) -> None:
+        """Warn of Concat nodes whose inputs' ranges differ so much that the one scale of
+        their quantized output wipes the small ones (a detector's boxes 0..320 beside its
+        scores 0..1: scale 1.25, every score under 0.63 became 0)."""
+        from optbuild.model.int8report import SHARED_SCALE_RATIO, shared_scales
+
+        p = self.params
+        found = [s for s in shared_scales(model.graph, ranges) if s.node not in p.nodes_to_exclude
+                 and (not p.nodes_to_quantize or s.node in p.nodes_to_quantize)
+                 and (not p.op_types_to_quantize or "Concat" in p.op_types_to_quantize)]
+        ctx.metrics["shared_scales"] = [s.node for s in found]
+        for s in found:
+            exclude = [n for n in s.exclude if n not in p.nodes_to_exclude]
+            ctx.log(f"warning: Concat {s.node!r} joins {s.small!r} (range [{s.small_range[0]:.4g}, "
+                    f"{s.small_range[1]:.4g}]) and {s.large!r} ([{s.large_range[0]:.4g}, {s.large_range[1]:.4g}]), "
+                    f"more than {SHARED_SCALE_RATIO}x apart: quantized, its output has one scale and "
+                    f"{s.small!r} keeps about {s.levels} of 256 levels. If verify fails, keep it float: "
+                    f"nodes_to_exclude = {[*p.nodes_to_exclude, *exclude]!r} on this step")
 
     def _subgraphs_quantized(self, model: Any) -> bool:
         """onnxruntime quantizes If/Loop/Scan subgraphs in dynamic mode only (its docs, and
@@ -550,6 +603,10 @@ class Quantize(Step):
         return (f"\nhint: keep the node float32 with node_block_list = {[*self.params.node_block_list, nodes[-1]]!r} "
                 f"on this step (a node of the converter's own, such as '<node>_input_cast0', names the "
                 f"node to block before its suffix), or its op type in op_block_list")
+
+
+REPORT_FILE = "quant_report.json"
+REPORT_SAMPLES = 4  # seeded samples the report runs both models on
 
 
 # --- float16 nodes typed wrong --------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""Where INT8 hurts: per-tensor errors of a quantized model against its float model, and
+Concat nodes whose inputs have such different ranges that one scale wipes the small ones.
+
+Names: onnxruntime keeps a float tensor's name in its quantized model as the output of the
+node that makes it (in QDQ format the value downstream nodes see is then the output of the
+DequantizeLinear fed by a QuantizeLinear of it, named ``<tensor>_DequantizeLinear_Output``);
+a graph output keeps its name as that DequantizeLinear's output. ``layer_errors`` compares
+what downstream nodes see, found by that structure, not by the suffix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SHARED_SCALE_RATIO = 16  # input spans this many times apart share one scale badly
+DEPARTS = 0.99  # cosine under which a tensor is said to depart from the float model
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """How far one tensor of the quantized model is from the float model's."""
+
+    tensor: str
+    node: str
+    op: str
+    cosine: float
+    relative_error: float  # ||quantized - float|| / ||float||
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _seen(graph: Any) -> dict[str, str]:
+    """Float tensor name -> the name of the value its consumers read in the quantized graph."""
+    produced = {o for n in graph.node for o in n.output}
+    seen = {name: name for name in produced}
+    dequant = {n.input[0]: n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] in dequant:
+            seen[node.input[0]] = dequant[node.output[0]]
+    return seen
+
+
+def _run_exposed(model: Any, names: list[str], feeds: list[dict[str, Any]]) -> list[list[Any]]:
+    """Run ``model`` with ``names`` made graph outputs (no graph optimization, so none is
+    fused away); per feed, the values of ``names``."""
+    import onnx
+    import onnxruntime
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    known = {o.name for o in exposed.graph.output}
+    exposed.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+                                for n in names if n not in known)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(exposed.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    return [session.run(names, feed) for feed in feeds]
+
+
+def layer_errors(reference: Path, quantized: Path, feeds: list[dict[str, Any]]) -> list[LayerError]:
+    """The error of every float tensor made by a node of ``reference`` (top graph) that the
+    ``quantized`` model also computes, over ``feeds``, in ``reference``'s node order
+    (topological for a valid model)."""
+    import numpy as np
+    import onnx
+
+    ref = onnx.shape_inference.infer_shapes(onnx.load(str(reference)))
+    quant = onnx.load(str(quantized))
+    floats = {v.name for v in (*ref.graph.value_info, *ref.graph.output)
+              if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    seen = _seen(quant.graph)
+    tensors = [(o, n) for n in ref.graph.node for o in n.output if o in floats and o in seen]
+    if not tensors:
+        return []
+    ref_values = _run_exposed(ref, [t for t, _ in tensors], feeds)
+    quant_values = _run_exposed(quant, [seen[t] for t, _ in tensors], feeds)
+    errors = []
+    for i, (tensor, node) in enumerate(tensors):
+        r = np.concatenate([np.asarray(v[i], np.float64).ravel() for v in ref_values])
+        q = np.concatenate([np.asarray(v[i], np.float64).ravel() for v in quant_values])
+        if r.shape != q.shape:
+            continue
+        r_norm, q_norm = float(np.linalg.norm(r)), float(np.linalg.norm(q))
+        cosine = 1.0 if r_norm == q_norm == 0 else (
+            float(np.dot(r, q) / (r_norm * q_norm)) if r_norm and q_norm else 0.0)
+        relative = float(np.linalg.norm(q - r) / r_norm) if r_norm else float(q_norm > 0)
+        errors.append(LayerError(tensor, node.name, node.op_type, cosine, relative))
+    return errors
+
+
+def first_departure(errors: list[LayerError], threshold: float = DEPARTS) -> LayerError | None:
+    """The first tensor, in node order, whose cosine falls under ``threshold``."""
+    return next((e for e in errors if e.cosine < threshold), None)
+
+
+def table(errors: list[LayerError], rows: int = 10) -> str:
+    """The ``rows`` worst tensors (lowest cosine first) as a text table."""
+    worst = sorted(errors, key=lambda e: (e.cosine, -e.relative_error))[:rows]
+    width = max([len(e.tensor) for e in worst] + [6])
+    lines = [f"{'tensor':<{width}}  {'op':<16} {'cosine':>9} {'rel err':>9}  node"]
+    lines += [f"{e.tensor:<{width}}  {e.op:<16} {e.cosine:9.5f} {e.relative_error:9.4f}  {e.node}" for e in worst]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SharedScale:
+    """A Concat whose inputs' ranges differ by more than SHARED_SCALE_RATIO: quantized, its
+    output has one scale, and the inputs of small range keep few of its levels."""
+
+    node: str
+    small: str
+    small_range: tuple[float, float]
+    large: str
+    large_range: tuple[float, float]
+    exclude: list[str]  # the Concat and the nodes that read its output
+
+    @property
+    def levels(self) -> int:
+        """About how many of 256 levels the small input keeps."""
+        span = self.large_range[1] - self.large_range[0]
+        return max(1, round(255 * (self.small_range[1] - self.small_range[0]) / span))
+
+
+def shared_scales(graph: Any, ranges: dict[str, list[float]]) -> list[SharedScale]:
+    """Concat nodes of ``graph`` (top level) whose calibrated inputs' spans (from ``ranges``,
+    tensor -> [min, max]) differ by more than SHARED_SCALE_RATIO times."""
+    found = []
+    for node in graph.node:
+        if node.op_type != "Concat":
+            continue
+        spans = {i: ranges[i] for i in node.input if i in ranges}
+        if len(spans) < 2:
+            continue
+        small = min(spans, key=lambda i: spans[i][1] - spans[i][0])
+        large = max(spans, key=lambda i: spans[i][1] - spans[i][0])
+        small_span, large_span = (spans[t][1] - spans[t][0] for t in (small, large))
+        if large_span > SHARED_SCALE_RATIO * max(small_span, 1e-12):
+            readers = [n.name for n in graph.node if set(node.output) & set(n.input)]
+            found.append(SharedScale(node.name, small, tuple(spans[small]), large, tuple(spans[large]),
+                                     [node.name, *readers]))
+    return found
