@@ -70,6 +70,7 @@ import time
 
 from optbuild.common import signatures
 from optbuild.common.projectroot import CONFIG_NAME, project_root
+from optbuild.common.quickhash import blake2b
 from optbuild.common.signatures import changed_within, module_files, signature
 
 FORMAT = 2  # 1 held unsalted digests of the environment
@@ -163,17 +164,9 @@ def build_dir_of(root: str) -> str:
     return os.path.abspath(os.path.join(root, setting))
 
 
-def _hasher():
-    try:
-        from _blake2 import blake2b
-    except ImportError:  # another implementation of Python
-        from hashlib import blake2b
-    return blake2b
-
-
 def _content_digest(path: str) -> str:
     with open(path, "rb") as f:
-        return _hasher()(f.read(), digest_size=16).hexdigest()
+        return blake2b()(f.read(), digest_size=16).hexdigest()
 
 
 def salt_path() -> str:
@@ -229,15 +222,15 @@ def salt(*, create: bool) -> bytes:
 def _salt_id(key: bytes) -> str:
     """Names the salt a stamp was keyed with, so that a stamp of another user (or of another
     $XDG_CACHE_HOME) is declined as such; reveals nothing of the salt."""
-    return _hasher()(b"optbuild noop salt id", digest_size=8, key=key).hexdigest()
+    return blake2b()(b"optbuild noop salt id", digest_size=8, key=key).hexdigest()
 
 
 def _env(key: bytes) -> dict[str, str]:
     """Digests, keyed with the salt ``key``, of the environment variables the answer can
     depend on: any of them may be a secret (a signing key), so no digest is one an
     attacker could compute from a guess."""
-    blake2b = _hasher()
-    return {name: blake2b(value.encode(errors="surrogateescape"), digest_size=16, key=key).hexdigest()
+    hasher = blake2b()
+    return {name: hasher(value.encode(errors="surrogateescape"), digest_size=16, key=key).hexdigest()
             for name, value in sorted(os.environ.items())
             if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and name not in _ENV_IGNORED}
 

@@ -97,11 +97,9 @@ def socket_dir(root: str) -> str:
 
 def _name(root: str) -> str:
     """The server's file name stem in its folder: one per user and project (a real path)."""
-    try:
-        from _blake2 import blake2b
-    except ImportError:
-        from hashlib import blake2b
-    return blake2b(f"{os.getuid()}\0{root}".encode(errors="surrogateescape"), digest_size=12).hexdigest()
+    from optbuild.common.quickhash import blake2b
+
+    return blake2b()(f"{os.getuid()}\0{root}".encode(errors="surrogateescape"), digest_size=12).hexdigest()
 
 
 class PrivateDir:
