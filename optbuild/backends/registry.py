@@ -80,6 +80,12 @@ def open_onnx(model: Path, host: Fingerprint, *, threads: int | None = None, lit
     return backend.open(model, {"backend": backend.name}, host, threads=threads, literal=literal)
 
 
+def write_manifest(out_dir: Path, manifest: Manifest) -> None:
+    """Write an engine step's ``engine.json`` beside its engine: what ``for_artifact`` reads
+    back (its ``backend`` first of all), in one layout for every runtime."""
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
 def for_artifact(model: Path, what: str) -> tuple[Backend, Manifest]:
     """What runs the artifact ``model``: the backend its ``engine.json`` names, else the one
     that opens its suffix. StepError, naming ``what`` ("the candidate r:engine"), when none

@@ -29,7 +29,6 @@ verify and benchmark); the session's actual provider is checked too.
 
 from __future__ import annotations
 
-import json
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +37,7 @@ from pydantic import Field, field_validator
 
 from optbuild.backends.onnxruntime import BACKEND
 from optbuild.backends.onnxruntime.loader import session
-from optbuild.backends.registry import MANIFEST
+from optbuild.backends.registry import write_manifest
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
@@ -143,7 +142,7 @@ class OrtEngine(Step):
         self._describe(ctx, source, out)
         optimized = self._load(ctx, out)
         manifest = {**self.runs_on(), "level": p.level, "format": p.format}
-        (ctx.out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        write_manifest(ctx.out_dir, manifest)
         if p.provider == "CPUExecutionProvider" and p.check:
             self._check(ctx, source, optimized)
         elif not p.check:

@@ -61,7 +61,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import io
-import json
 import re
 import time
 import typing
@@ -73,6 +72,7 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.backends.base import module_missing
 from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
 from optbuild.backends.openvino.loader import PINNED_PRECISION, RT_INFO_HINT, RT_INFO_PRECISION
+from optbuild.backends.registry import write_manifest
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import RecipeTable, StepRef
 from optbuild.model.inputdecl import InputDecls, StepInputs
@@ -85,7 +85,7 @@ if typing.TYPE_CHECKING:
     from optbuild.backends.base import TensorSpec
     from optbuild.common.fingerprint import Fingerprint
 
-MANIFEST = "engine.json"
+
 # Default thresholds of the check, by precision (None: not checked).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "int8": None}
 MIN_COSINE = {"fp32": None, "fp16": None, "int8": 0.99}
@@ -283,7 +283,7 @@ class OpenVINOEngine(fields.DataSourceStep):
             "outputs": loader.describe_ports(model.outputs, "output"),
             **extra,
         }
-        (ctx.out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        write_manifest(ctx.out_dir, manifest)
         ops = [op.get_type_name() for op in model.get_ops()]
         ctx.metrics.update(precision=p.precision, hint=p.hint, ops=len(ops),
                            fake_quantize=ops.count("FakeQuantize"), bytes_before=source.stat().st_size,

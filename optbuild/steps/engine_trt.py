@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.base import module_missing
+from optbuild.backends.registry import write_manifest
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt import profiles as profile_form
 from optbuild.backends.tensorrt.diagnose import (
@@ -509,7 +510,6 @@ class _TensorRTBase(Step):
 
     def _write_manifest(self, ctx: StepContext, version: str, inputs: list, outputs: list,
                         profiles: list[Profile]) -> None:
-        import json
 
         manifest = {
             "backend": self.runtime.backend,
@@ -519,7 +519,7 @@ class _TensorRTBase(Step):
             "profiles": [{name: rng.model_dump() for name, rng in p.items()} for p in profiles],
             **self._manifest_extra(),
         }
-        (ctx.out_dir / "engine.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        write_manifest(ctx.out_dir, manifest)
 
     def _manifest_extra(self) -> dict[str, Any]:
         return {}
