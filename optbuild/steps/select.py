@@ -1,38 +1,62 @@
 """kind = "select": the best of several candidates on this host, as one step to depend on.
 
 The candidates are ``benchmark`` steps (optbuild.steps.benchmark), each of which measured a
-model and carries it, with its figures and its verify verdict, in ``benchmark.json``. A
-candidate is dropped when its verify step failed (``fail = false`` on a verify records a
-failure instead of stopping the build) or when a figure misses a constraint
-(``max_p50_ms``, ``min_throughput``, ``min_cosine``, ``max_size_mb``); the best of the rest
-by the ``objective`` wins, ties going to the smaller model, then to the candidate listed
-first. The output is the winner's files (so downstream steps and deploy hosts take "the
-best engine for this hardware" by one name) and ``selection.json`` / ``selection.txt``: every
-candidate, its figures, and why it won or lost. No candidate left fails the step, with that
-table.
+model and carries it, with its figures, the shapes it measured and its verify verdict, in
+``benchmark.json``. A candidate is dropped when its verify step failed (``fail = false`` on a
+verify records a failure instead of stopping the build) or when a figure misses a constraint
+(``max_p50_ms``, ``min_throughput``, ``min_cosine``, ``max_size_mb``); the best of the rest by
+the ``objective`` wins. The output is the winner's files (so downstream steps and deploy hosts
+take "the best engine for this hardware" by one name) and ``selection.json`` /
+``selection.txt``: every candidate, its figures, and why it won or lost. No candidate left
+fails the step, with that table.
 
-``candidates = ["bench[*]"]`` takes every instance of a matrix step. The key holds the
-candidates' outputs (figures included), so a new measurement selects again.
+Like for like (``measure = "together"``, the default): a benchmark's figure is a fact about
+the moment it was taken, and the benchmarks of a build ran minutes apart, under different
+loads, some of them cached from another day. So select measures the candidates again,
+together, in its own process (optbuild.model.race): each model opened by the runtime its
+benchmark used (optbuild.backends.registry, with the benchmark's threads), fed the shapes its
+benchmark recorded (values as ``inputs`` and the recipe's ``[inputs.NAME]`` declare, from
+``seed``), ``warmup`` untimed runs each, then ``runs`` timed runs each in ``rounds`` rounds,
+every candidate taking its turn in each round in an order that rotates. The figures judged are
+those; the benchmark's are shown beside them. A winner whose lead over another eligible
+candidate could be noise (the 90 % interval of its per-round lead reaches below 1 +
+``min_lead``) is tied with it, and the tie goes to the smaller model, then to the candidate
+listed first. A candidate this host cannot open is listed with why and not chosen. The
+objective ``size_bytes`` without a latency or throughput constraint measures nothing.
+``measure = "cached"`` compares the benchmarks' own figures, ties being equal figures.
 
-A candidate that could not run here (unavailable, failed, or skipped behind one that did)
-does not stop the choice: select runs while one candidate succeeded, and the table lists
-the others with why (``Step.partial_inputs``). Its key names them, so a candidate that
-later runs selects again.
+Because it measures, select is then bound to the host as benchmark is: its key holds what its
+candidates' keys hold of the host and of the runtimes' versions, and it builds with nothing
+beside it (``exclusive``). Its key holds the candidates' outputs, so a rebuilt candidate makes
+it measure all of them again: a new model never races a stale figure. What is cached is the
+verdict of a race on the same models and host.
+
+``candidates = ["bench[*]"]`` takes every instance of a matrix step. A candidate that could not
+run here (unavailable, failed, or skipped behind one that did) does not stop the choice: select
+runs while one candidate succeeded, and the table lists the others with why
+(``Step.partial_inputs``). Its key names them, so a candidate that later runs selects again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from optbuild.common.errors import StepError
+from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
-from optbuild.steps.base import Artifact, Step, StepContext, StepParams, link_files
+from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.steps import fields
+from optbuild.steps.base import ONNX_TOOLS, Artifact, Step, StepContext, StepParams, link_files
 
-REPORT_VERSION = 1
+if typing.TYPE_CHECKING:
+    from optbuild.common.fingerprint import Fingerprint
+
+REPORT_VERSION = 2  # 2: figures measured together, with their spread, the load and the leads
 OBJECTIVES = {  # what is better: lower or higher
     "p50_ms": min, "p90_ms": min, "throughput_per_s": max, "size_bytes": min,
 }
@@ -55,45 +79,107 @@ class SelectParams(StepParams):
     those without a verify step."""
     max_size_mb: float | None = Field(None, gt=0, examples=[50.0])
     """Drop candidates whose model files are larger (MiB)."""
+    measure: Literal["together", "cached"] = Field("together", examples=["cached"])
+    """'together': measure the candidates again, together in this step, interleaved in rounds,
+    and judge by those figures (a lead within the noise is a tie); the step is then bound to
+    this host like a benchmark. 'cached': judge by the figures each benchmark step took when
+    it ran (for candidates that cannot all run on one host)."""
+    runs: int = Field(50, ge=1, examples=[200])
+    """Timed inferences per candidate when measuring together, split over the rounds."""
+    rounds: int = Field(10, ge=3, examples=[20])
+    """Rounds when measuring together: in each, every candidate runs its share of the runs in
+    turn, the order rotating each round; the noise of a lead is judged over them."""
+    warmup: int = Field(5, ge=0, examples=[20])
+    """Untimed inferences per candidate before the rounds."""
+    min_lead: float = Field(0.03, ge=0, examples=[0.05])
+    """A lead by less than this fraction (0.03: 3 %) is a tie even when it is beyond the noise:
+    smaller than what a host drifts between builds."""
+    seed: int = fields.seed_field(note=" The shapes are those each candidate's benchmark recorded; "
+                                       "values as declared, else as the benchmark draws them.")
+    inputs: StepInputs = inputs_field(" Only values (range, values) are taken from it: the shapes are "
+                                      "the benchmarks'.", example={"tokens": {"range": [0, 30521]}})
+
+    @model_validator(mode="after")
+    def _rounds_filled(self) -> SelectParams:
+        if self.runs < self.rounds:
+            raise ValueError(f"runs ({self.runs}) < rounds ({self.rounds}): every round times each candidate "
+                             "at least once")
+        return self
 
 
 class Select(Step):
-    """The best candidate that meets the constraints, and a report of the choice."""
+    """The best candidate that meets the constraints, measured together, and a report of the choice."""
 
     Params = SelectParams
     primary_output = None  # the winner's main file; known once bound (see bind)
     partial_inputs = True
+    preload = ONNX_TOOLS
+    version = "2"  # 2: candidates measured together; host-bound when measuring
+
+    rivals: tuple[Step, ...] = ()  # the candidate steps (see bind)
 
     def bind(self, upstream: Mapping[str, Step]) -> None:
-        """The winner's main file is the candidates' one, when they agree on its name."""
-        primaries = {step.primary_output for name, step in upstream.items() if name.startswith("candidates.")}
+        """The winner's main file is the candidates' one, when they agree on its name; the
+        candidates' steps say what a measurement here depends on."""
+        self.rivals = tuple(step for name, step in upstream.items() if name.startswith("candidates."))
+        primaries = {step.primary_output for step in self.rivals}
         self.primary_output = primaries.pop() if len(primaries) == 1 else None
 
+    def measures(self) -> bool:
+        """Whether this step times the candidates: a figure of time decides."""
+        p = self.params
+        return p.measure == "together" and (
+            p.objective != "size_bytes" or p.max_p50_ms is not None or p.min_throughput is not None)
+
+    @property
+    def exclusive(self) -> bool:  # type: ignore[override]
+        return self.measures()  # timings taken beside other builds would measure those
+
+    def tool_names(self) -> tuple[str, ...]:
+        if not self.measures():
+            return ()
+        return tuple(dict.fromkeys(name for step in self.rivals for name in step.tool_names()))
+
+    def host_key(self, host: Fingerprint) -> dict[str, Any]:
+        """When measuring: what the candidates' keys hold of the host (a benchmark's runtime
+        fields and the CPU's or GPU's model), all together."""
+        if not self.measures():
+            return {}
+        return {name: value for step in self.rivals for name, value in step.host_key(host).items()}
+
+    def unavailable(self, host: Fingerprint) -> str | None:
+        if not self.measures() or not self.rivals:
+            return None
+        reasons = [step.unavailable(host) for step in self.rivals]
+        if all(reasons):
+            return "no candidate can be measured on this host: " + "; ".join(dict.fromkeys(r for r in reasons if r))
+        return None
+
     def run(self, ctx: StepContext) -> None:
+        p = self.params
         rows = [_row(name, art) for name, art in ctx.inputs.items()]
         for row in rows:
-            row["rejected"] = self._rejections(row)
+            row["rejected"] = self._checks(row)
+        race: dict[str, Any] | None = None
+        times: dict[int, list[list[int]]] = {}
+        if self.measures():
+            for row in rows:
+                row["figures"] = None  # until measured together
+            race, times = self._race(ctx, [r for r in rows if not r["rejected"]])
+        for row in rows:
+            if row["figures"] is not None:
+                row["rejected"] += self._limits(row["figures"])
         rows = sorted(rows + [_absent(name, why) for name, why in ctx.missing.items()], key=lambda r: r["index"])
         eligible = [r for r in rows if not r["rejected"]]
-        better = OBJECTIVES[self.params.objective]
         report: dict[str, Any] = {
-            "format": "optbuild.selection", "version": REPORT_VERSION, "objective": self.params.objective,
-            "constraints": {k: v for k, v in self.params.model_dump().items()
-                            if k not in ("candidates", "objective") and v is not None},
-            "candidates": rows, "chosen": None,
+            "format": "optbuild.selection", "version": REPORT_VERSION, "objective": p.objective,
+            "measure": "together" if self.measures() else "cached",
+            "constraints": {k: v for k, v in p.model_dump().items()
+                            if k in ("max_p50_ms", "min_throughput", "min_cosine", "max_size_mb") and v is not None},
+            "race": race, "candidates": rows, "chosen": None, "tie": None,
         }
         if eligible:
-            best = better(r["figures"][self.params.objective] for r in eligible)
-            tied = [r for r in eligible if r["figures"][self.params.objective] == best]
-            winner = min(tied, key=lambda r: (r["figures"]["size_bytes"], r["index"]))
-            report["chosen"] = winner["step"]
-            for row in eligible:
-                if row is winner:
-                    row["why"] = "chosen"
-                elif row in tied:
-                    row["why"] = "tied with the winner, which is smaller or listed first"
-                else:
-                    row["why"] = f"{self.params.objective} {row['figures'][self.params.objective]:g}"
+            winner = self._decide(eligible, times, report)
         text = _table(report)
         ctx.log(text)
         if not eligible:
@@ -103,19 +189,78 @@ class Select(Step):
         (ctx.out_dir / "selection.json").write_text(json.dumps(report, indent=1) + "\n")
         (ctx.out_dir / "selection.txt").write_text(text + "\n")
         ctx.metrics.update(chosen=winner["step"], candidates=len(rows), eligible=len(eligible),
-                           **{self.params.objective: winner["figures"][self.params.objective]})
+                           tie=report["tie"] is not None, **{p.objective: winner["figures"][p.objective]})
 
-    def _rejections(self, row: dict[str, Any]) -> list[str]:
-        p, figures, verify = self.params, row["figures"], row["verify"]
+    # --- measuring --------------------------------------------------------------------
+    def _race(self, ctx: StepContext, rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None,
+                                                                          dict[int, list[list[int]]]]:
+        """Time ``rows`` together (optbuild.model.race); each gets its figures measured
+        together, or a rejection saying why it cannot be measured here. The race's settings
+        and the load before and after; the times per row index, per round."""
+        from optbuild.model import race
+        from optbuild.model.timing import busy_note, host_load
+
+        p = self.params
+        with contextlib.ExitStack() as stack:
+            lanes = []
+            for row in rows:
+                try:
+                    lanes.append((row, self._open(stack, ctx, row)))
+                except StepError as exc:
+                    row["rejected"].append(f"not measured here: {exc}")
+            if not lanes:
+                return None, {}
+            load = host_load()
+            if (busy := busy_note(load)) is not None:
+                ctx.log(f"note: {busy}")
+            ctx.log(f"measuring {len(lanes)} candidates together: {p.warmup} warm-up + {p.runs} timed runs each, "
+                    f"in {p.rounds} rounds, the order rotating")
+            raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup)
+            after = host_load()
+        for (row, (_, label)), timed in zip(lanes, raced, strict=True):
+            row["together"] = {"runtime": label, **race.figures(timed, row["batch"])}
+            row["figures"] = {k: row["together"][k] for k in ("p50_ms", "p90_ms", "throughput_per_s")} | {
+                "size_bytes": row["benchmark"]["size_bytes"]}
+        settings = {"runs": p.runs, "rounds": p.rounds, "warmup": p.warmup, "order": "rotating",
+                    "min_lead": p.min_lead, "interval": race.CONFIDENCE, "load": load, "load_after": after}
+        return settings, {row["index"]: timed for (row, _), timed in zip(lanes, raced, strict=True)}
+
+    def _open(self, stack: contextlib.ExitStack, ctx: StepContext, row: dict[str, Any]) -> tuple[Callable[[], object], str]:
+        """A call that runs the candidate of ``row`` once on the shapes its benchmark
+        measured, by the runtime its benchmark used, and that runtime's label."""
+        from optbuild.backends import registry
+        from optbuild.backends.base import TensorSpec
+        from optbuild.model.samples import random_samples
+        from optbuild.steps.verify import entered_runner
+
+        art = ctx.inputs[row["input"]]
+        what = f"the candidate {art.step}"
+        if art.primary is None:
+            raise StepError(f"{what} gives no model")
+        if not row["shapes"]:
+            raise StepError(f"the benchmark.json of {art.step} records no shapes (made before version 2): "
+                            "rebuild it, or set measure = 'cached'")
+        runner = entered_runner(stack, registry.for_artifact(art.primary, what), art.primary, ctx.host, what,
+                                threads=row["threads"])
+        specs = [TensorSpec(name, s["dtype"], tuple(s["shape"])) for name, s in row["shapes"].items()]
+        values = {name: decl.model_copy(update={"shape": None}) for name, decl in (self.params.inputs or {}).items()}
+        feed = runner.cast(random_samples(specs, 1, self.params.seed, decls=values).feeds[0])
+        call = runner.timed_call(feed)
+        try:
+            call()
+        except Exception as exc:
+            raise StepError(f"{what} fails on {runner.label}: {type(exc).__name__}: {first_line(exc)}") from None
+        return call, runner.label
+
+    # --- judging ----------------------------------------------------------------------
+    def _checks(self, row: dict[str, Any]) -> list[str]:
+        """Why the candidate is dropped whatever its speed: its verify, cosine and size."""
+        p, verify, size = self.params, row["verify"], row["benchmark"]["size_bytes"]
         why = []
         if verify is not None and not verify.get("passed", False):
             why.append("its verify step failed")
-        if p.max_p50_ms is not None and figures["p50_ms"] > p.max_p50_ms:
-            why.append(f"p50 {figures['p50_ms']:.3f} ms > {p.max_p50_ms}")
-        if p.min_throughput is not None and figures["throughput_per_s"] < p.min_throughput:
-            why.append(f"throughput {figures['throughput_per_s']:.1f}/s < {p.min_throughput}")
-        if p.max_size_mb is not None and figures["size_bytes"] > p.max_size_mb * (1 << 20):
-            why.append(f"size {figures['size_bytes'] / (1 << 20):.2f} MiB > {p.max_size_mb}")
+        if p.max_size_mb is not None and size > p.max_size_mb * (1 << 20):
+            why.append(f"size {size / (1 << 20):.2f} MiB > {p.max_size_mb}")
         if p.min_cosine is not None:
             cosine = None if verify is None else verify.get("cosine")
             if cosine is None:
@@ -123,6 +268,57 @@ class Select(Step):
             elif cosine < p.min_cosine:
                 why.append(f"cosine {cosine:.6f} < {p.min_cosine}")
         return why
+
+    def _limits(self, figures: dict[str, float]) -> list[str]:
+        """Why the candidate is dropped for its speed, by the figures judged."""
+        p, why = self.params, []
+        if p.max_p50_ms is not None and figures["p50_ms"] > p.max_p50_ms:
+            why.append(f"p50 {figures['p50_ms']:.3f} ms > {p.max_p50_ms}")
+        if p.min_throughput is not None and figures["throughput_per_s"] < p.min_throughput:
+            why.append(f"throughput {figures['throughput_per_s']:.1f}/s < {p.min_throughput}")
+        return why
+
+    def _decide(self, eligible: list[dict[str, Any]], times: dict[int, list[list[int]]],
+                report: dict[str, Any]) -> dict[str, Any]:
+        """The winner among ``eligible``, each row's verdict, and the tie when there is one.
+        Measured together: the best, and every candidate whose lead it may not beat beyond the
+        noise, are tied. Cached: equal figures are tied. A tie goes to the smaller model, then
+        to the candidate listed first."""
+        from optbuild.model import race
+
+        p, objective = self.params, self.params.objective
+        best = OBJECTIVES[objective](r["figures"][objective] for r in eligible)
+        fastest = next(r for r in eligible if r["figures"][objective] == best)
+
+        def lead(winner: dict[str, Any], other: dict[str, Any]) -> race.Lead:
+            return race.lead(times[winner["index"]], times[other["index"]], objective,
+                             (winner["batch"], other["batch"]))
+
+        if times:
+            tied = [r for r in eligible if r is fastest or lead(fastest, r).within(p.min_lead)]
+        else:
+            tied = [r for r in eligible if r["figures"][objective] == best]
+        winner = min(tied, key=lambda r: (r["figures"]["size_bytes"], r["index"]))
+        report["chosen"] = winner["step"]
+        others = [r for r in tied if r is not winner]
+        if others:
+            rule = ("the smaller model" if winner["figures"]["size_bytes"] < min(r["figures"]["size_bytes"] for r in others)
+                    else "the one listed first")
+            report["tie"] = {"with": [r["step"] for r in others], "broken_by": rule}
+        for row in eligible:
+            winning = lead(winner, row) if times and row is not winner else None
+            row["winner_lead"] = winning.as_json() if winning else None
+            if row is winner:
+                row["why"] = "chosen" + (f": tied{' within the noise' if times else ''} with {', '.join(report['tie']['with'])}, "
+                                         f"broken by {report['tie']['broken_by']}" if others else "")
+            elif row in tied:
+                row["why"] = ("tied with the winner" + (f" within the noise ({winning})" if winning else "")
+                              + f"; the tie goes to {report['tie']['broken_by']}")
+            else:
+                row["why"] = f"{objective} {row['figures'][objective]:g}" + (
+                    f": the winner is {winning.ratio:.2f}x faster (interval {winning.low:.2f}-{winning.high:.2f}x)"
+                    if winning else "")
+        return winner
 
 
 def _index(name: str) -> int:
@@ -132,11 +328,14 @@ def _index(name: str) -> int:
 def _absent(name: str, why: str) -> dict[str, Any]:
     """A candidate whose step did not succeed: ``why`` is "<step> <status>: <reason>"."""
     return {"index": _index(name), "input": name, "step": why.split(" ", 1)[0], "runtime": None,
-            "figures": None, "verify": None, "rejected": [why.split(" ", 1)[1]], "why": None}
+            "figures": None, "benchmark": None, "together": None, "winner_lead": None, "shapes": None,
+            "verify": None, "rejected": [why.split(" ", 1)[1]], "why": None}
 
 
 def _row(name: str, artifact: Artifact) -> dict[str, Any]:
-    """A candidate as the report shows it, from its benchmark.json."""
+    """A candidate as the report shows it, from its benchmark.json: ``benchmark`` its figures
+    as the benchmark measured them, ``figures`` those judged (the same, until measured
+    together), ``shapes`` the inputs it measured."""
     path = artifact.files.get("benchmark.json")
     if path is None:
         raise StepError(f"candidate {artifact.step} has no benchmark.json: candidates must be benchmark steps")
@@ -146,21 +345,48 @@ def _row(name: str, artifact: Artifact) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as exc:
         raise StepError(f"candidate {artifact.step}: unreadable benchmark.json ({exc})") from None
     return {"index": _index(name), "input": name, "step": artifact.step, "runtime": report.get("runtime"),
-            "figures": figures, "verify": report.get("verify"), "rejected": [], "why": None}
+            "figures": figures, "benchmark": dict(figures), "together": None, "winner_lead": None,
+            "shapes": report.get("inputs"),
+            "batch": int(report.get("batch") or 1), "threads": report.get("threads"),
+            "verify": report.get("verify"), "rejected": [], "why": None}
 
 
 def _table(report: dict[str, Any]) -> str:
-    objective = report["objective"]
-    lines = [f"select by {objective}" + (f", constraints {report['constraints']}" if report["constraints"] else ""),
-             f"{'candidate':32} {'p50 ms':>9} {'thr/s':>9} {'MiB':>7} {'cosine':>9}  verdict"]
+    """selection.txt: per candidate the figures judged, and when measured together their
+    spread (p10-p90), the benchmark's p50 beside them and how much faster the winner is."""
+    together = report["measure"] == "together"
+    head = f"select by {report['objective']}"
+    if race := report["race"]:
+        load = race["load"]
+        head += (f", measured together: {race['runs']} runs each in {race['rounds']} rounds, order rotating, "
+                 f"load average {load['load_average']} on {load['cpu_count']} CPUs")
+    elif together:
+        head += ", measured together: no candidate could be measured"
+    else:
+        head += ", by the benchmarks' figures"
+    if report["constraints"]:
+        head += f", constraints {report['constraints']}"
+    if report["tie"]:
+        head += f"\ntie{' within the noise' if race else ''}, broken by {report['tie']['broken_by']}"
+    columns = [("candidate", 32), ("p50 ms", 9)] + ([("p10-p90 ms", 17)] if together else []) + [
+        ("thr/s", 9)] + ([("bench p50", 9), ("won by", 9)] if together else []) + [("MiB", 7), ("cosine", 9)]
+    lines = [head, " ".join(f"{name:{width}}" if i == 0 else f"{name:>{width}}"
+                            for i, (name, width) in enumerate(columns)) + "  verdict"]
     for row in report["candidates"]:
-        f, verify = row["figures"], row["verify"] or {}
+        f, measured, verify = row["figures"], row["together"], row["verify"] or {}
         cosine = verify.get("cosine")
+        cells = [f"{'*' if row['step'] == report['chosen'] else ' '}{row['step']}"]
+        cells.append("-" if f is None else f"{f['p50_ms']:.3f}")
+        if together:
+            cells.append(f"{measured['p10_ms']:.3f}-{measured['p90_ms']:.3f}" if measured else "-")
+        cells.append("-" if f is None else f"{f['throughput_per_s']:.1f}")
+        if together:
+            lead = row["winner_lead"]
+            cells.append("-" if row["benchmark"] is None else f"{row['benchmark']['p50_ms']:.3f}")
+            cells.append(f"{lead['ratio']:.2f}x" if lead else "-")
+        cells.append("-" if row["benchmark"] is None else f"{row['benchmark']['size_bytes'] / (1 << 20):.2f}")
+        cells.append("-" if cosine is None else f"{cosine:.6f}")
         verdict = "; ".join(row["rejected"]) if row["rejected"] else (row["why"] or "")
-        mark = "*" if row["step"] == report["chosen"] else " "
-        if f is None:  # it did not run here
-            lines.append(f"{mark}{row['step']:31} {'-':>9} {'-':>9} {'-':>7} {'-':>9}  {verdict}")
-            continue
-        lines.append(f"{mark}{row['step']:31} {f['p50_ms']:9.3f} {f['throughput_per_s']:9.1f} "
-                     f"{f['size_bytes'] / (1 << 20):7.2f} {'-' if cosine is None else f'{cosine:9.6f}':>9}  {verdict}")
+        lines.append(" ".join(f"{cell:{width}}" if i == 0 else f"{cell:>{width}}"
+                              for i, (cell, (_, width)) in enumerate(zip(cells, columns, strict=True))) + "  " + verdict)
     return "\n".join(lines)

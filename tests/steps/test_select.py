@@ -1,12 +1,22 @@
 """kind = "select" (#12 item 4): the best benchmarked candidate that passed its checks and
-meets the constraints; ties broken deterministically; a report of why each won or lost."""
+meets the constraints; ties broken deterministically; a report of why each won or lost.
+
+The decisions, on figures chosen (the ``figures`` test kind) and compared as the benchmarks
+took them (``measure = "cached"``). Measuring the candidates together, on real models:
+test_select_together.py."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import pytest
 from plugins.projects import CONFIG, FIXTURES, ProjectDir
+from pydantic import ValidationError
+
+from optbuild.common.fingerprint import Fingerprint
+from optbuild.project.recipe import load_project
+from optbuild.steps.select import SelectParams
 
 KINDS = CONFIG.replace("[kinds]\n", '[kinds]\nfigures = "figures.py:Figures"\n')
 
@@ -19,7 +29,7 @@ def select_project(root, candidates: str, select: str) -> ProjectDir:
     proj = ProjectDir.with_test_kinds(root)
     shutil.copy(FIXTURES / "figures.py", root / "figures.py")
     proj.write("optbuild.toml", KINDS)
-    proj.write("recipes/m.toml", candidates + '[steps.best]\nkind = "select"\n' + select)
+    proj.write("recipes/m.toml", candidates + '[steps.best]\nkind = "select"\nmeasure = "cached"\n' + select)
     return proj
 
 
@@ -147,3 +157,50 @@ def test_without_skip_unavailable_the_build_still_stops_at_the_first_unavailable
                           + candidate("b", p50_ms=2.0), 'candidates = ["a", "b"]\n')
     result = proj.build()
     assert not result.ok and result.outcomes["m:best"].status == "skipped"
+
+
+def test_cached_figures_are_judged_as_the_benchmarks_took_them_and_a_tie_names_its_rule(tmp_path):
+    proj = select_project(tmp_path / "p", candidate("x", p50_ms=1.0, size_bytes=2000)
+                          + candidate("y", p50_ms=1.0, size_bytes=1000), 'candidates = ["x", "y"]\n')
+    assert proj.build().ok
+    report = selection(proj)
+    assert report["version"] == 2 and report["measure"] == "cached" and report["race"] is None
+    assert report["chosen"] == "m:y" and report["tie"] == {"with": ["m:x"], "broken_by": "the smaller model"}
+    assert [r["together"] for r in report["candidates"]] == [None, None]
+    assert report["candidates"][0]["figures"] == report["candidates"][0]["benchmark"]
+    assert "tie, broken by the smaller model" in proj.read("build/m/best/selection.txt")
+
+
+def test_measuring_together_lists_candidates_it_cannot_open_and_fails_when_none_is_left(tmp_path):
+    """Figures candidates are no models: one records no shapes, the other's file does not load."""
+    broken = candidate("broken", p50_ms=2.0).replace("\n\n", '\ninputs = { x = { shape = [1, 4], dtype = "float32" } }\n\n')
+    proj = select_project(tmp_path / "p", candidate("old", p50_ms=1.0) + broken, 'candidates = ["old", "broken"]\n')
+    proj.write("recipes/m.toml", proj.read("recipes/m.toml").replace('measure = "cached"\n', ""))
+    result = proj.build()
+    error = result.outcomes["m:best"].error
+    assert not result.ok and "no candidate meets the constraints" in error
+    assert "not measured here: the benchmark.json of m:old records no shapes" in error
+    assert "not measured here: " in error.split("m:broken", 1)[1] and "cannot load the candidate m:broken" in error
+
+
+def test_size_needs_no_measuring_and_leaves_select_free_of_the_host(tmp_path):
+    proj = select_project(tmp_path / "p", candidate("a", p50_ms=1.0, size_bytes=3000)
+                          + candidate("b", p50_ms=2.0, size_bytes=1000),
+                          'candidates = ["a", "b"]\nobjective = "size_bytes"\n')
+    proj.write("recipes/m.toml", proj.read("recipes/m.toml").replace('measure = "cached"\n', ""))
+    assert proj.build().ok and selection(proj)["chosen"] == "m:b" and selection(proj)["measure"] == "cached"
+    step = load_project(proj.root).steps["m:best"].step
+    assert not step.exclusive and step.host_key(Fingerprint({"cpu.model": "Some CPU"})) == {}
+    proj.write("recipes/m.toml", proj.read("recipes/m.toml") + "max_p50_ms = 5.0\n")  # a time constraint: measure
+    assert load_project(proj.root).steps["m:best"].step.exclusive
+
+
+@pytest.mark.parametrize(("params", "words"), [
+    ({"rounds": 2}, "greater than or equal to 3"),
+    ({"runs": 5, "rounds": 10}, "every round times each candidate at least once"),
+    ({"measure": "later"}, "'together' or 'cached'"),
+    ({"min_lead": -0.1}, "greater than or equal to 0"),
+])
+def test_race_params_are_validated(params, words):
+    with pytest.raises(ValidationError, match=words):
+        SelectParams.model_validate({"candidates": ["a"], **params})

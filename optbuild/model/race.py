@@ -1,0 +1,107 @@
+"""Models timed together: several calls raced in one process, interleaved in rounds and
+repeated, and whether one's lead over another is beyond the noise.
+
+A latency is a fact about a moment: one model measured 569.8 and 211.7 ms in two builds of a
+shared host, and an fp16 chosen as "3.4x faster" from figures taken at different times was
+1.02x when timed together (issue 24). Timed in turns, round after round, in the same process,
+drift and load hit every model alike, and the rounds show how much a lead varies. ``select``
+races its candidates this way; the clock is optbuild.model.timing's, as for every measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optbuild.model.timing import blocks, gc_off
+
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.90  # the interval of a lead: 5th to 95th percentile of its bootstrap
+
+
+def race(calls: Sequence[Callable[[], object]], runs: int, rounds: int, warmup: int = 0) -> list[list[list[int]]]:
+    """Time each of ``calls`` ``runs`` times, in ``rounds`` rounds; per call, per round, the
+    times in ns. Every call is first warmed up; in each round every call takes its turn
+    (opening with one untimed call: caches and thread pools after the previous one) in an
+    order that rotates by one each round, so that no call always follows the same one."""
+    for call in calls:
+        for _ in range(warmup):
+            call()
+    sizes = blocks(runs, rounds)
+    times: list[list[list[int]]] = [[[] for _ in sizes] for _ in calls]
+    clock = time.perf_counter_ns
+    with gc_off():
+        for r, size in enumerate(sizes):
+            for k in range(len(calls)):
+                i = (r + k) % len(calls)
+                call, timed = calls[i], times[i][r]
+                call()
+                for _ in range(size):
+                    started = clock()
+                    call()
+                    timed.append(clock() - started)
+    return times
+
+
+def cost(times_ms: Any, objective: str, batch: int) -> float:
+    """What ``objective`` makes of timed runs (ms), lower is better: their p50 or p90, or for
+    throughput the mean time per sample."""
+    import numpy as np
+
+    if objective == "throughput_per_s":
+        return float(np.mean(times_ms)) / batch
+    return float(np.percentile(times_ms, 50 if objective == "p50_ms" else 90))
+
+
+def figures(rounds_ns: list[list[int]], batch: int) -> dict[str, Any]:
+    """The figures of one raced call: p10 / p50 / p90 / mean / min / max (ms) over all its
+    runs, throughput (batch / mean), and the p50 of each round (how far rounds drift)."""
+    import numpy as np
+
+    ms = np.concatenate([np.asarray(r, dtype=np.float64) for r in rounds_ns]) / 1e6
+    p10, p50, p90 = (float(v) for v in np.percentile(ms, [10, 50, 90]))
+    return {"runs": int(ms.size), "p10_ms": round(p10, 6), "p50_ms": round(p50, 6), "p90_ms": round(p90, 6),
+            "mean_ms": round(float(ms.mean()), 6), "min_ms": round(float(ms.min()), 6),
+            "max_ms": round(float(ms.max()), 6), "throughput_per_s": round(batch / (float(ms.mean()) / 1000), 3),
+            "rounds_p50_ms": [round(float(np.median(r)) / 1e6, 6) for r in rounds_ns]}
+
+
+@dataclass(frozen=True)
+class Lead:
+    """How much faster a winner is than another call raced with it: ``ratio`` the other's cost
+    over the winner's, over all runs, and [low, high] the interval of that ratio when the
+    rounds are drawn again (a bootstrap over rounds, which keeps the two paired in time)."""
+
+    ratio: float
+    low: float
+    high: float
+
+    def within(self, margin: float) -> bool:
+        """Whether this lead could be noise, or is under ``margin`` (0.03: 3 %) anyway."""
+        return self.low <= 1 + margin
+
+    def as_json(self) -> dict[str, float]:
+        return {"ratio": round(self.ratio, 4), "low": round(self.low, 4), "high": round(self.high, 4)}
+
+    def __str__(self) -> str:
+        return f"{self.ratio:.2f}x, interval {self.low:.2f}-{self.high:.2f}x"
+
+
+def lead(winner: list[list[int]], other: list[list[int]], objective: str, batches: tuple[int, int] = (1, 1)) -> Lead:
+    """The lead of ``winner`` over ``other`` (their times per round from one ``race``) by
+    ``objective``; ``batches`` their batch sizes (for throughput)."""
+    import numpy as np
+
+    wins = [np.asarray(r, dtype=np.float64) / 1e6 for r in winner]
+    others = [np.asarray(r, dtype=np.float64) / 1e6 for r in other]
+
+    def ratio(rounds: Any) -> float:
+        return (cost(np.concatenate([others[r] for r in rounds]), objective, batches[1])
+                / cost(np.concatenate([wins[r] for r in rounds]), objective, batches[0]))
+
+    picks = np.random.default_rng(0).integers(0, len(wins), size=(BOOTSTRAP_RESAMPLES, len(wins)))
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = (float(v) for v in np.percentile([ratio(p) for p in picks], [tail, 100 - tail]))
+    return Lead(ratio(range(len(wins))), low, high)

@@ -1,0 +1,149 @@
+"""kind = "select" measuring its candidates together (issue 24 item 1): real ONNX models through
+real benchmark steps, raced again in select's own process, interleaved in rounds, on the shapes
+their benchmarks recorded; a lead within the noise is a tie; the step is bound to the host like
+a benchmark, and a rebuilt candidate makes it measure all of them again. No timing figure is
+asserted: what is recorded, and a choice between models 8 to 1 apart in work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper
+from plugins.models import OPSET, save
+from plugins.projects import ProjectDir
+
+from optbuild.backends import registry
+from optbuild.common.fingerprint import Fingerprint
+from optbuild.project.recipe import load_project
+
+WIDTH = 256
+
+
+def make_chain(path: Path, layers: int, name: str = "chain", seed: int = 0) -> Path:
+    """x: float32 [batch, 256] -> ``layers`` x (MatMul 256x256 -> Relu) -> y: the work grows
+    with ``layers``; ``name`` (the graph's) changes the bytes, not the computation."""
+    rng = np.random.default_rng(seed)
+    weights = [numpy_helper.from_array((rng.standard_normal((WIDTH, WIDTH)) / 16).astype(np.float32), f"w{i}")
+               for i in range(layers)]
+    nodes, last = [], "x"
+    for i in range(layers):
+        nodes += [helper.make_node("MatMul", [last, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Relu", [f"m{i}"], ["y" if i == layers - 1 else f"r{i}"])]
+        last = f"r{i}"
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])], weights)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+
+
+def candidate(name: str) -> str:
+    return (f'[steps.{name}]\nkind = "onnx"\npath = "../{name}.onnx"\n\n'
+            f'[steps.bench_{name}]\nkind = "benchmark"\ninput = "{name}"\nruns = 5\nwarmup = 1\nthreads = 1\n\n')
+
+
+def race_project(root: Path, names: list[str], select: str = "") -> ProjectDir:
+    proj = ProjectDir(root)
+    root.mkdir()
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n\n[build]\njobs = 1\n')
+    listed = ", ".join(f'"bench_{n}"' for n in names)
+    proj.write("recipes/r.toml", "".join(candidate(n) for n in names)
+               + f'[steps.best]\nkind = "select"\ncandidates = [{listed}]\nruns = 40\nrounds = 8\nwarmup = 2\n{select}')
+    return proj
+
+
+def selection(proj: ProjectDir) -> dict:
+    return json.loads(proj.read("build/r/best/selection.json"))
+
+
+def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slower_is_not_chosen(tmp_path):
+    proj = race_project(tmp_path / "p", ["deep", "shallow"])  # the slower listed first: order cannot win it
+    make_chain(proj.root / "deep.onnx", layers=8)
+    make_chain(proj.root / "shallow.onnx", layers=1)
+    result = proj.build()
+    assert result.ok, {sid: o.error for sid, o in result.outcomes.items() if o.error}
+    report = selection(proj)
+    assert report["measure"] == "together" and report["chosen"] == "r:bench_shallow" and report["tie"] is None
+    race = report["race"]
+    assert (race["runs"], race["rounds"], race["warmup"], race["order"]) == (40, 8, 2, "rotating")
+    for load in (race["load"], race["load_after"]):
+        assert set(load) == {"load_average", "cpu_count"}
+    deep, shallow = report["candidates"]
+    for row in (deep, shallow):
+        bench = json.loads(proj.read(f"build/r/{row['step'].split(':')[1]}/benchmark.json"))
+        assert row["shapes"] == bench["inputs"] == {"x": {"shape": [1, WIDTH], "dtype": "float32"}}
+        assert row["benchmark"]["p50_ms"] == bench["p50_ms"]  # the cached figure, shown beside
+        together = row["together"]
+        assert together["runtime"].startswith("onnxruntime ") and together["runs"] == 40
+        assert len(together["rounds_p50_ms"]) == 8
+        assert together["p10_ms"] <= together["p50_ms"] <= together["p90_ms"]
+        assert row["figures"]["p50_ms"] == together["p50_ms"]  # judged by what was measured together
+    assert shallow["why"] == "chosen" and shallow["winner_lead"] is None
+    lead = deep["winner_lead"]
+    assert lead["low"] <= lead["ratio"] <= lead["high"] and deep["why"].startswith("p50_ms ")
+    assert f"the winner is {lead['ratio']:.2f}x faster (interval {lead['low']:.2f}-{lead['high']:.2f}x)" in deep["why"]
+    text = proj.read("build/r/best/selection.txt").splitlines()
+    assert "measured together: 40 runs each in 8 rounds, order rotating" in text[0]
+    assert text[1].split()[:6] == ["candidate", "p50", "ms", "p10-p90", "ms", "thr/s"] and "bench p50" in text[1]
+    assert text[2].startswith(" r:bench_deep") and f"{lead['ratio']:.2f}x" in text[2]
+    assert text[3].startswith("*r:bench_shallow")
+
+
+def test_select_is_bound_to_the_host_like_its_benchmarks_and_a_rebuilt_candidate_races_them_all_again(tmp_path):
+    proj = race_project(tmp_path / "p", ["deep", "shallow"])
+    make_chain(proj.root / "deep.onnx", layers=8)
+    make_chain(proj.root / "shallow.onnx", layers=1)
+    step = load_project(proj.root).steps["r:best"].step
+    bench = load_project(proj.root).steps["r:bench_deep"].step
+    host = Fingerprint({"cpu.arch": "x86_64", "cpu.flags": "avx2", "cpu.model": "Some CPU", "cpu.count": 8})
+    assert step.exclusive and step.host_key(host) == bench.host_key(host)
+    assert set(step.host_key(host)) == {"cpu.arch", "cpu.flags", "cpu.model", "cpu.count"}
+    assert step.tool_names() == registry.onnx_backend().distributions()
+
+    first = proj.build()
+    assert first.ok
+    again = proj.build()  # the same models on the same host: the verdict is cached
+    assert "r:best" in again.steps("cached")
+    before = selection(proj)["candidates"][0]["together"]
+    make_chain(proj.root / "shallow.onnx", layers=1, seed=1)  # a rebuilt candidate
+    rebuilt = proj.build()
+    assert rebuilt.ok and "r:bench_deep" in rebuilt.steps("cached")
+    assert {"r:bench_shallow", "r:best"} <= set(rebuilt.steps("built"))
+    assert rebuilt.outcomes["r:best"].key != first.outcomes["r:best"].key
+    after = selection(proj)["candidates"][0]["together"]  # the unchanged one, measured again
+    assert after["rounds_p50_ms"] != before["rounds_p50_ms"]
+
+
+@pytest.mark.parametrize(("names", "chosen", "rule"), [
+    (["twin_a", "twin_b"], "r:bench_twin_a", "the one listed first"),  # the same size
+    (["twin_long", "twin"], "r:bench_twin", "the smaller model"),  # a longer graph name: more bytes
+])
+def test_identical_models_tie_and_the_tie_is_broken_by_the_rule(tmp_path, names, chosen, rule):
+    proj = race_project(tmp_path / "p", names)
+    for name in names:
+        make_chain(proj.root / f"{name}.onnx", layers=4, name=name)  # the same graph under another name
+    result = proj.build()
+    assert result.ok, {sid: o.error for sid, o in result.outcomes.items() if o.error}
+    report = selection(proj)
+    loser = next(n for n in names if f"r:bench_{n}" != chosen)
+    assert report["chosen"] == chosen and report["tie"] == {"with": [f"r:bench_{loser}"], "broken_by": rule}
+    rows = {r["step"]: r for r in report["candidates"]}
+    assert rows[chosen]["why"] == f"chosen: tied within the noise with r:bench_{loser}, broken by {rule}"
+    assert rows[f"r:bench_{loser}"]["why"].startswith("tied with the winner within the noise (")
+    assert f"tie within the noise, broken by {rule}" in proj.read("build/r/best/selection.txt")
+
+
+def test_cached_compares_the_benchmarks_figures_without_measuring(tmp_path):
+    proj = race_project(tmp_path / "p", ["deep", "shallow"], 'measure = "cached"\n')
+    make_chain(proj.root / "deep.onnx", layers=8)
+    make_chain(proj.root / "shallow.onnx", layers=1)
+    step = load_project(proj.root).steps["r:best"].step
+    assert not step.exclusive and step.host_key(Fingerprint({"cpu.model": "Some CPU"})) == {}
+    assert proj.build().ok
+    report = selection(proj)
+    assert report["measure"] == "cached" and report["race"] is None
+    assert all(r["together"] is None and r["figures"] == r["benchmark"] for r in report["candidates"])
