@@ -33,7 +33,8 @@ Figures, per output, over all samples (optbuild.model.compare, as the other step
 Parts of an output (``slices``). One output may concatenate quantities of different ranges: a
 detector's [1, 4 + 80, anchors] holds box coordinates (0..320) and scores (0..1). Its whole-
 output figures are the boxes' figures: scores wiped to 0 by one INT8 scale over both still
-give cosine 0.9999. So each float output of rank 2 or more is cut along its non-batch axis
+give cosine 0.9999. So each float output of rank 2 or more that holds no class scores (see
+top-1 above: logits far below the top ones are so by nature) is cut along its non-batch axis
 of the smallest size of 2 or more (the channels of [B, C, N], the 84 of [1, anchors, 84])
 into runs of contiguous indices whose reference peak |value| (over all samples and the
 other axes) is at least 1/16 of the output's peak, and runs of those below (a shared 8-bit
@@ -192,8 +193,8 @@ class VerifyParams(StepParams):
     slices: Annotated[dict[str, SliceDecl] | None, KEYED_WHEN_SET] = Field(None, examples=[{"output0": {"axis": 1, "at": [4]}}])
     """Output name -> where to cut it into parts judged on their own, for an output that
     concatenates quantities of different ranges (a detector's box coordinates and scores). Not
-    given for an output: the float outputs of rank 2 or more are cut along their non-batch axis
-    of the smallest size of 2 or more (taken 'the channels'), into runs of indices whose
+    given for an output: the float outputs of rank 2 or more (class scores aside) are cut along
+    their non-batch axis of the smallest size of 2 or more (taken 'the channels'), into runs of indices whose
     reference peak |value| is at least 1/16 of the output's peak, and runs of those below it
     (a shared 8-bit scale gives such a part under 1/16 of its steps); at most 8 runs, else the
     output is judged whole. With two runs or more, each part, named like output0[:, 4:84, :],
@@ -384,7 +385,8 @@ class Verify(DataSourceStep):
         if unknown := sorted(set(p.slices or {}) - set(names)):
             raise StepError(f"slices: no compared output {unknown[0]!r} (compared: {names})")
         figures = {n: compare.output_figures(results["reference"][n], results["candidate"][n], n in top1_names,
-                                             name=n, slices=self._slices(n, results["reference"][n]))
+                                             name=n, slices=self._slices(n, results["reference"][n],
+                                                                         guess=n not in top1_names))
                    for n in names}
         thresholds = {"max_abs": p.max_abs, "max_rel": p.max_rel, "min_cosine": p.min_cosine, "min_top1": p.min_top1}
         checks = compare.threshold_checks(figures, thresholds, top1_names, samples=len(samples))
@@ -427,9 +429,11 @@ class Verify(DataSourceStep):
         (ctx.out_dir / "report.json").write_text(json.dumps(compare.jsonable(report), indent=1) + "\n")
         (ctx.out_dir / "report.txt").write_text(text + "\n")
 
-    def _slices(self, name: str, reference: list[Any]) -> tuple[int, list[tuple[int, int]]] | None:
+    def _slices(self, name: str, reference: list[Any], *, guess: bool) -> tuple[int, list[tuple[int, int]]] | None:
         """(axis, runs [start, stop)) ``name`` is cut into (see the slices parameter): as
-        declared, else where its reference's scales part; None for an output judged whole."""
+        declared, else (with ``guess``) where its reference's scales part; None for an output
+        judged whole. Class scores are not guessed at: some logits are far below the top
+        ones by nature, and a cut there would judge noise."""
         import numpy as np
 
         shape = reference[0].shape
@@ -443,7 +447,7 @@ class Verify(DataSourceStep):
                                 f"{decl.axis} of {name} {list(shape)}; give indices from 1 to {size - 1}")
             bounds = [0, *decl.at, shape[decl.axis]]
             return decl.axis, list(itertools.pairwise(bounds))
-        if (not np.issubdtype(reference[0].dtype, np.floating) or (axis := compare.split_axis(shape)) is None
+        if (not guess or not np.issubdtype(reference[0].dtype, np.floating) or (axis := compare.split_axis(shape)) is None
                 or any(r.shape != shape for r in reference)):  # parts of samples of other shapes: not guessed
             return None
         return axis, compare.scale_runs(reference, axis)
