@@ -457,7 +457,7 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
     row = Row(sid, backend.name, _label(ws, sid, backend), precision(ws, sid), path,
               inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
               batch=_batch_of(specs), load_ms=runner.load_ms, size_bytes=_model_size(path), runner=runner.label)
-    return _Runner(row, lambda: runner.infer(feeds)), notes
+    return _Runner(row, runner.timed_call(feeds)), notes  # on a GPU: device time, not the host's copies
 
 
 @contextmanager
