@@ -1,0 +1,58 @@
+"""Cache keys outlive refactors of the code that computes them. The keys below were recorded
+with the package's old flat layout (before 47c8366) and are what this code computes: the
+project's kinds name no tool version and no host field, so nothing of this machine enters
+them. A change here means every user's cache is rebuilt on upgrade: it must be deliberate
+(raise ``keys.KEY_FORMAT``, and record the new keys here)."""
+
+from __future__ import annotations
+
+from plugins.projects import ProjectDir
+
+KINDS = '''"""Two step kinds whose keys name no tool version and no host field."""
+
+from optbuild.steps.base import InputPath, Step, StepContext, StepParams, StepRef
+
+
+class ReadParams(StepParams):
+    path: InputPath
+
+
+class Read(Step):
+    Params = ReadParams
+    primary_output = "data.txt"
+
+    def run(self, ctx: StepContext) -> None:
+        (ctx.out_dir / "data.txt").write_text(ctx.path(self.params.path).read_text())
+
+
+class ShoutParams(StepParams):
+    input: StepRef
+    times: int = 1
+
+
+class Shout(Step):
+    Params = ShoutParams
+    primary_output = "data.txt"
+
+    def run(self, ctx: StepContext) -> None:
+        text = ctx.inputs["input"].primary.read_text()
+        (ctx.out_dir / "data.txt").write_text(text.upper() * self.params.times)
+'''
+RECORDED = {
+    "r:read": "776eb7575b98ce324964e2694aa06c41b78ce5b8ecb6bc6ee79655ce7260a5a2",
+    "r:shout": "9f70c59ed58b45c56d8893568ba6f5e45b9fdfa4013168b52fa63e68781b9abf",
+}
+
+
+def test_keys_are_those_the_old_layout_computed(tmp_path):
+    proj = ProjectDir(tmp_path / "p")
+    proj.write("kinds.py", KINDS)
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n\n[kinds]\nread = "kinds.py:Read"\n'
+                                'shout = "kinds.py:Shout"\n')
+    proj.write("data/input.txt", "hello\n")
+    proj.write("recipes/r.toml", '[steps.read]\nkind = "read"\npath = "../data/input.txt"\n\n'
+                                 '[steps.shout]\nkind = "shout"\ninput = "read"\ntimes = 2\n')
+    result = proj.build()
+    assert result.ok
+    assert {sid: outcome.key for sid, outcome in result.outcomes.items()} == RECORDED
+    assert proj.read("build/r/shout/data.txt") == "HELLO\nHELLO\n"
