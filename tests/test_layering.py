@@ -107,3 +107,38 @@ def test_one_place_starts_a_step_process():
     starters = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
                       if "pool.start(" in path.read_text() or "workers.start(" in path.read_text())
     assert starters == ["optbuild/process/runstep.py"], starters
+
+
+def test_no_module_imports_itself_back_through_others():
+    """No circle among modules either, within a package (a layer may import itself): the
+    runtime probes once imported their registry, which imported them."""
+    import networkx as nx
+
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        for target in _imported_files(path, modules):
+            if target != name and not name.startswith(target + "."):  # a package's face importing its modules
+                graph.add_edge(name, target)
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, cycles
+
+
+def _imported_files(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports: ``from a.b import c`` names a.b.c
+    when that is a module, else a.b."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = (f"{base}.{node.module}" if node.module else base) if node.level else node.module or ""
+            names = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+                     for alias in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in modules)
+    return found

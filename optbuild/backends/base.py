@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 if typing.TYPE_CHECKING:
     import numpy as np
 
-    from optbuild.common.fingerprint import Fingerprint
+    from optbuild.common.fingerprint import Fingerprint, RuntimeProbe
 
 # What an artifact says of itself: its engine.json (or, before it is built, what its step will
 # write there), e.g. {"backend": "tensorrt-rtx", "targets": ["sm86"]}; empty for a plain model.
@@ -153,3 +153,21 @@ def module_missing(module: str, label: str, extra: str) -> str | None:
     if not has_module(module):
         return f"{label}'s Python module {module!r} (pip install 'optbuild[{extra}]')"
     return None
+
+
+# --- what a runtime reports about the host (its ``probe`` module, see ``probes``) ----------
+# section name -> (probe, field -> words)
+Sections = Mapping[str, tuple["RuntimeProbe", Mapping[str, str]]]
+
+
+def distribution_section(module: str) -> RuntimeProbe:
+    """A probe of "<module>.version" and "<module>.distribution": the distribution whose files
+    ``import module`` loads, read from metadata (the module is not imported)."""
+    from optbuild.common.toolchain import loaded_distribution
+
+    def probe(host: Fingerprint) -> dict[str, Any]:
+        distribution, version = loaded_distribution(module)
+        return {f"{module}.version": version, f"{module}.distribution": distribution}
+
+    probe.__name__ = f"probe_{module}"
+    return probe

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.backends.probes import Sections, distribution_section
+from optbuild.backends.base import Sections, distribution_section
 
 if TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint

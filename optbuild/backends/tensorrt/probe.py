@@ -4,7 +4,7 @@ importing them. What a GPU can run is read from the host's GPU sections (``host`
 
 from __future__ import annotations
 
-from optbuild.backends.probes import Sections, distribution_section
+from optbuild.backends.base import Sections, distribution_section
 from optbuild.backends.tensorrt import RUNTIMES
 
 SECTIONS: Sections = {
