@@ -29,6 +29,7 @@ from contextlib import ExitStack, contextmanager
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 class ImportFailed(ImportError):
@@ -87,6 +88,27 @@ def imported_or(path: Path, failed: Callable[[ImportFailed], Exception]) -> Iter
         except ImportFailed as exc:
             raise failed(exc) from exc.cause
         yield module
+
+
+@contextmanager
+def callable_at(ref: str, base_dir: Path, error: Callable[[str], Exception]) -> Iterator[Any]:
+    """The callable ``ref`` ("file.py:name", "file.py:Class.method"; the file relative to
+    ``base_dir``) names, its file imported from source as ``imported`` does, for the block;
+    ``error(message)`` raised for a missing file, a failed import, a missing attribute or one
+    that is not callable."""
+    file, _, name = ref.rpartition(":")
+    path = (base_dir / file).resolve()
+    if not path.is_file():
+        raise error(f"file not found: {path}")
+    with imported_or(path, lambda exc: error(str(exc))) as module:
+        target: Any = module
+        for part in name.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                raise error(f"{path} has no attribute {name!r}")
+        if not callable(target):
+            raise error(f"{ref} is not callable")
+        yield target
 
 
 def load(path: Path) -> ModuleType:

@@ -251,18 +251,7 @@ def _load_folder(path: Path, specs: list[TensorSpec], source: str) -> list[dict[
 def _load_callable(value: str, base_dir: Path) -> Iterator[Any]:
     """The data callable of ``value``; its file's folder stays first on sys.path until the
     block ends, so that it, and the generator it returns, can import their siblings."""
-    file, _, name = value.rpartition(":")
-    path = (base_dir / file).resolve()
-    if not path.is_file():
-        raise StepError(f"data callable file not found: {path}")
-    with usermodule.imported_or(path, lambda exc: StepError(str(exc))) as module:
-        target: Any = module
-        for part in name.split("."):
-            target = getattr(target, part, None)
-            if target is None:
-                raise StepError(f"{path} has no attribute {name!r}")
-        if not callable(target):
-            raise StepError(f"{value} is not callable")
+    with usermodule.callable_at(value, base_dir, lambda message: StepError(f"data callable {message}")) as target:
         yield target
 
 

@@ -29,18 +29,14 @@ def run_metric(ref: str, base_dir: Path, reference: dict[str, list[Any]], candid
     """(figures, passed) of the metric callable ``ref`` ("file.py:fn", relative to
     ``base_dir``) on the outputs; StepError naming the parameter, the file and the fix when
     it cannot be loaded, raises, or breaks the contract."""
-    file, _, name = ref.rpartition(":")
-    path = (base_dir / file).resolve()
-    if not path.is_file():
-        raise StepError(f"metric: file not found: {path} (metric = {ref!r}, relative to the recipe file)")
-    with usermodule.imported_or(path, lambda exc: StepError(f"metric: {exc}")) as module:
-        target: Any = module
-        for part in name.split("."):
-            target = getattr(target, part, None)
-            if target is None:
-                raise StepError(f"metric: {path} has no attribute {name!r}")
-        if not callable(target):
-            raise StepError(f"metric: {ref} is not callable; it must be {CONTRACT}")
+
+    def error(message: str) -> StepError:
+        hint = (f" (metric = {ref!r}, relative to the recipe file)" if message.startswith("file not found")
+                else f"; it must be {CONTRACT}" if message.endswith("is not callable") else "")
+        return StepError(f"metric: {message}{hint}")
+
+    path = (base_dir / ref.rpartition(":")[0]).resolve()
+    with usermodule.callable_at(ref, base_dir, error) as target:
         try:
             result = target(reference, candidate, list(names))
         except Exception as exc:
