@@ -1,10 +1,10 @@
-"""optbuild deploy --to DIR [--keep N] [--no-build] [TARGET...] | --rollback MODEL
+"""optbuild deploy --to DIR [--keep N] [--no-build] [--fingerprint FILE] [TARGET...] | --rollback MODEL
 
 Publishes the outputs of the project's ``deploy`` steps (optbuild.steps.deploy) into a Triton
 model repository: each is built, or restored from the local or remote cache for this host's
-fingerprint (with ``--no-build``, only restored), then switched in atomically
-(optbuild.cli.publish), recording in ``<model>/<version>/optbuild.json`` which keys were used
-and where and when they were built.
+fingerprint (with ``--no-build``, only restored; with ``--fingerprint``, restored for the host
+recorded in FILE), then switched in atomically (optbuild.cli.publish), recording in
+``<model>/<version>/optbuild.json`` which keys were used and where and when they were built.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optbuild.common.fingerprint import Fingerprint
 
 _FROM = {"built": "built here", "cached": "local cache", "restored": "remote cache"}
 
@@ -30,6 +33,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-build", action="store_true",
                         help="only restore from the local or remote cache; fail, naming the steps that would "
                              "have to build, if anything is missing")
+    parser.add_argument("--fingerprint", type=Path, default=None, metavar="FILE",
+                        help="compute the keys for the host recorded in FILE (`optbuild fingerprint -o FILE` "
+                             "there) instead of this one; implies --no-build: what is built here is this host's")
     parser.add_argument("--rollback", metavar="MODEL", default=None,
                         help="make MODEL's previous version current again (builds nothing)")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="RECIPE:STEP.PARAM=VALUE",
@@ -80,16 +86,20 @@ def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
         if not wanted:
             raise OptbuildError(f"no deploy step in {' '.join(args.targets) or 'the project'}: add one "
                                 "([steps.NAME] kind = \"deploy\", input = \"...\")")
-        result = api.build(ws, wanted, reporter=make_reporter(False), fetch_only=args.no_build)
+        fetch_only = args.no_build or args.fingerprint is not None
+        result = api.build(ws, wanted, reporter=make_reporter(False), host=_host(args.fingerprint),
+                           fetch_only=fetch_only)
     finally:
         ws.close()
-    missing = [sid for sid in wanted if not result.outcomes[sid].status.ok]
-    if missing:
-        for sid in missing:
-            outcome = result.outcomes[sid]
-            why = "; ".join(outcome.reasons) or outcome.error or ""
-            print(f"error: {sid} is {outcome.status}" + (f" ({why})" if why else ""), file=sys.stderr)
-        print("error: nothing was published", file=sys.stderr)
+    if any(not result.outcomes[sid].status.ok for sid in wanted):
+        for sid, outcome in result.outcomes.items():  # upstream first: the step that is missing, and its key
+            if not outcome.status.ok:
+                why = "; ".join(outcome.reasons) or outcome.error or ""
+                key = f", key {outcome.key}" if outcome.key else ""
+                print(f"error: {sid} is {outcome.status}{key}" + (f" ({why})" if why else ""), file=sys.stderr)
+        hint = (": what would build was not pushed for this fingerprint; build those steps for it on the "
+                "build farm (docs/deploy.md)" if fetch_only else "")
+        print(f"error: nothing was published{hint}", file=sys.stderr)
         return None
     found = []
     for sid in wanted:
@@ -98,6 +108,20 @@ def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
                       "inputs": {field: {"step": dep, **_used(result.outcomes[dep])} for field, dep in spec.deps.items()}}
         found += [(sid, r) for r in publish.releases(ws.project.build_dir / spec.recipe / spec.name, provenance)]
     return found
+
+
+def _host(path: Path | None) -> Fingerprint | None:
+    """The fingerprint recorded in ``path`` (None: this host's, probed by the build)."""
+    from optbuild.common.errors import OptbuildError
+    from optbuild.common.fingerprint import Fingerprint
+
+    if path is None:
+        return None
+    try:
+        return Fingerprint.load(path)
+    except (OSError, ValueError) as exc:
+        raise OptbuildError(f"--fingerprint {path}: cannot read it ({exc}); write it on the deploy host with "
+                            f"`optbuild fingerprint -o {path.name}`") from None
 
 
 def _used(outcome: Any) -> dict[str, Any]:
