@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
+    from optbuild.store.remote import RemoteStore
 
 _FROM = {"built": "built here", "cached": "local cache", "restored": "remote cache"}
 
@@ -104,8 +105,9 @@ def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
     found = []
     for sid in wanted:
         spec = steps[sid]
-        provenance = {"step": sid, **_used(result.outcomes[sid]),
-                      "inputs": {field: {"step": dep, **_used(result.outcomes[dep])} for field, dep in spec.deps.items()}}
+        provenance = {"step": sid, **_used(result.outcomes[sid], ws.remote),
+                      "inputs": {field: {"step": dep, **_used(result.outcomes[dep], ws.remote)}
+                                 for field, dep in spec.deps.items()}}
         found += [(sid, r) for r in publish.releases(ws.project.build_dir / spec.recipe / spec.name, provenance)]
     return found
 
@@ -124,11 +126,20 @@ def _host(path: Path | None) -> Fingerprint | None:
                             f"`optbuild fingerprint -o {path.name}`") from None
 
 
-def _used(outcome: Any) -> dict[str, Any]:
-    """Which action a step's output is, where and when it was built, and where it came from."""
+def _used(outcome: Any, remote: RemoteStore | None) -> dict[str, Any]:
+    """Which action a step's output is, where and when it was built, and where it came from.
+
+    Remote entries do not say who pushed them: an optbuild pushes what it built, so built_on
+    names the pusher; with a signing key, ``signed_with`` names the key that vouched for it
+    (the entry was accepted only under a valid signature of that key)."""
+    from optbuild.store.remote import key_id
+
     entry = outcome.entry
     used = {"key": outcome.key, "built_on": entry.built_on if entry else None,
             "built_at": entry.created_at if entry else None, "from": _FROM.get(str(outcome.status))}
+    if outcome.source == "remote" and remote is not None:
+        used["remote"] = remote.display_url
+        used["signed_with"] = key_id(remote.signing_key) if remote.signing_key else None
     if entry is not None and "chosen" in entry.metrics:  # a select step: which candidate won
         used["chosen"] = entry.metrics["chosen"]
     return used

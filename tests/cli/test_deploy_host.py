@@ -19,6 +19,7 @@ from plugins.steps import tiny_onnx
 from optbuild import api
 from optbuild.builder.report import Reporter
 from optbuild.common.fingerprint import Fingerprint
+from optbuild.store.remote import key_id
 
 H100 = Path(__file__).parents[1] / "fixtures/fingerprints/h100.json"
 RECIPE = """\
@@ -49,10 +50,11 @@ model_name = "net_small"
 """
 
 
-def host(root: Path, remote: Remote) -> ProjectDir:
+def host(root: Path, remote: Remote, **remote_options: str) -> ProjectDir:
     """A copy of the project with its own (empty) local cache and build folder."""
     proj = ProjectDir(root)
-    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n[build]\njobs = 1\n\n' + remote.section())
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n[build]\njobs = 1\n\n'
+               + remote.section(**remote_options))
     proj.write("recipes/net.toml", RECIPE)
     tiny_onnx(proj.root / "recipes/net.onnx", dims=["batch", 4])
     return proj
@@ -74,10 +76,12 @@ def listing(folder: Path) -> dict[str, int]:
     return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in [folder, *folder.rglob("*")]}
 
 
-def test_a_deploy_host_fetches_what_the_farm_built_for_its_fingerprint_and_records_it(tmp_path, s3_remote):
-    farm = host(tmp_path / "farm", s3_remote)
+def test_a_deploy_host_fetches_what_the_farm_built_for_its_fingerprint_and_records_it(tmp_path, s3_remote,
+                                                                                      monkeypatch):
+    monkeypatch.setenv("OPTBUILD_FARM_KEY", "the farm's secret")  # entries signed, and checked, with it
+    farm = host(tmp_path / "farm", s3_remote, signing_key_env="OPTBUILD_FARM_KEY")
     built = farm_build(farm, "net:serve").outcomes
-    deploy_host = host(tmp_path / "deploy-host", s3_remote)
+    deploy_host = host(tmp_path / "deploy-host", s3_remote, signing_key_env="OPTBUILD_FARM_KEY")
     repo = tmp_path / "models"
 
     run = deploy_host.cli("deploy", "net:serve", "--to", str(repo), "--no-build", "--fingerprint", str(H100))
@@ -87,6 +91,8 @@ def test_a_deploy_host_fetches_what_the_farm_built_for_its_fingerprint_and_recor
     farm_entry = built["net:serve"].entry
     assert (record["step"], record["key"], record["from"]) == ("net:serve", built["net:serve"].key, "remote cache")
     assert (record["built_on"], record["built_at"]) == (farm_entry.built_on, farm_entry.created_at)
+    # who pushed it: not recorded by the remote; the key its signature was checked under is
+    assert (record["remote"], record["signed_with"]) == (s3_remote.url, key_id(b"the farm's secret"))
     used = record["inputs"]["input"]
     assert (used["step"], used["key"], used["from"]) == ("net:opt", built["net:opt"].key, "remote cache")
     assert used["built_on"] == built["net:opt"].entry.built_on and used["built_at"] > 0
@@ -119,6 +125,8 @@ def test_a_step_the_farm_did_not_build_for_the_fingerprint_fails_the_deploy_nami
     again = deploy_host.cli("deploy", *fetch)
     assert again.returncode == 0, again.stderr
     assert "net: unchanged, version 1" in again.stdout and "net_small: published, version 1" in again.stdout
+    small = json.loads((repo / "net_small/1/optbuild.json").read_text())["inputs"]["input"]
+    assert small["from"] == "remote cache" and small["signed_with"] is None  # unsigned: anyone could have pushed it
 
 
 def test_an_unreadable_fingerprint_file_says_how_to_make_one(tmp_path, file_remote):
