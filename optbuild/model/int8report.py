@@ -6,6 +6,10 @@ node that makes it (in QDQ format the value downstream nodes see is then the out
 DequantizeLinear fed by a QuantizeLinear of it, named ``<tensor>_DequantizeLinear_Output``);
 a graph output keeps its name as that DequantizeLinear's output. ``layer_errors`` compares
 what downstream nodes see, found by that structure, not by the suffix.
+
+A tensor that joins quantities of different scales (a detector's boxes 0..320 beside its
+scores 0..1) is also judged by parts, as verify judges outputs (optbuild.model.compare's
+scale runs): its whole cosine, dominated by the large part, cannot see the small part lost.
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ class LayerError:
     op: str
     cosine: float
     relative_error: float  # ||quantized - float|| / ||float||
+    part: str | None = None  # the worst part of a tensor of parts of different scales ("y[:, 4:7]")
+    part_cosine: float | None = None  # that part's cosine
+
+    @property
+    def worst(self) -> float:
+        """The lower of the whole tensor's cosine and its worst part's."""
+        return self.cosine if self.part_cosine is None else min(self.cosine, self.part_cosine)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,29 +91,71 @@ def layer_errors(reference: Path, quantized: Path, feeds: list[dict[str, Any]]) 
     quant_values = _run_exposed(quant, [seen[t] for t, _ in tensors], feeds)
     errors = []
     for i, (tensor, node) in enumerate(tensors):
-        r = np.concatenate([np.asarray(v[i], np.float64).ravel() for v in ref_values])
-        q = np.concatenate([np.asarray(v[i], np.float64).ravel() for v in quant_values])
-        if r.shape != q.shape:
+        refs = [np.asarray(v[i], np.float64) for v in ref_values]
+        quants = [np.asarray(v[i], np.float64) for v in quant_values]
+        if [a.shape for a in refs] != [a.shape for a in quants]:
             continue
-        r_norm, q_norm = float(np.linalg.norm(r)), float(np.linalg.norm(q))
-        cosine = 1.0 if r_norm == q_norm == 0 else (
-            float(np.dot(r, q) / (r_norm * q_norm)) if r_norm and q_norm else 0.0)
-        relative = float(np.linalg.norm(q - r) / r_norm) if r_norm else float(q_norm > 0)
-        errors.append(LayerError(tensor, node.name, node.op_type, cosine, relative))
+        r = np.concatenate([a.ravel() for a in refs])
+        q = np.concatenate([a.ravel() for a in quants])
+        r_norm = float(np.linalg.norm(r))
+        relative = float(np.linalg.norm(q - r) / r_norm) if r_norm else float(np.linalg.norm(q) > 0)
+        part, part_cosine = _worst_part(tensor, refs, quants)
+        errors.append(LayerError(tensor, node.name, node.op_type, _cosine(r, q), relative, part, part_cosine))
     return errors
 
 
+def _cosine(r: Any, q: Any) -> float:
+    """Cosine of two flat arrays: 1 when both are all zeros, 0 when only one is."""
+    import numpy as np
+
+    r_norm, q_norm = float(np.linalg.norm(r)), float(np.linalg.norm(q))
+    if not (r_norm and q_norm):
+        return 1.0 if r_norm == q_norm else 0.0
+    return float(np.dot(r, q) / (r_norm * q_norm))
+
+
+def _worst_part(tensor: str, refs: list[Any], quants: list[Any]) -> tuple[str | None, float | None]:
+    """(name, cosine) of the worst part of a tensor whose parts along one axis differ in
+    scale (compare.scale_runs), leaving out parts constant in the float model; (None, None)
+    for a tensor of one scale, or samples of different sizes along that axis (samples may
+    differ in batch)."""
+    import numpy as np
+
+    from optbuild.model import compare
+
+    shape = refs[0].shape
+    axis = compare.split_axis(shape)
+    if axis is None or any(a.ndim != len(shape) or a.shape[axis] != shape[axis] for a in refs):
+        return None, None
+    runs = compare.scale_runs(refs, axis)
+    if len(runs) < 2:
+        return None, None
+    parts = []
+    for start, stop in runs:
+        index = (slice(None),) * axis + (slice(start, stop),)
+        r = np.concatenate([a[index].ravel() for a in refs])
+        if compare.constant(r) is None:
+            q = np.concatenate([a[index].ravel() for a in quants])
+            parts.append((_cosine(r, q), compare.slice_name(tensor, len(shape), axis, start, stop)))
+    if not parts:
+        return None, None
+    cosine, name = min(parts)
+    return name, cosine
+
+
 def first_departure(errors: list[LayerError], threshold: float = DEPARTS) -> LayerError | None:
-    """The first tensor, in node order, whose cosine falls under ``threshold``."""
-    return next((e for e in errors if e.cosine < threshold), None)
+    """The first tensor, in node order, whose cosine (or its worst part's) falls under ``threshold``."""
+    return next((e for e in errors if e.worst < threshold), None)
 
 
 def table(errors: list[LayerError], rows: int = 10) -> str:
-    """The ``rows`` worst tensors (lowest cosine first) as a text table."""
-    worst = sorted(errors, key=lambda e: (e.cosine, -e.relative_error))[:rows]
+    """The ``rows`` worst tensors (lowest cosine, whole or of a part, first) as a text table."""
+    worst = sorted(errors, key=lambda e: (e.worst, -e.relative_error))[:rows]
     width = max([len(e.tensor) for e in worst] + [6])
     lines = [f"{'tensor':<{width}}  {'op':<16} {'cosine':>9} {'rel err':>9}  node"]
-    lines += [f"{e.tensor:<{width}}  {e.op:<16} {e.cosine:9.5f} {e.relative_error:9.4f}  {e.node}" for e in worst]
+    for e in worst:
+        part = f"  (worst part {e.part}: cosine {e.part_cosine:.5f})" if e.part_cosine is not None else ""
+        lines.append(f"{e.tensor:<{width}}  {e.op:<16} {e.cosine:9.5f} {e.relative_error:9.4f}  {e.node}{part}")
     return "\n".join(lines)
 
 

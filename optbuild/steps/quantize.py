@@ -34,6 +34,13 @@ initializers in a private copy: onnxruntime quantizes initializers only ("Expect
 be an initializer"). An INT8 result without a single quantized node is an error unless
 ``allow_unchanged = true``: it would pass every later check while being the float model.
 
+``exclude_until = { min_cosine = 0.99 }`` makes INT8 good enough by itself: the result is
+compared with the input model on seeded samples, per output and per part of an output that
+joins quantities of different scales (optbuild.model.int8report), and the node where it first
+departs is kept float and the model quantized again, until the floor is met or
+``max_excluded`` nodes were tried (then the step fails, with the table). The nodes found are a
+result (log, metrics, quant_report.json), not part of the key.
+
 Options apply to the modes named beside them; an option set for another mode is an error.
 Every result passes onnx.checker (full_check) and opens in onnxruntime (CPU); with
 ``check = true`` (the default) it also runs once, so a model that onnxruntime cannot
@@ -49,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,7 +64,7 @@ from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.common.errors import StepError
-from optbuild.common.recipetable import StepRef
+from optbuild.common.recipetable import RecipeTable, StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
 from optbuild.model.samples import non_default
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
@@ -65,10 +72,12 @@ from optbuild.steps.fields import input_field
 
 if TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
+    from optbuild.model.int8report import LayerError
 
 _STATIC_ONLY = ("calibration", "format", "activation_type", "symmetric_activations")
 _INT8_ONLY = ("weight_type", "per_channel", "reduce_range", "symmetric_weights", "op_types_to_quantize",
-              "nodes_to_quantize", "nodes_to_exclude", "extra_options", "allow_unchanged", "report")
+              "nodes_to_quantize", "nodes_to_exclude", "extra_options", "allow_unchanged", "report",
+              "exclude_until")
 _FP16_ONLY = ("keep_io_types", "op_block_list", "node_block_list", "min_positive_val", "max_finite_val")
 
 # onnxruntime.quantization extra_options that may pass through (see quantize_static's docstring).
@@ -82,6 +91,17 @@ EXTRA_OPTIONS = {
     "QuantizeBias": bool,  # false: float biases, as TensorRT wants
 }
 _OWN_PARAM = {"ActivationSymmetric": "symmetric_activations", "WeightSymmetric": "symmetric_weights"}
+
+
+class ExcludeUntil(RecipeTable):
+    """A floor on the INT8 model's outputs, met by keeping nodes float one at a time."""
+
+    min_cosine: float = Field(gt=0, le=1, examples=[0.99])
+    """The cosine every float output of the INT8 model must reach against the input model's
+    (and every part of an output that joins quantities of different scales, as verify judges
+    them), over REPORT_SAMPLES (4) seeded samples as `inputs` declares them."""
+    max_excluded: int = Field(8, ge=1, examples=[16])
+    """At most this many nodes are tried (kept float); the step fails if the floor is still not met."""
 
 
 class QuantizeParams(StepParams):
@@ -145,10 +165,21 @@ class QuantizeParams(StepParams):
     nothing)."""
     report: bool = Field(False, examples=[True])
     """dynamic and static: also write quant_report.json, the error of every float tensor the
-    INT8 model shares with the input model (cosine, relative error; node order, and the first
-    tensor under cosine 0.99: where it departs), run on REPORT_SAMPLES (4) seeded samples as
+    INT8 model shares with the input model (cosine, relative error, and for a tensor that joins
+    quantities of different scales, its worst part's cosine; node order, and the first tensor
+    under cosine 0.99: where it departs), run on REPORT_SAMPLES (4) seeded samples as
     `inputs` declares them, with the 10 worst in the log. Off by default: it runs both models
     with every tensor kept, which costs time and memory on large models."""
+    exclude_until: ExcludeUntil | None = Field(None, examples=[{"min_cosine": 0.99}])
+    """dynamic and static: after quantizing, compare the INT8 model's outputs with the input
+    model's and, while the worst (an output, or a part of one of different scale, such as a
+    detector's scores beside its boxes) is under min_cosine, keep float the node where the
+    per-layer report (see `report`) first departs under min_cosine, and quantize again; at
+    most max_excluded nodes tried (default 8; one whose exclusion changes nothing is passed
+    over), else the step fails with the table and the nodes tried. The nodes it excluded are
+    a result, not a parameter: the log, the metric `auto_excluded` and quant_report.json
+    (always written with this option) name them, with the cosine before and after; copy
+    them into nodes_to_exclude to skip the search. Not set: no search."""
     # --- fp16 ---
     keep_io_types: bool | list[str] = Field(True, examples=[False, ["logits"]])
     """fp16 only: true keeps every float graph input and output float32, so callers feed and
@@ -221,7 +252,9 @@ class Quantize(Step):
     #    reduce_range's default follows the host, fp16 from re-inferred value_info.
     # 3: fp16 keeps float32 inputs and outputs by default, op_block_list adds to the
     #    converter's defaults, nodes the converter types wrong are kept float32.
-    version = "3"
+    # 4: quant_report.json judges tensors that join different scales by parts (its
+    #    first_departure can name another tensor); exclude_until.
+    version = "4"
     Params = QuantizeParams
     preload = ONNX_TOOLS
 
@@ -246,10 +279,15 @@ class Quantize(Step):
         out = ctx.out_dir / "model.onnx"
         before = onnx.load(str(source), load_external_data=False)
         ops_before = [n.op_type for n in all_nodes(before.graph)]
+        errors, search = None, None
         if self.params.mode == "fp16":
             self._fp16(ctx, before, out)
         else:
-            self._int8(ctx, source, before, out)
+            quantize = self._int8(ctx, source, before, out)
+            quantize(self.params.nodes_to_exclude)
+            if self.params.exclude_until is not None:
+                self._check(ctx, source, out, label)  # a model that cannot run is named before the search
+                errors, search = self._exclude_until(ctx, source, before, out, quantize)
         ops = [n.op_type for n in all_nodes(onnx.load(str(out), load_external_data=False).graph)]
         ctx.metrics.update(
             mode=self.params.mode, nodes_before=len(ops_before), nodes_after=len(ops),
@@ -264,35 +302,115 @@ class Quantize(Step):
         if self.params.mode != "fp16" and not quantized and not self.params.allow_unchanged:
             raise StepError(self._unchanged(before, label))
         self._check(ctx, source, out, label)
-        if self.params.report:
-            self._report(ctx, source, out)
+        if self.params.report or search is not None:
+            self._report(ctx, source, out, errors, search)
 
-    def _report(self, ctx: StepContext, source: Path, out: Path) -> None:
-        """quant_report.json: each shared float tensor's error, in node order, and where the
-        INT8 model first departs from the float one (see the ``report`` parameter)."""
-        import json
-
-        from optbuild.model import int8report
+    def _samples(self, ctx: StepContext, source: Path) -> list[dict[str, Any]]:
+        """REPORT_SAMPLES seeded feeds of the input model, as ``inputs`` declares them."""
         from optbuild.model.samples import feeds
         from optbuild.steps.rewrite_check import reference_runner
 
         with reference_runner(source, ctx.host) as runner:
             specs = runner.input_specs()
-        samples = [feeds(specs, self.params.inputs, i) for i in range(REPORT_SAMPLES)]
-        errors = int8report.layer_errors(source, out, samples)
+        return [feeds(specs, self.params.inputs, i) for i in range(REPORT_SAMPLES)]
+
+    def _report(self, ctx: StepContext, source: Path, out: Path, errors: list[LayerError] | None = None,
+                search: dict[str, Any] | None = None) -> None:
+        """quant_report.json: each shared float tensor's error, in node order, where the INT8
+        model first departs from the float one (see the ``report`` parameter), and with
+        ``exclude_until`` the search (``search``) and its last ``errors``."""
+        import json
+
+        from optbuild.model import int8report
+
+        if errors is None:
+            errors = int8report.layer_errors(source, out, self._samples(ctx, source))
         first = int8report.first_departure(errors)
         (ctx.out_dir / REPORT_FILE).write_text(json.dumps({
             "samples": REPORT_SAMPLES, "departs_below_cosine": int8report.DEPARTS,
             "first_departure": first.as_json() if first else None,
+            **({"exclude_until": search} if search is not None else {}),
             "tensors": [e.as_json() for e in errors]}, indent=1, allow_nan=False) + "\n")
         ctx.metrics["report_first_departure"] = first.tensor if first else None
-        where = (f"first departs at {first.tensor!r} ({first.op} node {first.node!r}, cosine {first.cosine:.5f})"
+        where = (f"first departs at {first.tensor!r} ({first.op} node {first.node!r}, cosine {first.worst:.5f})"
                  if first else f"no tensor under cosine {int8report.DEPARTS}")
         ctx.log(f"{REPORT_FILE}: {len(errors)} tensors compared with the float model on {REPORT_SAMPLES} "
                 f"seeded samples; {where}; the worst:\n{int8report.table(errors)}")
 
+    def _exclude_until(self, ctx: StepContext, source: Path, model: Any, out: Path,
+                       quantize: Callable[[list[str]], None]) -> tuple[list[LayerError], dict[str, Any]]:
+        """Keep float, one at a time, the node where the INT8 model first departs, until its
+        outputs reach exclude_until.min_cosine (see the parameter). Returns the last
+        per-layer errors and the search, for quant_report.json."""
+        from optbuild.model import int8report
+
+        goal = self.params.exclude_until
+        assert goal is not None
+        samples = self._samples(ctx, source)
+        outputs = {o.name for o in model.graph.output}
+        names = {n.name for n in model.graph.node}
+        by_hand = list(self.params.nodes_to_exclude)
+        excluded: list[str] = []
+        tried: list[str] = []
+
+        def measure() -> tuple[list[LayerError], LayerError]:
+            errors = int8report.layer_errors(source, out, samples)
+            judged = [e for e in errors if e.tensor in outputs]
+            if not judged:
+                raise StepError("exclude_until: the model has no float output to compare with the input "
+                                "model's; remove exclude_until from this step")
+            return errors, min(judged, key=lambda e: e.worst)
+
+        errors, worst = measure()
+        rounds = [_round(excluded, worst)]
+        while worst.worst < goal.min_cosine and len(tried) < goal.max_excluded:
+            quantized = _quantized_nodes(names, out)
+            node = next((e.node for e in errors if e.worst < goal.min_cosine and e.node in quantized
+                         and e.node not in (*by_hand, *tried)), None)
+            if node is None:
+                break
+            tried.append(node)
+            previous = out.read_bytes()
+            quantize([*by_hand, *excluded, node])
+            if out.read_bytes() == previous:
+                ctx.log(f"exclude_until: keeping {node!r} float changes nothing; passed over")
+                continue
+            excluded.append(node)
+            errors, worst = measure()
+            rounds.append(_round(excluded, worst))
+            ctx.log(f"exclude_until: kept {node!r} float: worst output {rounds[-1]['output']} cosine "
+                    f"{worst.worst:.5f}")
+        met = worst.worst >= goal.min_cosine
+        search = {"min_cosine": goal.min_cosine, "max_excluded": goal.max_excluded, "met": met,
+                  "excluded": excluded, "tried": tried, "rounds": rounds}
+        ctx.metrics.update(auto_excluded=excluded, auto_exclude_cosine_before=rounds[0]["cosine"],
+                           auto_exclude_cosine_after=rounds[-1]["cosine"])
+        before, after = rounds[0], rounds[-1]
+        if not met:
+            steps = "\n".join(f"  {r['excluded'] or 'none'}: {r['output']} cosine {r['cosine']:.5f}" for r in rounds)
+            why = (f"{len(tried)} nodes tried, exclude_until.max_excluded = {goal.max_excluded}"
+                   if len(tried) >= goal.max_excluded else
+                   "no other quantized node departs under the floor")
+            raise StepError(
+                f"exclude_until: the INT8 model's worst output stays under min_cosine = {goal.min_cosine} "
+                f"({why}); nodes tried: {tried or 'none'}. Nodes kept float -> worst output:\n{steps}\n"
+                f"The worst tensors now:\n{int8report.table(errors)}\n"
+                f"Raise exclude_until.max_excluded, lower exclude_until.min_cosine, quantize fewer op types "
+                f"(op_types_to_quantize), or try per_channel = true or another calibration method")
+        if excluded:
+            ctx.log(f"exclude_until: kept {len(excluded)} node(s) float to reach min_cosine {goal.min_cosine}: "
+                    f"{', '.join(excluded)}; worst output {before['output']} cosine {before['cosine']:.5f} -> "
+                    f"{after['output']} {after['cosine']:.5f} (nodes_to_exclude = {[*by_hand, *excluded]!r} "
+                    f"gives this model without the search)")
+        else:
+            ctx.log(f"exclude_until: worst output {before['output']} cosine {before['cosine']:.5f} meets "
+                    f"min_cosine {goal.min_cosine}; no node excluded")
+        return errors, search
+
     # --- INT8 ------------------------------------------------------------------------------
-    def _int8(self, ctx: StepContext, source: Path, model: Any, out: Path) -> None:
+    def _int8(self, ctx: StepContext, source: Path, model: Any, out: Path) -> Callable[[list[str]], None]:
+        """Prepare the model once; returns what quantizes it to ``out`` keeping the nodes it
+        is given float (exclude_until calls it again with more)."""
         import onnx
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
@@ -310,8 +428,7 @@ class Quantize(Step):
             ctx.log("the model has If/Loop/Scan subgraphs: quantizing inside them too (EnableSubgraph)")
         common = {"op_types_to_quantize": p.op_types_to_quantize or None, "per_channel": p.per_channel,
                   "reduce_range": self._reduce_range(ctx), "weight_type": types[p.weight_type],
-                  "nodes_to_quantize": p.nodes_to_quantize or None,
-                  "nodes_to_exclude": p.nodes_to_exclude or None}
+                  "nodes_to_quantize": p.nodes_to_quantize or None}
         table = self._table(ctx, source, model) if p.mode == "static" else None
         if table is not None:
             self._warn_shared_scales(ctx, model, table[1])
@@ -324,16 +441,18 @@ class Quantize(Step):
             source.unlink()  # a hard link to the upstream file: write a new file, never through it
             onnx.save(model, str(source))
         if table is None:
-            try:
-                quantize_dynamic(str(source), str(out), extra_options=extra, **common)
-            except Exception as exc:
-                raise StepError(f"quantize_dynamic failed on {label}: {type(exc).__name__}: {exc}"
-                                f"{_hint(exc, model)}") from exc
-            if nested:
-                result = onnx.load(str(out), load_external_data=False)
-                if sort_topologically(result.graph):
-                    onnx.save(result, str(out))
-            return
+            def dynamic(exclude: list[str]) -> None:
+                try:
+                    quantize_dynamic(str(source), str(out), extra_options=extra, nodes_to_exclude=exclude or None,
+                                     **common)
+                except Exception as exc:
+                    raise StepError(f"quantize_dynamic failed on {label}: {type(exc).__name__}: {exc}"
+                                    f"{_hint(exc, model)}") from exc
+                if nested:
+                    result = onnx.load(str(out), load_external_data=False)
+                    if sort_topologically(result.graph):
+                        onnx.save(result, str(out))
+            return dynamic
         import inspect
 
         if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
@@ -344,19 +463,23 @@ class Quantize(Step):
                             f"{version(ort_distribution())})")
         extra["ActivationSymmetric"] = p.symmetric_activations
         method, tensors = table
-        with tempfile.TemporaryDirectory(prefix="optbuild-quant-") as tmp:
-            cache = Path(tmp) / "ranges.json"
-            _write_ort_cache(cache, method, tensors)
-            try:
-                quantize_static(
-                    str(source), str(out), None,
-                    quant_format=QuantFormat.QDQ if p.format == "qdq" else QuantFormat.QOperator,
-                    activation_type=types[p.activation_type], calibrate_method=method,
-                    calibration_cache_path=str(cache), extra_options=extra, **common)
-            except Exception as exc:
-                raise StepError(f"quantize_static failed on {label} with the table of "
-                                f"{ctx.inputs['calibration'].step}: {type(exc).__name__}: {exc}"
-                                f"{_hint(exc, model)}") from exc
+
+        def static(exclude: list[str]) -> None:
+            with tempfile.TemporaryDirectory(prefix="optbuild-quant-") as tmp:
+                cache = Path(tmp) / "ranges.json"
+                _write_ort_cache(cache, method, tensors)
+                try:
+                    quantize_static(
+                        str(source), str(out), None,
+                        quant_format=QuantFormat.QDQ if p.format == "qdq" else QuantFormat.QOperator,
+                        activation_type=types[p.activation_type], calibrate_method=method,
+                        calibration_cache_path=str(cache), extra_options=extra,
+                        nodes_to_exclude=exclude or None, **common)
+                except Exception as exc:
+                    raise StepError(f"quantize_static failed on {label} with the table of "
+                                    f"{ctx.inputs['calibration'].step}: {type(exc).__name__}: {exc}"
+                                    f"{_hint(exc, model)}") from exc
+        return static
 
     def _warn_shared_scales(self, ctx: StepContext, model: Any, ranges: dict[str, list[float]]) -> None:
         """Warn of Concat nodes whose inputs' ranges differ so much that the one scale of
@@ -606,7 +729,29 @@ class Quantize(Step):
 
 
 REPORT_FILE = "quant_report.json"
-REPORT_SAMPLES = 4  # seeded samples the report runs both models on
+REPORT_SAMPLES = 4  # seeded samples the report (and exclude_until) runs both models on
+
+
+def _round(excluded: list[str], worst: LayerError) -> dict[str, Any]:
+    """One step of exclude_until's search, for quant_report.json and the log."""
+    return {"excluded": list(excluded), "output": worst.part if worst.part_cosine == worst.worst else worst.tensor,
+            "cosine": worst.worst}
+
+
+def _quantized_nodes(names: set[str], path: Path) -> set[str]:
+    """Which of the float model's nodes ``names`` the INT8 model at ``path`` quantized, as far as its
+    graph tells: nodes it replaced (their names are gone: dynamic and QOperator rename them),
+    and nodes that read a DequantizeLinear or feed a QuantizeLinear (QDQ). Keeping any other
+    node float changes nothing."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    quantizing = {n.input[0] for n in graph.node if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear")}
+    present = {n.name for n in graph.node}
+    touched = {n.name for n in graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
+               and (dequantized & set(n.input) or quantizing & set(n.output))}
+    return (names - present) | (names & touched)
 
 
 # --- float16 nodes typed wrong --------------------------------------------------------------
