@@ -1,8 +1,9 @@
 """optbuild bench TARGET... : latency and throughput of built models on this host.
 
 Builds the targets first (from the cache when nothing changed), then measures every ONNX /
-ORT-format model with onnxruntime (CPU provider), with PyTorch eager as the baseline where a
-recipe exports from PyTorch; see optbuild.cli.measure. Heavy libraries load only in ``run``.
+ORT-format model on the backend that runs it, with PyTorch eager where a recipe exports from
+PyTorch (on the CPU, and on CUDA too where torch sees a GPU); see optbuild.cli.measure. Heavy
+libraries load only in ``run``.
 """
 
 from __future__ import annotations

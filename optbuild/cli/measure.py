@@ -21,7 +21,9 @@ steps that checked them.
    ``int_range`` of a verify step that checks one of the models, else [0, 8). Every model of
    a recipe gets the same inputs. An export step also gives a "PyTorch eager" row: its
    callable, loaded the way the export step loads it, run under ``torch.no_grad()`` on the
-   same inputs.
+   same inputs; where ``torch.cuda.is_available()``, also a "PyTorch eager (CUDA)" row: the
+   module and inputs on cuda:0, each timed call ending in ``torch.cuda.synchronize()`` (CUDA
+   launches return before the GPU is done), so GPU variants have their eager baseline.
 4. Timed runs are interleaved across the models of a recipe in ``rounds`` blocks (each block
    opens with one untimed run), so load from other processes on a shared host hits every
    row alike instead of whichever model was running at the time. The garbage collector is
@@ -101,7 +103,7 @@ class Row:
     """One measured model (or the PyTorch module behind an export step)."""
 
     step: str  # recipe:step
-    runtime: str  # the backend that ran it ("onnxruntime", "openvino", ...) or "torch"
+    runtime: str  # the backend that ran it ("onnxruntime", "openvino", ...), "torch" or "torch-cuda"
     label: str  # "ORT static INT8", "PyTorch eager", ...
     precision: str  # "fp32", "static INT8", ...
     artifact: Path | None  # the model file (for torch: the export's callable)
@@ -462,9 +464,10 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
 
 @contextmanager
 def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOptions,
-                  int_range: tuple[int, int], outcomes: dict[str, Any]) -> Iterator[_Runner]:
+                  int_range: tuple[int, int], outcomes: dict[str, Any], device: str = "cpu") -> Iterator[_Runner]:
     """The export step's PyTorch module, loaded as the export step loads it, on the inputs the
-    exported model gets. Open while measuring: the model's sibling modules stay importable."""
+    exported model gets, on ``device`` ("cpu" or "cuda"). Open while measuring: the model's
+    sibling modules stay importable."""
     import torch
 
     from optbuild.backends import registry
@@ -481,6 +484,7 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
         files = {p.name: p for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
         upstream[field_name] = Artifact(dep, folder, files, folder / primary if primary else None)
     ctx = StepContext(sid, step.base_dir, ws.project.root, export_model.parent, upstream, _fingerprint())
+    cuda = device == "cuda"
     started = time.perf_counter()
     with step.load_module(ctx) as (module, examples):
         load_ms = (time.perf_counter() - started) * 1000
@@ -492,22 +496,40 @@ def _torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpt
         names = list(step.params.input_names) or [s.name for s in specs]
         args = tuple(torch.from_numpy(feeds[names[i]]) if i < len(names) and names[i] in feeds else example
                      for i, example in enumerate(examples))
+        what = f"the PyTorch module of {sid} ({step.params.model})"
+        if cuda:
+            moving = time.perf_counter()
+            try:
+                module = module.to(device)
+                args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+            except Exception as exc:
+                raise BenchError(f"{what} cannot move to CUDA: {type(exc).__name__}: {first_line(exc)}") from None
+            load_ms += (time.perf_counter() - moving) * 1000  # the copy to the GPU is part of loading
         with torch.no_grad():
             try:
                 module(*args)
+                if cuda:
+                    torch.cuda.synchronize()
             except Exception as exc:
-                raise BenchError(f"the PyTorch module of {sid} ({step.params.model}) fails on the bench "
-                                 f"inputs: {type(exc).__name__}: {first_line(exc)}") from None
+                raise BenchError(f"{what} fails on the bench inputs{' on CUDA' if cuda else ''}: "
+                                 f"{type(exc).__name__}: {first_line(exc)}") from None
 
         def call() -> None:
             with torch.no_grad():
                 module(*args)
 
+        def call_cuda() -> None:  # the GPU's time, not the launches'
+            with torch.no_grad():
+                module(*args)
+            torch.cuda.synchronize()
+
         source = ctx.path(step.params.model.rpartition(":")[0])
-        row = Row(sid, "torch", "PyTorch eager", precision(ws, sid), source,
-                  inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
-                  batch=int(args[0].shape[0]) if args and args[0].dim() else 1, load_ms=load_ms)
-        yield _Runner(row, call)
+        runner = (f"torch {torch.__version__} (CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)})"
+                  if cuda else "")
+        row = Row(sid, "torch-cuda" if cuda else "torch", "PyTorch eager (CUDA)" if cuda else "PyTorch eager",
+                  precision(ws, sid), source, inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
+                  batch=int(args[0].shape[0]) if args and args[0].dim() else 1, load_ms=load_ms, runner=runner)
+        yield _Runner(row, call_cuda if cuda else call)
 
 
 # --- measuring -------------------------------------------------------------------------------
@@ -547,11 +569,11 @@ def _baseline(rows: list[Row]) -> Row | None:
     references = Counter(v["reference"] for row in rows for v in row.verify if v.get("reference"))
     for reference, _ in references.most_common():
         for row in rows:
-            if row.step == reference and row.runtime != "torch":
+            if row.step == reference and not row.runtime.startswith("torch"):
                 return row
     if len(rows) < 2:
         return None
-    models = [row for row in rows if row.runtime != "torch"]
+    models = [row for row in rows if not row.runtime.startswith("torch")]
     fp32 = [row for row in models if row.precision == "fp32" and "-optimized " not in row.label]
     return (fp32 or models or rows or [None])[0]
 
@@ -571,6 +593,18 @@ def _imports() -> None:
         import numpy  # noqa: F401
     except ImportError as exc:
         raise BenchError(f"bench needs numpy ({exc}): pip install 'optbuild[onnx]'") from None
+
+
+def _on_gpu(row: Row) -> bool:
+    """Whether a model row ran on an NVIDIA GPU (onnxruntime's CUDA provider, or TensorRT)."""
+    return row.runtime == "tensorrt" or "CUDA" in row.runner
+
+
+def _cuda_available() -> bool:
+    """Whether torch can run on a GPU here (a CUDA build of torch, and a GPU it sees)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _torch_version() -> str | None:
@@ -608,8 +642,9 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
         int_range = _int_range(ws, recipe_verifies)
         runners: list[_Runner] = []
         eager = [sid for sid in sids if ws.project.steps[sid].kind == "export" and torch_version is not None]
-        say(f"bench {recipe}: {len(sids) + len(eager)} models, {options.warmup} warm-up + {options.runs} timed "
-            f"runs each, batch {options.batch}, threads {options.threads or 'default'}")
+        devices = ["cpu", *(["cuda"] if eager and _cuda_available() else [])]
+        say(f"bench {recipe}: {len(sids) + len(eager) * len(devices)} models, {options.warmup} warm-up + "
+            f"{options.runs} timed runs each, batch {options.batch}, threads {options.threads or 'default'}")
         with ExitStack() as stack:
             for sid in sids:
                 path = _artifact(ws, sid, outcomes[sid])
@@ -618,17 +653,24 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                         notes.append(f"{sid}: no PyTorch eager baseline: torch is not installed "
                                      "(pip install 'optbuild[torch]')")
                     else:
-                        say(f"  load     {sid} (torch)")
-                        runners.append(stack.enter_context(_torch_runner(ws, sid, path, options, int_range, outcomes)))
+                        for device in devices:
+                            say(f"  load     {sid} (torch{'' if device == 'cpu' else ', ' + device})")
+                            runners.append(stack.enter_context(
+                                _torch_runner(ws, sid, path, options, int_range, outcomes, device)))
                 say(f"  load     {sid} ({runs_on(ws.project.steps[sid])[0].name})")
                 runner, row_notes = _model_runner(ws, sid, path, options, int_range, stack)
                 runners.append(runner)
                 notes += [note for note in row_notes if note not in notes]  # the recipe's models share inputs
                 runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
+            if eager and "cuda" not in devices and any(_on_gpu(r.row) for r in runners):
+                notes.append("no PyTorch eager (CUDA) row beside the CUDA models: torch.cuda.is_available() "
+                             f"is false for torch {torch_version} (a CPU build of torch?); install a CUDA build "
+                             "of torch to get one")
             load = timing.host_load()
             if (busy := timing.busy_note(load)) is not None:
                 notes.append(busy)
-            with _torch_threads(options.threads, any(r.row.runtime == "torch" for r in runners)) as torch_threads:
+            with _torch_threads(options.threads, any(r.row.runtime.startswith("torch") for r in runners)) \
+                    as torch_threads:
                 measure(runners, options, say)
         rows = [r.row for r in runners]
         baseline = _baseline(rows)
