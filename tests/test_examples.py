@@ -36,13 +36,15 @@ DIFFERENT = {
 # steps record a failure (fail = false) for best to drop the variant, where they stopped
 # the build. The hand-written recipes are compared with that line added.
 CPU_VERIFY = re.compile(r"^(\[steps\.verify_(?!rtx_)\w+\]\n)", re.MULTILINE)
-# What the template gives models that had no such steps: a select step per model; and every
-# model's fp32 and fp16 on onnxruntime CUDA (the encoder's fp16 model with them).
+# What the template gives models that had no such steps: a select step per model; every
+# model's fp32 and fp16 on onnxruntime CUDA (the encoder's fp16 model with them); and every
+# model's best as a Triton repository entry (serve).
+SERVE = {f"{model}:serve" for model in ("cnn", "transformer", "encoder")}
 CUDA = {f"{model}:{step}[{precision}]" for model in ("cnn", "transformer", "encoder")
         for step in ("engine_cuda", "verify_cuda", "bench_cuda") for precision in ("fp32", "fp16")}
 ADDED = {f"{model}:{step}" for model, variants in (("cnn", ("int8", "ov_fp32", "ov_int8")),
                                                    ("transformer", ("int8", "dynamic")))
-         for step in ("bench_fp32", "best", *(f"bench[{v}]" for v in variants))} | CUDA | {"encoder:fp16"}
+         for step in ("bench_fp32", "best", *(f"bench[{v}]" for v in variants))} | CUDA | {"encoder:fp16"} | SERVE
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +71,11 @@ def test_examples_build_then_noop(examples):
     # each model's CPU variants are benchmarked here and the fastest that passed is chosen
     assert {"cnn:best", "transformer:best", "encoder:best"} <= set(built)
     assert (examples.root / "build/encoder/best/selection.txt").read_text().count("chosen") == 1
+    # ... and laid out for Triton: best's model (ONNX or an OpenVINO IR here) and its config
+    assert SERVE <= set(built)
+    for model in ("cnn", "transformer", "encoder"):
+        assert (examples.root / f"build/{model}/serve/{model}/config.pbtxt").is_file()
+        assert len(list((examples.root / f"build/{model}/serve/{model}/1").glob("model.*"))) >= 1
     engines = {f"{model}:rtx[{precision}]" for model in ("cnn", "transformer") for precision in PRECISIONS}
     assert engines <= set(built)
     for engine in engines:
@@ -78,7 +85,7 @@ def test_examples_build_then_noop(examples):
     # GPU: unavailable here (their verify and benchmark steps skipped), and the build is still ok
     assert {s for s in CUDA if "engine_cuda" in s} <= set(first.steps("unavailable"))
     assert set(first.steps("skipped")) == {s for s in CUDA if "engine_cuda" not in s}
-    assert len(built) == 56 and len(first.steps("unavailable")) == 12
+    assert len(built) == 59 and len(first.steps("unavailable")) == 12
     second = examples.cli("build", "--json")
     assert second.returncode == 0
     assert second.steps("built") == []
@@ -100,7 +107,7 @@ def test_the_template_gives_the_hand_written_steps_with_the_same_keys(examples, 
                                        f'[cache]\ndir = "{examples.root / "cache"}"\n\n'
                                        "[build]\nskip_unavailable = true\n")
     old = planned_keys(old_project)
-    assert len(old) == 52 and len(new) == 80
+    assert len(old) == 52 and len(new) == 83
     assert set(RENAMED) <= set(old) and DIFFERENT <= set(old)
     counterparts = {RENAMED.get(step, step): step for step in old}
     assert set(new) - set(counterparts) == ADDED and set(counterparts) <= set(new)

@@ -93,14 +93,7 @@ def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
     finally:
         ws.close()
     if any(not result.outcomes[sid].status.ok for sid in wanted):
-        for sid, outcome in result.outcomes.items():  # upstream first: the step that is missing, and its key
-            if not outcome.status.ok:
-                why = "; ".join(outcome.reasons) or outcome.error or ""
-                key = f", key {outcome.key}" if outcome.key else ""
-                print(f"error: {sid} is {outcome.status}{key}" + (f" ({why})" if why else ""), file=sys.stderr)
-        hint = (": what would build was not pushed for this fingerprint; build those steps for it on the "
-                "build farm (docs/deploy.md)" if fetch_only else "")
-        print(f"error: nothing was published{hint}", file=sys.stderr)
+        _say_missing(result.outcomes, wanted, fetch_only)
         return None
     found = []
     for sid in wanted:
@@ -110,6 +103,30 @@ def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
                                  for field, dep in spec.deps.items()}}
         found += [(sid, r) for r in publish.releases(ws.project.build_dir / spec.recipe / spec.name, provenance)]
     return found
+
+
+def _say_missing(outcomes: dict[str, Any], wanted: list[str], fetch_only: bool) -> None:
+    """Why nothing is published: each step that is missing itself, with its key (upstream
+    first), then the steps that only wait on those, counted, the deploy steps named."""
+    from optbuild.builder.status import Status
+
+    waiting = []
+    for sid, outcome in outcomes.items():
+        if outcome.status.ok:
+            continue
+        if outcome.status == Status.WOULD_BUILD and outcome.key is None:  # its upstream is missing
+            waiting.append(sid)
+            continue
+        why = "; ".join(outcome.reasons) or outcome.error or ""
+        key = f", key {outcome.key}" if outcome.key else ""
+        print(f"error: {sid} is {outcome.status}{key}" + (f" ({why})" if why else ""), file=sys.stderr)
+    if waiting:
+        deploys = [sid for sid in waiting if sid in wanted]
+        print(f"error: {len(waiting)} step(s) after them wait on them"
+              + (f", among them {', '.join(deploys)}" if deploys else ""), file=sys.stderr)
+    hint = (": what would build was not pushed for this fingerprint; build those steps for it on the "
+            "build farm (docs/deploy.md)" if fetch_only else "")
+    print(f"error: nothing was published{hint}", file=sys.stderr)
 
 
 def _host(path: Path | None) -> Fingerprint | None:

@@ -118,6 +118,7 @@ def test_a_step_the_farm_did_not_build_for_the_fingerprint_fails_the_deploy_nami
     assert run.returncode == 1
     missing = farm_build(farm, "net:opt_small").outcomes["net:opt_small"].key  # the key it lacked
     assert f"error: net:opt_small is would-build, key {missing}" in run.stderr
+    assert "error: 1 step(s) after them wait on them, among them net:serve_small" in run.stderr
     assert "error: nothing was published" in run.stderr
     assert listing(repo) == before  # net as it was, no net_small: nothing half-published
 

@@ -62,6 +62,22 @@ def test_an_onnx_model_on_cpu_gets_a_batched_cpu_config_built_through_a_recipe(t
     assert [(g.kind, g.count) for g in config.instance_group] == [(2, 1)]  # 2: KIND_CPU
 
 
+def test_an_ort_format_model_is_not_served_and_the_error_says_to_write_onnx(tmp_path):
+    """Triton's onnxruntime backend loads model.onnx; an ORT-format model is for minimal
+    onnxruntime builds, so deploying one fails the build, naming the step and the fix."""
+    proj = ProjectDir(tmp_path / "p")
+    proj.write("optbuild.toml", PROJECT)
+    proj.write("recipes/net.toml", '[steps.src]\nkind = "onnx"\npath = "net.onnx"\n\n'
+               '[steps.ort]\nkind = "engine"\nbackend = "onnxruntime"\ninput = "src"\nformat = "ort"\n\n'
+               '[steps.serve]\nkind = "deploy"\ninput = "ort"\n')
+    tiny_onnx(proj.root / "recipes" / "net.onnx", dims=["batch", 4])
+    result = proj.build()
+    assert not result.ok and result.outcomes["net:ort"].status.ok
+    error = result.outcomes["net:serve"].error
+    assert "net:ort gives model.ort" in error and "use format = 'onnx'" in error, error
+    assert not (proj.root / "build/net/serve").exists()
+
+
 def test_a_cuda_engine_is_served_on_the_gpu_with_the_tensorrt_accelerator_when_asked(tmp_path):
     model = tiny_onnx(tmp_path / "model.onnx")
     cuda = OrtEngine(OrtEngineParams.model_validate({"backend": "onnxruntime", "input": "src",
