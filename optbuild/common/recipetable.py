@@ -53,7 +53,7 @@ CallableRef = Annotated[str, AfterValidator(_check_callable), CALLABLE_REF]
 
 class RecipeTable(BaseModel):
     """A table a recipe writes: unknown keys are errors, values are immutable. The docstring
-    under a field is its description, which optbuild.steps.reference reads from the source."""
+    under a field is its description, which optbuild.steps.manual reads from the source."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from plugins.projects import CONFIG, ProjectDir
 
-from optbuild.steps import reference, registry
+from optbuild.steps import manual, registry
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxsim", "onnxslim")
@@ -25,19 +25,19 @@ def kinds(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 
 def test_docs_steps_md_is_current():
     written = (REPO / "docs" / "steps.md").read_text(encoding="utf-8")
-    assert written == reference.document(), (
-        f"docs/steps.md is stale: regenerate it with `{reference.GENERATE}` (in the repository root)")
+    assert written == manual.document(), (
+        f"docs/steps.md is stale: regenerate it with `{manual.GENERATE}` (in the repository root)")
 
 
 @pytest.mark.parametrize("name", list(registry.BUILTIN))
 def test_every_parameter_is_described_with_valid_toml_examples(name):
-    params = reference.step_class(name).Params
+    params = manual.step_class(name).Params
     for field_name, field in params.model_fields.items():
-        assert reference.description(params, field_name), f"{name}: parameter {field_name!r} has no description"
+        assert manual.description(params, field_name), f"{name}: parameter {field_name!r} has no description"
         assert field.examples, f"{name}: parameter {field_name!r} has no example"
         for example in field.examples:
-            tomllib.loads(f"{field_name} = {reference.toml(example)}")
-    assert reference.summary(reference.step_class(name)), f"{name}: its class has no docstring"
+            tomllib.loads(f"{field_name} = {manual.toml(example)}")
+    assert manual.summary(manual.step_class(name)), f"{name}: its class has no docstring"
 
 
 def test_kinds_lists_every_kind_and_backend_with_its_summary():
@@ -48,13 +48,13 @@ def test_kinds_lists_every_kind_and_backend_with_its_summary():
         line = next((ln for ln in proc.stdout.splitlines() if ln.split()[:1] == [kind]
                      and (not backend or ln.split()[1] == backend)), None)
         assert line is not None, f"{name} missing from:\n{proc.stdout}"
-        assert reference.summary(reference.step_class(name)) in line
+        assert manual.summary(manual.step_class(name)) in line
 
 
 def test_kinds_quantize_prints_each_parameter():
     proc = kinds("quantize")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == reference.kind_reference("quantize")
+    assert proc.stdout == manual.kind_reference("quantize")
     out = proc.stdout
     assert 'kind = "quantize"' in out
     assert '- `mode`: "dynamic" | "static" | "fp16"; **required**' in out
@@ -117,7 +117,7 @@ def test_kinds_imports_no_heavy_library():
 
 
 def test_readme_links_reach_headings_of_docs_steps_md():
-    headings = {reference.anchor(line[3:].strip())
+    headings = {manual.anchor(line[3:].strip())
                 for line in (REPO / "docs" / "steps.md").read_text(encoding="utf-8").splitlines()
                 if line.startswith("## ")}
     links = re.findall(r"\(docs/steps\.md#([^)]+)\)", (REPO / "README.md").read_text(encoding="utf-8"))

@@ -1,6 +1,6 @@
 """The step parameter reference, generated from the step classes and their Params models.
 
-One text serves ``optbuild kinds`` and docs/steps.md (``python -m optbuild.steps.reference >
+One text serves ``optbuild kinds`` and docs/steps.md (``python -m optbuild.steps.manual >
 docs/steps.md``; tests/test_reference.py fails when the file is stale), so the reference
 cannot drift from the code. Only step modules are imported, and they import nothing heavy.
 """
@@ -30,7 +30,7 @@ from optbuild.model.samples import check_data_source
 from optbuild.steps import registry
 from optbuild.steps.base import Step
 
-GENERATE = "python -m optbuild.steps.reference > docs/steps.md"
+GENERATE = "python -m optbuild.steps.manual > docs/steps.md"
 WIDTH = 92  # descriptions are wrapped to this: the text reads the same in a terminal
 
 _MARKERS = {id(STEP_REF): "step", id(INPUT_PATH): "path", id(CALLABLE_REF): "file.py:callable"}
