@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -66,6 +66,15 @@ from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import RecipeTable, StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.model.onnxgraph import (
+    all_nodes,
+    constants_to_initializers,
+    default_opset,
+    drop_value_info,
+    rename_uses,
+    sort_topologically,
+    subgraphs,
+)
 from optbuild.model.samples import non_default
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import input_field
@@ -505,7 +514,7 @@ class Quantize(Step):
         QDQQuantizer ignores EnableSubgraph); on unless extra_options turns it off."""
         p = self.params
         return (p.mode == "dynamic" and p.extra_options.get("EnableSubgraph", True)
-                and any(_subgraphs(n) for n in model.graph.node))
+                and any(subgraphs(n) for n in model.graph.node))
 
     def _reduce_range(self, ctx: StepContext) -> bool:
         """reduce_range, or its host-dependent default (see the parameter's description)."""
@@ -585,7 +594,7 @@ class Quantize(Step):
                       QDQRegistry if p.format == "qdq" else QLinearOpsRegistry)
         wanted = handled & set(p.op_types_to_quantize) if p.op_types_to_quantize else handled
         top = [n for n in model.graph.node if n.op_type in wanted]
-        inner = [n for t in model.graph.node for g in _subgraphs(t) for n in all_nodes(g) if n.op_type in wanted]
+        inner = [n for t in model.graph.node for g in subgraphs(t) for n in all_nodes(g) if n.op_type in wanted]
         reachable = top + inner if self._subgraphs_quantized(model) else top
         chosen = [n for n in reachable if n.name not in p.nodes_to_exclude
                   and (not p.nodes_to_quantize or n.name in p.nodes_to_quantize)]
@@ -770,7 +779,7 @@ def mistyped_nodes(graph: Any) -> list[str]:
         for info in (*g.value_info, *g.output):
             declared[info.name] = info.type.tensor_type.elem_type
         for node in g.node:
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 collect(sub)
 
     collect(graph)
@@ -820,108 +829,6 @@ def _quantized_op(op: str) -> bool:
     return op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear") or _integer_op(op)
 
 
-def _subgraphs(node: Any) -> list[Any]:
-    """The graphs held by a node's attributes (If branches, Loop and Scan bodies)."""
-    from onnx import AttributeProto
-
-    graphs = []
-    for attr in node.attribute:
-        if attr.type == AttributeProto.GRAPH:
-            graphs.append(attr.g)
-        elif attr.type == AttributeProto.GRAPHS:
-            graphs.extend(attr.graphs)
-    return graphs
-
-
-def all_nodes(graph: Any) -> Iterator[Any]:
-    """Every node of ``graph`` and, depth first, of its nodes' subgraphs."""
-    for node in graph.node:
-        yield node
-        for sub in _subgraphs(node):
-            yield from all_nodes(sub)
-
-
-def default_opset(model: Any) -> int:
-    """The model's opset of the default ONNX domain."""
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def constants_to_initializers(graph: Any, nested: bool) -> int:
-    """Turn Constant nodes holding a tensor (``value``) into initializers of their graph (and,
-    with ``nested``, of subgraphs), in node order so the result is byte-deterministic.
-    onnxruntime quantizes initializer weights only. A Constant that is its graph's output
-    stays a node (an output must be produced). Returns how many were moved."""
-    outputs = {o.name for o in graph.output}
-    kept, moved = [], 0
-    for node in graph.node:
-        if (node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1
-                and node.attribute[0].name == "value" and node.output[0] not in outputs):
-            tensor = graph.initializer.add()
-            tensor.CopyFrom(node.attribute[0].t)
-            tensor.name = node.output[0]
-            moved += 1
-            continue
-        kept.append(node)
-        if nested:
-            moved += sum(constants_to_initializers(sub, nested) for sub in _subgraphs(node))
-    if moved:
-        del graph.node[:]
-        graph.node.extend(kept)
-    return moved
-
-
-def _outer_reads(graph: Any) -> set[str]:
-    """Names the nodes of ``graph`` (and of its subgraphs) read from enclosing graphs."""
-    own = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    own |= {o for n in graph.node for o in n.output}
-    reads = {i for n in graph.node for i in n.input if i}
-    reads |= {name for n in graph.node for sub in _subgraphs(n) for name in _outer_reads(sub)}
-    return reads - own
-
-
-def sort_topologically(graph: Any) -> bool:
-    """Order the nodes of ``graph`` and its subgraphs so that each follows the producers of
-    what it reads, its subgraphs' outer-scope reads included. onnxruntime's subgraph
-    quantization appends the quantizer of an outer value after the If that reads it:
-    onnxruntime re-sorts on load, onnx.checker and other runtimes refuse. Stable (ties keep
-    their order, so a sorted graph is unchanged); returns whether anything moved."""
-    import heapq
-
-    moved = False
-    for sub in (sub for n in graph.node for sub in _subgraphs(n)):
-        moved = sort_topologically(sub) or moved  # every subgraph, no short cut
-    nodes = list(graph.node)
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    reads = [{i for i in n.input if i} | {r for sub in _subgraphs(n) for r in _outer_reads(sub)} for n in nodes]
-    waits = [{producer[r] for r in names if r in producer} - {i} for i, names in enumerate(reads)]
-    users: dict[int, list[int]] = {}
-    for i, deps in enumerate(waits):
-        for d in deps:
-            users.setdefault(d, []).append(i)
-    ready = [i for i, deps in enumerate(waits) if not deps]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users.get(i, []):
-            waits[u].discard(i)
-            if not waits[u]:
-                heapq.heappush(ready, u)
-    if len(order) < len(nodes) or order == sorted(order):  # a cycle is left for the checker to name
-        return moved
-    del graph.node[:]
-    graph.node.extend(nodes[i] for i in order)
-    return True
-
-
-def drop_value_info(graph: Any) -> int:
-    """Clear ``graph``'s value_info and its subgraphs'; returns how many entries went."""
-    dropped = len(graph.value_info)
-    del graph.value_info[:]
-    return dropped + sum(drop_value_info(sub) for node in graph.node for sub in _subgraphs(node))
-
-
 def _hint(exc: BaseException, model: Any) -> str:
     """A next step for onnxruntime's known quantization errors, else ''."""
     import re
@@ -959,7 +866,7 @@ def _keep_float32(model: Any, names: list[str]) -> None:
     for name in names:
         if name in inputs and inputs[name].type.tensor_type.elem_type == TensorProto.FLOAT16:
             inner = f"{name}/float16"
-            _rename_uses(graph, name, inner)
+            rename_uses(graph, name, inner)
             inputs[name].type.tensor_type.elem_type = TensorProto.FLOAT
             new_nodes.append(helper.make_node("Cast", [name], [inner], name=f"{name}/to_float16",
                                               to=TensorProto.FLOAT16))
@@ -972,7 +879,7 @@ def _keep_float32(model: Any, names: list[str]) -> None:
             inner = f"{name}/float16"
             for node in graph.node:
                 node.output[:] = [inner if o == name else o for o in node.output]
-            _rename_uses(graph, name, inner)
+            rename_uses(graph, name, inner)
             for info in graph.value_info:
                 if info.name == name:
                     info.name = inner
@@ -980,16 +887,3 @@ def _keep_float32(model: Any, names: list[str]) -> None:
             graph.node.append(helper.make_node("Cast", [inner], [name], name=f"{name}/to_float32",
                                                to=TensorProto.FLOAT))
 
-
-def _rename_uses(graph: Any, old: str, new: str) -> None:
-    """Every node input named ``old`` (also inside subgraphs) reads ``new`` instead."""
-    from onnx import AttributeProto
-
-    for node in graph.node:
-        node.input[:] = [new if i == old else i for i in node.input]
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                _rename_uses(attr.g, old, new)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    _rename_uses(sub, old, new)

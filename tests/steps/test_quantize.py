@@ -18,8 +18,9 @@ from plugins.models import make_mlp, make_two_inputs, save
 from plugins.steps import calibrate, run_step
 
 from optbuild.common.fingerprint import Fingerprint
+from optbuild.model.onnxgraph import all_nodes
 from optbuild.steps.base import Artifact, StepContext
-from optbuild.steps.quantize import HOST_FIELD, Quantize, QuantizeParams, all_nodes, x86_without_vnni
+from optbuild.steps.quantize import HOST_FIELD, Quantize, QuantizeParams, x86_without_vnni
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ from plugins.steps import run_step
 from plugins.thirdparty_models import corpus_model
 
 from optbuild.common.fingerprint import Fingerprint
+from optbuild.model.onnxgraph import all_nodes
 from optbuild.steps.calibrate import Calibrate
 from optbuild.steps.opset import Opset
-from optbuild.steps.quantize import Quantize, all_nodes, x86_without_vnni
+from optbuild.steps.quantize import Quantize, x86_without_vnni
 from optbuild.steps.simplify import Simplify
 
 pytestmark = pytest.mark.slow
