@@ -53,6 +53,7 @@ class Runner(ABC):
 
     label: str = ""  # what runs it, for reports: "onnxruntime 1.23.2 (CPU)", from what loaded
     load_ms: float = 0.0  # the time ``__enter__`` took
+    on_gpu: bool = False  # it runs on an NVIDIA GPU (once entered)
 
     def __enter__(self) -> Self:
         started = time.perf_counter()

@@ -117,6 +117,7 @@ class Row:
     speedup: float | None = None  # baseline p50 / this p50
     verify: list[dict[str, Any]] = field(default_factory=list)
     runner: str = ""  # what ran it, with its version: "onnxruntime 1.23.2 (CPU)"
+    on_gpu: bool = False  # it ran on an NVIDIA GPU
 
     @property
     def name(self) -> str:
@@ -458,7 +459,8 @@ def _model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, in
                          f"or values: {DOCS})") from None
     row = Row(sid, backend.name, _label(ws, sid, backend), precision(ws, sid), path,
               inputs={s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in specs},
-              batch=_batch_of(specs), load_ms=runner.load_ms, size_bytes=_model_size(path), runner=runner.label)
+              batch=_batch_of(specs), load_ms=runner.load_ms, size_bytes=_model_size(path), runner=runner.label,
+              on_gpu=runner.on_gpu)
     return _Runner(row, runner.timed_call(feeds)), notes  # on a GPU: device time, not the host's copies
 
 
@@ -595,11 +597,6 @@ def _imports() -> None:
         raise BenchError(f"bench needs numpy ({exc}): pip install 'optbuild[onnx]'") from None
 
 
-def _on_gpu(row: Row) -> bool:
-    """Whether a model row ran on an NVIDIA GPU (onnxruntime's CUDA provider, or TensorRT)."""
-    return row.runtime == "tensorrt" or "CUDA" in row.runner
-
-
 def _cuda_available() -> bool:
     """Whether torch can run on a GPU here (a CUDA build of torch, and a GPU it sees)."""
     import torch
@@ -662,7 +659,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                 runners.append(runner)
                 notes += [note for note in row_notes if note not in notes]  # the recipe's models share inputs
                 runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
-            if eager and "cuda" not in devices and any(_on_gpu(r.row) for r in runners):
+            if eager and "cuda" not in devices and any(r.row.on_gpu for r in runners):
                 notes.append("no PyTorch eager (CUDA) row beside the CUDA models: torch.cuda.is_available() "
                              f"is false for torch {torch_version} (a CPU build of torch?); install a CUDA build "
                              "of torch to get one")

@@ -49,6 +49,8 @@ class TrtRunner(Runner):
     """Runs an engine on feed dicts; see the module docstring. ``load`` gives the engine
     (``loader.open_engine`` over a file, ``loader.load_engine`` over a fresh plan)."""
 
+    on_gpu = True
+
     def __init__(self, load: Callable[[], LoadedEngine]):
         self._load = load
         self.loaded: Any = None
