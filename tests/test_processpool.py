@@ -77,7 +77,7 @@ def test_a_native_crash_fails_only_its_step_and_the_server_forks_the_next(tmp_pa
     proj = probe_project(tmp_path / "proj", steps)
     result = proj.build(keep_going=True, jobs=1)
     assert not result.ok
-    assert "step process died (signal 11)" in result.outcomes["p:boom"].error
+    assert "step process died (signal 11): SIGSEGV, a crash inside a native library" in result.outcomes["p:boom"].error
     assert result.outcomes["p:last"].status == "built"
     assert seen(proj, "last")["ppid"] == seen(proj, "first")["ppid"]
 

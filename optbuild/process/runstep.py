@@ -12,6 +12,7 @@ then kept (the local cache, a remote one) is the caller's business.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -134,6 +135,14 @@ def _wait(proc: StepProcess | None, cancel: threading.Event, running: Running | 
     return returncode
 
 
+# signals of a native crash (a library's bug, not the step's code), and what to try
+_CRASHES = {sig: f": {name}, a crash inside a native library (the log holds the Python stack where it "
+                 "happened); onnxruntime that crashes at one graph optimization level may not at a lower "
+                 "one (level = \"basic\" on an onnxruntime engine step)"
+            for sig, name in ((signal.SIGSEGV, "SIGSEGV"), (signal.SIGBUS, "SIGBUS"), (signal.SIGILL, "SIGILL"),
+                              (signal.SIGFPE, "SIGFPE"))}
+
+
 def read_result(path: Path, returncode: int, scratch: Path) -> ChildResult:
     """What the process that exited with ``returncode`` reports in ``path``. One that died,
     or left something that is not a result, gives a failed result saying so, never an
@@ -143,7 +152,8 @@ def read_result(path: Path, returncode: int, scratch: Path) -> ChildResult:
         return ChildResult(ok=False, error=describe_os_error(full, scratch), expected=True)
     if returncode != 0 or not path.exists():
         how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-        return ChildResult(ok=False, error=f"step process died ({how})")
+        crash = _CRASHES.get(-returncode, "")
+        return ChildResult(ok=False, error=f"step process died ({how}){crash}")
     try:
         return ChildResult.from_json(path.read_bytes())
     except ChildResultError as exc:

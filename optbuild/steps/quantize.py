@@ -690,7 +690,10 @@ class Quantize(Step):
     def _check(self, ctx: StepContext, source: Path, out: Path, label: str) -> None:
         """The result passes onnx.checker (full_check) and opens on the backend that runs ONNX
         models (onnxruntime, CPU), whatever ``check`` says: a cached model must at least load.
-        With ``check``, it also runs once on check 0's feeds."""
+        With ``check``, it also runs once on check 0's feeds. It is opened as written, with no
+        graph optimization: whether it loads is this step's question; how the runtime's
+        optimizer treats it is the engine's and verify's (a ViT in float16 crashed
+        onnxruntime at ORT_ENABLE_ALL only, and no model came out of this step)."""
         import onnx
 
         from optbuild.backends import registry
@@ -702,7 +705,7 @@ class Quantize(Step):
         backend = registry.onnx_backend()
         with contextlib.ExitStack() as stack:
             try:
-                runner = stack.enter_context(registry.open_onnx(out, ctx.host))
+                runner = stack.enter_context(registry.open_onnx(out, ctx.host, literal=True))
             except Exception as exc:
                 raise StepError(f"{what} does not load in {backend.label} (CPU): {type(exc).__name__}: "
                                 f"{exc}{self._fp16_hint(exc)}") from None
