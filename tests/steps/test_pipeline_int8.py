@@ -76,9 +76,10 @@ def test_changing_only_quantize_params_reruns_quantize_not_calibrate(examples):
         assert "parameter per_channel: false -> true" in reasons["transformer:quantize_int8"]
         run = examples.cli("build", "--json")
         assert run.returncode == 0, run.stdout + run.stderr
-        # ...and what takes the new model: its verify, its benchmark, and the choice among them
+        # ...and what takes the new model: its verify, its benchmark, the choice among them (measured
+        # again, together) and the deployment of that choice
         assert run.steps("built") == ["transformer:bench[int8]", "transformer:best", "transformer:quantize_int8",
-                                      "transformer:verify[int8]"]
+                                      "transformer:serve", "transformer:verify[int8]"]
         assert "transformer:calibrate" in run.steps("cached")
     finally:
         recipe.write_text(original)
