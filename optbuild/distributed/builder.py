@@ -39,7 +39,7 @@ from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.events import warning
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.distributed.resources import MARKER, requested, satisfies
-from optbuild.distributed.taskspec import PROJECT_KIND, Task, Upstream
+from optbuild.distributed.taskspec import PROJECT_KIND, Task, TaskResult, Upstream
 from optbuild.process.runstep import Cancelled, StepFailed
 from optbuild.process.spec import ChildResult
 from optbuild.project.recipe import StepSpec
@@ -203,9 +203,9 @@ class DaskBuilder(Builder):
         future = self.client.submit(
             run_task, task.model_dump(mode="json"), key=f"{spec.id}-{key[:12]}-{uuid.uuid4().hex[:8]}", pure=False,
             resources=route.resources, workers=route.workers, allow_other_workers=False)
-        result = self._wait(future, spec, route)
-        if not isinstance(result, dict) or not result.get("ok"):
-            self._failed(spec, result if isinstance(result, dict) else {"error": repr(result)[:200]})
+        result = TaskResult.read(self._wait(future, spec, route))
+        if not result.ok:
+            self._failed(spec, result)
         return self._accept(spec, key, request.ingredients, result)
 
     def _wait(self, future: Any, spec: StepSpec, route: Route) -> Any:
@@ -319,26 +319,24 @@ class DaskBuilder(Builder):
             with self._lock:
                 self._present.add(digest)
 
-    def _failed(self, spec: StepSpec, result: dict[str, Any]) -> None:
+    def _failed(self, spec: StepSpec, result: TaskResult) -> None:
         """The node's report of a failure: the step's own (StepFailed, with its log), or the
         node's (StepError)."""
-        node = result.get("node") or "?"
-        error = str(result.get("error") or "step failed")
-        if result.get("infra"):
+        node, error = result.node, result.error or "step failed"
+        if result.infra:
             raise StepError(f"{spec.id} could not build on node {node}: {error}")
-        failed = ChildResult(ok=False, error=f"{error} (on node {node})", expected=bool(result.get("expected")),
-                              repeats=bool(result.get("repeats")))
-        raise StepFailed(failed, str(result.get("log") or "").encode())
+        failed = ChildResult(ok=False, error=f"{error} (on node {node})", expected=result.expected,
+                             repeats=result.repeats)
+        raise StepFailed(failed, result.log.encode())
 
-    def _accept(self, spec: StepSpec, key: str, ingredients: dict[str, Any], result: dict[str, Any]) -> ActionEntry:
+    def _accept(self, spec: StepSpec, key: str, ingredients: dict[str, Any], result: TaskResult) -> ActionEntry:
         """The node's entry, validated as a fetched remote entry is, its blobs fetched here."""
         from optbuild.store.remote import Rejected, decode_entry
 
         ex = self.context
         assert ex.remote is not None
         self._connect()
-        node = result.get("node") or "?"
-        data = result.get("entry")
+        node, data = result.node, result.entry
         if not isinstance(data, str):
             raise StepError(f"node {node} returned no entry for {spec.id}")
         try:

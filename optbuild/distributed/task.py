@@ -30,8 +30,7 @@ trusts none of it (anyone who reaches the scheduler can send a task):
    leaves no entry), and returns the entry's bytes (signed with the node's key, if it has one).
 
 The task is a ``taskspec.Task``, sent as a dict and read back (its shape checked) here. It
-returns a dict, never raises for a step's failure: ``{"ok": True, "entry": ..., "node": ...}``
-or ``{"ok": False, "error": ..., "log": ..., "expected": ..., "repeats": ..., "node": ...}``.
+returns a ``taskspec.TaskResult`` as a dict, and never raises for a step's failure.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbuild.distributed.taskspec import BadTask, Task
+from optbuild.distributed.taskspec import BadTask, Task, TaskResult
 
 if TYPE_CHECKING:
     from optbuild.distributed.nodeconfig import NodeConfig
@@ -100,7 +99,7 @@ def run_task(doc: dict[str, Any]) -> dict[str, Any]:
     """The task the coordinator submits: ``run_on`` this worker's node."""
     node = getattr(_this_worker(), "optbuild_node", None)
     if node is None:
-        return {"ok": False, "error": "this Dask worker was not started by `optbuild worker`", "infra": True}
+        return _answer(ok=False, error="this Dask worker was not started by `optbuild worker`", infra=True)
     return run_on(doc, node)
 
 
@@ -108,21 +107,24 @@ def run_on(doc: dict[str, Any], node: NodeConfig) -> dict[str, Any]:
     """Build the step ``doc`` describes as ``node``, in a scratch folder that goes with it."""
     tmp = Path(tempfile.mkdtemp(prefix="optbuild-step-", dir=_scratch_root()))
     try:
-        return {**_run(Task.read(doc), tmp, node), "node": node.name}
+        return _answer(**_run(Task.read(doc), tmp, node), node=node.name)
     except BadTask as exc:
-        return {"ok": False, "error": f"refused: {exc}; nothing was built or stored", "infra": True,
-                "node": node.name}
+        return _answer(ok=False, error=f"refused: {exc}; nothing was built or stored", infra=True, node=node.name)
     except BadOutputs as exc:  # the step's outputs break the rules: as a local build reports it
-        return {"ok": False, "error": str(exc), "expected": True, "node": node.name}
+        return _answer(ok=False, error=str(exc), expected=True, node=node.name)
     except Refused as exc:
-        return {"ok": False, "error": f"refused: {exc}; nothing was built or stored", "infra": True,
-                "node": node.name}
+        return _answer(ok=False, error=f"refused: {exc}; nothing was built or stored", infra=True, node=node.name)
     except TaskError as exc:
-        return {"ok": False, "error": str(exc), "infra": True, "node": node.name}
+        return _answer(ok=False, error=str(exc), infra=True, node=node.name)
     except Exception as exc:  # the node's fault (its disk, a bug): said, with the node's name
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "infra": True, "node": node.name}
+        return _answer(ok=False, error=f"{type(exc).__name__}: {exc}", infra=True, node=node.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _answer(**fields: Any) -> dict[str, Any]:
+    """A ``TaskResult`` as the dict Dask carries back."""
+    return TaskResult(**fields).model_dump()
 
 
 class _Warnings:

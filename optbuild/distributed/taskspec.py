@@ -1,9 +1,11 @@
-"""The Dask task that builds one step: what the coordinator sends, as a node reads it.
+"""The Dask task that builds one step: what the coordinator sends, as a node reads it, and
+what the node sends back.
 
-It travels as a plain dict (``Task.model_dump``) and is read back with ``Task.read``. It is
-wire data from anyone who can reach the scheduler: ``read`` only checks its shape (types,
+Both travel as plain dicts (``model_dump``) and are read back with ``read``. A task is wire
+data from anyone who can reach the scheduler: ``Task.read`` only checks its shape (types,
 digests, sizes); what it claims (its key, its kind, its host, its remote) the node checks
-itself (``optbuild.distributed.task``).
+itself (``optbuild.distributed.task``). A result is validated the same way by the
+coordinator, and its entry as any remote entry is (``builder.DaskBuilder``).
 """
 
 from __future__ import annotations
@@ -65,3 +67,29 @@ class Task(BaseModel):
         if self.implementation.startswith(PROJECT_KIND):
             return self.implementation[len(PROJECT_KIND):]
         return None
+
+
+class TaskResult(BaseModel):
+    """What a node reports of one task: the entry it stored, or why there is none."""
+
+    model_config = ConfigDict(strict=True)  # "yes" is not true: a node answers with what it dumped
+
+    ok: bool
+    node: str = "?"
+    entry: str | None = None  # the action entry as the remote cache holds it (maybe signed)
+    error: str | None = None
+    log: str = ""  # a failed step's log (its tail)
+    expected: bool = False  # a failure the step explained
+    repeats: bool = False  # the same inputs would fail the same way
+    infra: bool = False  # the node's failure (a transfer, a refusal, a bug), not the step's
+
+    @classmethod
+    def read(cls, doc: Any) -> TaskResult:
+        """The result ``doc`` holds; one that is not a result is the node's failure, said."""
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the result"
+            return cls(ok=False, error=f"the node's answer is not a task result ({where}: {first['msg']})",
+                       infra=True)

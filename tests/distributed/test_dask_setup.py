@@ -233,6 +233,7 @@ def _acceptor(tmp_path, file_remote, monkeypatch):
 
 def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_path, file_remote, monkeypatch):
     from optbuild.common.errors import StepError
+    from optbuild.distributed.taskspec import TaskResult
     from optbuild.store.entry import ActionEntry
     from optbuild.store.remote import encode_entry
 
@@ -246,7 +247,8 @@ def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_pat
                         primary="data.txt", ingredients=ingredients, built_on="h1")
 
     def accept(entry_bytes: bytes, asked=ingredients):
-        return builder._accept(spec, key, asked, {"ok": True, "node": "h1", "entry": entry_bytes.decode()})
+        answer = TaskResult.read({"ok": True, "node": "h1", "entry": entry_bytes.decode()})
+        return builder._accept(spec, key, asked, answer)
 
     for forged, why in [
         (encode_entry(entry, None), "not signed"),
@@ -321,3 +323,11 @@ def test_steps_sharing_an_input_send_it_to_the_remote_once(tmp_path, file_remote
         thread.join()
     assert remote.stats.blobs_up == 1
     assert file_remote.read(file_remote.blob_path(digest)) == model
+
+
+def test_an_answer_that_is_not_a_task_result_is_the_nodes_failure_said():
+    from optbuild.distributed.taskspec import TaskResult
+
+    for answer, where in [("garbage", "the result"), ({"ok": "yes"}, "ok"), ({"ok": True, "entry": 3}, "entry")]:
+        result = TaskResult.read(answer)
+        assert not result.ok and result.infra and f"not a task result ({where}:" in result.error
