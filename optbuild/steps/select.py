@@ -365,6 +365,8 @@ def _row(name: str, artifact: Artifact) -> dict[str, Any]:
 def _table(report: dict[str, Any]) -> str:
     """selection.txt: per candidate the figures judged, and when measured together their
     spread (p10-p90), the benchmark's p50 beside them and how much faster the winner is."""
+    from optbuild.model.timing import busy_note
+
     together = report["measure"] == "together"
     head = f"select by {report['objective']}"
     if race := report["race"]:
@@ -377,6 +379,9 @@ def _table(report: dict[str, Any]) -> str:
         head += ", by the benchmarks' figures"
     if report["constraints"]:
         head += f", constraints {report['constraints']}"
+    # real models raced at load 4 on 2 CPUs: a 1.24x lead that measured 0.99x on a quiet host
+    if race and (busy := busy_note(race["load"])) is not None:
+        head += f"\nnote: {busy}; a lead measured so may not hold on a quiet host"
     if report["tie"]:
         head += f"\ntie{' within the noise' if race else ''}, broken by {report['tie']['broken_by']}"
     columns = [("candidate", 32), ("p50 ms", 9)] + ([("p10-p90 ms", 17)] if together else []) + [

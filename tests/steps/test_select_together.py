@@ -86,11 +86,18 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     lead = deep["winner_lead"]
     assert lead["low"] <= lead["ratio"] <= lead["high"] and deep["why"].startswith("p50_ms ")
     assert f"the winner is {lead['ratio']:.2f}x faster (interval {lead['low']:.2f}-{lead['high']:.2f}x)" in deep["why"]
-    text = proj.read("build/r/best/selection.txt").splitlines()
+    text = [line for line in proj.read("build/r/best/selection.txt").splitlines()
+            if not line.startswith("note: ")]  # a busy host's note, if this one was busy
     assert "measured together: 40 runs each in 8 rounds, order rotating" in text[0]
     assert text[1].split()[:6] == ["candidate", "p50", "ms", "p10-p90", "ms", "thr/s"] and "bench p50" in text[1]
     assert text[2].startswith(" r:bench_deep") and f"{lead['ratio']:.2f}x" in text[2]
     assert text[3].startswith("*r:bench_shallow")
+    from optbuild.steps.select import _table
+
+    busy = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2}}}
+    assert "note: load average 4.15 on 2 CPUs as measuring began" in _table(busy).splitlines()[1]
+    quiet = {**report, "race": {**race, "load": {"load_average": 0.5, "cpu_count": 2}}}
+    assert "note: " not in _table(quiet)
 
 
 def test_select_is_bound_to_the_host_like_its_benchmarks_and_a_rebuilt_candidate_races_them_all_again(tmp_path):
