@@ -20,6 +20,18 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def root_cause(exc: BaseException) -> str:
+    """'; caused by Type: first line' of the innermost error behind ``exc`` (its ``__cause__``,
+    else an unsuppressed ``__context__``), or "": a library that wraps an import error in its
+    own ("Could not import module 'BertModel'") hides what to fix in the one line a user reads."""
+    inner, seen = exc, {id(exc)}
+    while (nxt := inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)) is not None:
+        if id(nxt) in seen:
+            break
+        inner, seen = nxt, seen | {id(nxt)}
+    return "" if inner is exc else f"; caused by {type(inner).__name__}: {first_line(inner)}"
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with the project, located as precisely as we can."""

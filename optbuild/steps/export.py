@@ -50,7 +50,7 @@ from pydantic import Field, field_validator, model_validator
 
 from optbuild.common import usermodule
 from optbuild.common.callables import Call
-from optbuild.common.errors import StepError, first_line
+from optbuild.common.errors import StepError, first_line, root_cause
 from optbuild.common.pyimports import local_imports
 from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, InputPath, StepRef
 from optbuild.model.compare import compare_outputs
@@ -218,7 +218,8 @@ class Export(Step):
             raise StepError(f"{p.model}: {path} does not exist")
         def failed(exc: usermodule.ImportFailed) -> StepError:
             return StepError(f"{p.model}: importing {path} failed: {type(exc.cause).__name__}: "
-                             f"{first_line(exc.cause)}{_where(exc.cause, path.parent.resolve())}")
+                             f"{first_line(exc.cause)}{_where(exc.cause, path.parent.resolve())}"
+                             f"{root_cause(exc.cause)}")
 
         with usermodule.imported_or(path, failed) as namespace:
             module, inputs = self._build(namespace, attr, path)
@@ -243,7 +244,7 @@ class Export(Step):
             result = target()
         except (Exception, SystemExit) as exc:
             raise StepError(f"{ref} raised {type(exc).__name__}: {first_line(exc)}"
-                            f"{_where(exc, path.parent)}") from None
+                            f"{_where(exc, path.parent)}{root_cause(exc)}") from None
         shape = "(torch.nn.Module, tuple of example input tensors)"
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise StepError(f"{ref} must return {shape}, got {_describe(result)}")

@@ -469,6 +469,9 @@ def test_a_failed_steps_log_holds_the_users_traceback_and_its_causes(tmp_path, s
     result = project.build()
     assert result.outcomes["m:export"].status == "failed"
     assert "Failed to import models.bert" in result.outcomes["m:export"].error
+    # the one line a user reads names what to fix too: the innermost cause
+    assert ("caused by ModuleNotFoundError: No module named 'torchvision_nms_operator_missing'"
+            in result.outcomes["m:export"].error)
     log = project.read("build/.logs/m/export.log")
     assert "No module named 'torchvision_nms_operator_missing'" in log  # the cause's message
     assert f'File "{net}", line {line}' in log  # the user's own frame
