@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optbuild.common.atomic import write_atomic
+from optbuild.common.atomic import fsync_path, write_atomic
 from optbuild.common.digest import hash_file
 from optbuild.common.errors import OptbuildError
 from optbuild.common.paths import confined, name_problem
@@ -94,9 +94,9 @@ def publish(release: Release, to: Path, keep: int) -> Change:
                   "published_at": time.time(), "published_on": socket.gethostname(),
                   "files": digests, "config": config}
         write_atomic(temp / RECORD, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
-        _fsync_dir(temp)
+        fsync_path(temp)
         os.rename(temp, model_dir / str(number))  # the switch: the version appears whole
-        _fsync_dir(model_dir)
+        fsync_path(model_dir)
         _set_config(model_dir, config)
         _prune(model_dir, keep)
     return Change(release.model, number, "published")
@@ -150,15 +150,7 @@ def _copy(source: Path, dest: Path) -> None:
     shutil.copyfile(source, dest)
     with open(dest, "rb+") as f:
         os.fsync(f.fileno())
-    _fsync_dir(dest.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(dest.parent)
 
 
 def _set_config(model_dir: Path, config: str) -> None:

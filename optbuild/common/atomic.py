@@ -27,3 +27,12 @@ def write_atomic(path: Path, data: Any) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder by its path (a folder: so that an entry made in it survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

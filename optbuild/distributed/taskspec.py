@@ -57,9 +57,7 @@ class Task(BaseModel):
         try:
             return cls.model_validate(doc)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "the task"
-            raise BadTask(f"not a task: {where}: {first['msg']}") from None
+            raise BadTask(f"not a task: {_first_problem(exc, 'the task')}") from None
 
     @property
     def project_kind(self) -> str | None:
@@ -89,7 +87,11 @@ class TaskResult(BaseModel):
         try:
             return cls.model_validate(doc)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "the result"
-            return cls(ok=False, error=f"the node's answer is not a task result ({where}: {first['msg']})",
+            return cls(ok=False, error=f"the node's answer is not a task result ({_first_problem(exc, 'the result')})",
                        infra=True)
+
+
+def _first_problem(exc: ValidationError, whole: str) -> str:
+    """"field.sub: what is wrong" of the first error (``whole`` when it is the document's)."""
+    first = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in first['loc']) or whole}: {first['msg']}"

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optbuild.common import processstate
+from optbuild.common.atomic import fsync_path
 from optbuild.common.digest import FileHasher, digest_bytes, hash_file, new_hasher
 from optbuild.common.errors import CacheError, first_line
 from optbuild.store.entry import (
@@ -221,12 +222,12 @@ class LocalStore:
         (through a hard link) changes the signature and makes the next check re-read it.
         """
         os.chmod(tmp, 0o444)
-        _fsync(tmp)
+        fsync_path(tmp)
         if not dest.parent.is_dir():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            _fsync(dest.parent.parent)
+            fsync_path(dest.parent.parent)
         os.replace(tmp, dest)
-        _fsync(dest.parent)
+        fsync_path(dest.parent)
         if digest is not None:
             self.hasher.record(dest, digest)
 
@@ -779,14 +780,6 @@ def _rehash(path: Path) -> str | None:
         return hash_file(path)[0]
     except OSError:
         return None
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _raise(exc: OSError) -> None:
