@@ -67,7 +67,7 @@ def step_ingredients(
     host: Fingerprint,
     salt: str,
     project_root: Path,
-    missing: dict[str, str] | None = None,
+    missing: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The key material of ``spec``.
 

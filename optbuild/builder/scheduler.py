@@ -290,9 +290,9 @@ class Scheduler:
         fields = {dep: field_name for field_name, dep in spec.deps.items()}
         return all("." in fields[d] for d in bad) and len(set(bad)) < len(set(spec.deps.values()))
 
-    def _missing(self, spec: StepSpec) -> dict[str, str]:
-        """The inputs of ``spec`` whose steps did not succeed (or are disabled), each with
-        why: the step's status and the first line of its error or reason."""
+    def _missing(self, spec: StepSpec) -> dict[str, dict[str, str]]:
+        """The inputs of ``spec`` whose steps did not succeed (or are disabled): field ->
+        {"step", "why": its status and the first line of its error or reason}."""
         missing = {}
         for field_name, dep in spec.deps.items():
             outcome = self.outcomes[dep]
@@ -300,7 +300,7 @@ class Scheduler:
                 continue
             why = "disabled" if outcome.parked else str(outcome.status)
             detail = (outcome.error or (outcome.reasons[0] if outcome.reasons else "")).strip().splitlines()
-            missing[field_name] = f"{dep} {why}" + (f": {detail[0][:200]}" if detail and not outcome.parked else "")
+            missing[field_name] = {"step": dep, "why": why + (f": {detail[0][:200]}" if detail and not outcome.parked else "")}
         return missing
 
     def _finish(self, sid: str, outcome: Outcome) -> Outcome:

@@ -217,12 +217,14 @@ def _material(task: Task) -> dict[str, Any]:
     return material
 
 
-def _missing(material: dict[str, Any]) -> dict[str, str]:
+def _missing(material: dict[str, Any]) -> dict[str, dict[str, str]]:
     """The inputs left out of a step that takes partial inputs, as its key names them."""
     missing = material.get("missing") or {}
-    if not isinstance(missing, dict) or not all(isinstance(v, str) for v in missing.values()):
-        raise Refused("its key material's 'missing' is not a table of reasons")
-    return {str(name): why for name, why in missing.items()}
+    if not isinstance(missing, dict) or not all(
+            isinstance(v, dict) and set(v) == {"step", "why"} and all(isinstance(t, str) for t in v.values())
+            for v in missing.values()):
+        raise Refused("its key material's 'missing' is not a table of steps and reasons")
+    return {str(name): dict(entry) for name, entry in missing.items()}
 
 
 def _params(material: dict[str, Any], task: Task) -> dict[str, Any]:

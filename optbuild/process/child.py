@@ -70,7 +70,7 @@ def run(spec: ChildSpec) -> ChildResult:
         inputs=inputs,
         host=Fingerprint(),
         state_dir=Path(spec.state_dir) if spec.state_dir else None,
-        missing=dict(spec.missing),
+        missing={name: dict(entry) for name, entry in spec.missing.items()},
     )
     started = time.perf_counter()
     try:

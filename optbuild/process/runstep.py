@@ -46,7 +46,7 @@ class StepRun:
     preload: tuple[str, ...] = ()  # modules its fork server imports first
     state_dir: Path | None = None  # kept across builds (calibration data caches, say)
     # inputs of a step that takes partial inputs whose steps did not succeed: field -> why
-    missing: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

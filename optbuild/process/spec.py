@@ -49,7 +49,8 @@ class ChildSpec:
     result: str  # where the child writes its ChildResult
     parent_pid: int  # its runner: the child dies with it
     state_dir: str | None = None  # kept across builds (calibration data caches, say)
-    missing: dict[str, str] = field(default_factory=dict)  # inputs whose steps did not succeed: why
+    # inputs whose steps did not succeed: field -> {"step", "why"}
+    missing: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         doc = _shallow(self)

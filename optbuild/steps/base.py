@@ -69,8 +69,8 @@ class StepContext:
     state_dir: Path | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     # a kind that takes partial inputs (``Step.partial_inputs``): the inputs whose steps did
-    # not succeed, by field ("candidates.2"), each with why ("r:s unavailable: no GPU")
-    missing: dict[str, str] = field(default_factory=dict)
+    # not succeed, by field ("candidates.2"): {"step": "r:s", "why": "unavailable: no GPU"}
+    missing: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def path(self, relative: str) -> Path:
         """Resolve a recipe-relative path (an ``InputPath`` field) to an absolute one."""

@@ -169,7 +169,7 @@ class Select(Step):
         for row in rows:
             if row["figures"] is not None:
                 row["rejected"] += self._limits(row["figures"])
-        rows = sorted(rows + [_absent(name, why) for name, why in ctx.missing.items()], key=lambda r: r["index"])
+        rows = sorted(rows + [_absent(name, entry) for name, entry in ctx.missing.items()], key=lambda r: r["index"])
         eligible = [r for r in rows if not r["rejected"]]
         report: dict[str, Any] = {
             "format": "optbuild.selection", "version": REPORT_VERSION, "objective": p.objective,
@@ -336,11 +336,11 @@ def _index(name: str) -> int:
     return int(name.rpartition(".")[2])
 
 
-def _absent(name: str, why: str) -> dict[str, Any]:
-    """A candidate whose step did not succeed: ``why`` is "<step> <status>: <reason>"."""
-    return {"index": _index(name), "input": name, "step": why.split(" ", 1)[0], "runtime": None,
+def _absent(name: str, missing: dict[str, str]) -> dict[str, Any]:
+    """A candidate whose step did not succeed (``StepContext.missing``: its step and why)."""
+    return {"index": _index(name), "input": name, "step": missing["step"], "runtime": None,
             "figures": None, "benchmark": None, "together": None, "winner_lead": None, "shapes": None,
-            "verify": None, "rejected": [why.split(" ", 1)[1]], "why": None}
+            "verify": None, "rejected": [missing["why"]], "why": None}
 
 
 def _row(name: str, artifact: Artifact) -> dict[str, Any]:
