@@ -450,6 +450,7 @@ def table(report: dict[str, Any]) -> str:
     lines.append(f"latency per sample (this host): reference {lat['reference']:.3f} ms on "
                  f"{report['runtime']['reference']}, candidate {lat['candidate']:.3f} ms on "
                  f"{report['runtime']['candidate']}")
+    lines += [f"note: {note}" for note in report.get("notes", [])]
     failed = [c for c in report["checks"] if not c["ok"]]
     total = len(report["checks"])
     if failed:

@@ -57,7 +57,9 @@ and its verdict: ``fn(reference, candidate, names)`` returns {"figure": number, 
 "passed": bool}.
 
 Thresholds (``max_abs``, ``max_rel``, ``min_cosine``, ``min_top1``) apply to every compared
-output and part; at least one of them, or ``metric``, must be set. The artifact is
+output and part (``min_top1`` to class scores only: where no output holds any it is not applied,
+with a note, so that one template serves a classifier and an encoder); at least one of them, or
+``metric``, must be set. The artifact is
 ``report.json`` (figures, thresholds,
 checks, latencies) and ``report.txt`` (the same as a table). They name the models compared
 by file and content digest, never by step: the key holds the models' content, not the steps'
@@ -113,8 +115,8 @@ if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
 # 2: models named by file and digest, not by step; 3: what ran each side; 4: slices, degenerate
-# and collapsed outputs, the user metric
-REPORT_VERSION = 4
+# and collapsed outputs, the user metric; 5: notes (a threshold that did not apply)
+REPORT_VERSION = 5
 
 
 class SliceDecl(RecipeTable):
@@ -179,8 +181,9 @@ class VerifyParams(StepParams):
     this (-1 to 1). Not set: not checked."""
     min_top1: float | None = Field(None, ge=0, le=1, examples=[0.95])
     """Fail when the share of positions whose argmax over the last axis agrees (top-1 agreement,
-    0 to 1) is below this, on the outputs that hold class scores (see top1_outputs). Not set:
-    not checked."""
+    0 to 1) is below this, on the outputs that hold class scores (see top1_outputs). Where none
+    does (a template's min_top1 reaching an encoder), it is not applied and the report says so;
+    as the only threshold there, the step fails. Not set: not checked."""
     top1_outputs: list[str] = Field([], examples=[["logits"]])
     """The outputs whose last axis holds class scores: top-1 is computed and min_top1 checked on
     these (needs min_top1; within outputs when that is set; each a float output with a last axis
@@ -363,6 +366,7 @@ class Verify(DataSourceStep):
             labels = {role: runner.label for role, runner in runners.items()}
 
         first = {n: results["reference"][n][0] for n in names}
+        notes: list[str] = []
         if p.top1_outputs:
             top1_names = p.top1_outputs
             for n in top1_names:
@@ -376,12 +380,7 @@ class Verify(DataSourceStep):
             axes, linear = compare.softmax_axes(ref_art.primary), compare.linear_heads(ref_art.primary)
             top1_names = [n for n in names if compare.class_scores(first[n], axes.get(n), n in linear)]
             if p.min_top1 is not None and not top1_names:
-                shapes = ", ".join(f"{n} {first[n].dtype} {list(first[n].shape)}" for n in names)
-                raise StepError(f"min_top1 is set but no compared output holds class scores on its last "
-                                f"axis ({shapes}): by default only a float output that a Softmax / LogSoftmax "
-                                "over its last axis computes, or a [batch, classes] one of rank 2 that a linear "
-                                "layer (Gemm, MatMul, MatMul + Add) computes, does, as the reference's ONNX graph "
-                                "says. Name the outputs whose last axis is the classes in top1_outputs")
+                notes.append(self._top1_not_applied(names, first))
         if unknown := sorted(set(p.slices or {}) - set(names)):
             raise StepError(f"slices: no compared output {unknown[0]!r} (compared: {names})")
         figures = {n: compare.output_figures(results["reference"][n], results["candidate"][n], n in top1_names,
@@ -412,6 +411,7 @@ class Verify(DataSourceStep):
             "latency_ms": {k: round(v, 4) for k, v in latency.items()},
             "runtime": labels,
             "passed": passed,
+            "notes": notes,
         }
         text = compare.table(report)
         ctx.log(text)
@@ -428,6 +428,20 @@ class Verify(DataSourceStep):
             raise StepError(text)
         (ctx.out_dir / "report.json").write_text(json.dumps(compare.jsonable(report), indent=1) + "\n")
         (ctx.out_dir / "report.txt").write_text(text + "\n")
+
+    def _top1_not_applied(self, names: list[str], first: dict[str, Any]) -> str:
+        """The note for min_top1 where no compared output holds class scores: a template's
+        min_top1 over a classifier and an encoder applies to the classifier only (a table cannot
+        unset it per model). With no other threshold nothing would be checked: a StepError."""
+        p = self.params
+        shapes = ", ".join(f"{n} {first[n].dtype} {list(first[n].shape)}" for n in names)
+        why = (f"no compared output holds class scores on its last axis ({shapes}): by default only a float "
+               "output that a Softmax / LogSoftmax over its last axis computes, or a [batch, classes] one of rank "
+               "2 that a linear layer (Gemm, MatMul, MatMul + Add) computes, does, as the reference's ONNX graph "
+               "says; name the outputs whose last axis is the classes in top1_outputs")
+        if all(t is None for t in (p.max_abs, p.max_rel, p.min_cosine, p.metric)):
+            raise StepError(f"min_top1 is the only threshold, and it applies nowhere: {why}")
+        return f"min_top1 not applied: {why}"
 
     def _slices(self, name: str, reference: list[Any], *, guess: bool) -> tuple[int, list[tuple[int, int]]] | None:
         """(axis, runs [start, stop)) ``name`` is cut into (see the slices parameter): as

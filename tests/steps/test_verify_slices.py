@@ -206,8 +206,8 @@ def test_no_top1_on_an_embedding(tmp_path):
     assert report["outputs"]["y"]["top1"] == 1.0
     _, report = verify(tmp_path, pooler, pooler, name="v2", min_cosine=0.99)
     assert report["outputs"]["y"]["top1"] is None
-    with pytest.raises(StepError, match=r"min_top1 is set but no compared output holds class scores .* "
-                                        r"\(y float32 \[1, 256\]\)"):
+    with pytest.raises(StepError, match=r"min_top1 is the only threshold, and it applies nowhere: no compared "
+                                        r"output holds class scores .* \(y float32 \[1, 256\]\)"):
         verify(tmp_path, pooler, pooler, name="v3", min_top1=0.9)
 
 

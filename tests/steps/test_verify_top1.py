@@ -128,14 +128,24 @@ def test_top1_outputs_names_what_the_rule_leaves_out(tmp_path):
     assert figures["state"]["top1"] == 1.0 and figures["probs"]["top1"] is None  # named: only these
 
 
-def test_min_top1_without_class_scores_says_the_rule(tmp_path):
+def test_min_top1_applies_where_outputs_hold_class_scores_and_notes_where_none_does(tmp_path):
+    """A template's min_top1 over a classifier and an encoder: a table cannot unset it for the
+    encoder, so there it is not applied, and the report says why; alone it would check nothing."""
     model = three_heads(tmp_path / "m.onnx")
-    with pytest.raises(StepError) as info:
-        verify(tmp_path, model, model, min_top1=0.9, outputs=["pixel_map", "state"])
-    message = str(info.value)
-    assert message.startswith("min_top1 is set but no compared output holds class scores on its last axis "
-                              "(pixel_map float32 [1, 1, 4, 4], state float32 [2, 1, 16])")
-    assert "Name the outputs whose last axis is the classes in top1_outputs" in message
+    report = verify(tmp_path, model, model, min_top1=0.9, min_cosine=0.99, outputs=["pixel_map", "state"])
+    assert report["json"]["passed"] is True
+    assert not [c for c in report["json"]["checks"] if c["metric"] == "top1"]
+    note = ("min_top1 not applied: no compared output holds class scores on its last axis "
+            "(pixel_map float32 [1, 1, 4, 4], state float32 [2, 1, 16])")
+    assert report["json"]["notes"][0].startswith(note)
+    assert f"note: {note}" in report["text"]
+    assert "name the outputs whose last axis is the classes in top1_outputs" in report["json"]["notes"][0]
+    with pytest.raises(StepError, match=r"^min_top1 is the only threshold, and it applies nowhere: no compared "
+                                        r"output holds class scores on its last axis \(pixel_map float32"):
+        verify(tmp_path, model, model, name="v3", min_top1=0.9, outputs=["pixel_map", "state"])
+
+
+def test_top1_outputs_must_hold_class_scores(tmp_path):
     with pytest.raises(StepError, match=r"top1 does not apply to output 'y' \(float32 \[1, 1\]\)"):
         one = tmp_path / "one.onnx"
         graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
