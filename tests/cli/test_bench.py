@@ -137,7 +137,8 @@ def test_progress_goes_to_stderr_a_line_per_model_as_it_is_measured(examples, be
 def test_a_step_target_and_the_plot(examples, benched):
     pytest.importorskip("matplotlib")
     from optbuild import api
-    from optbuild.cli.measure import BenchOptions, bench
+    from optbuild.cli.bench.measure import bench
+    from optbuild.cli.bench.results import BenchOptions
 
     ws = api.open_workspace(examples.root)
     try:

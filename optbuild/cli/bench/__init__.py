@@ -2,7 +2,7 @@
 
 Builds the targets first (from the cache when nothing changed), then measures every ONNX /
 ORT-format model on the backend that runs it, with PyTorch eager where a recipe exports from
-PyTorch (on the CPU, and on CUDA too where torch sees a GPU); see optbuild.cli.measure. Heavy
+PyTorch (on the CPU, and on CUDA too where torch sees a GPU); see optbuild.cli.bench.measure. Heavy
 libraries load only in ``run``.
 """
 
@@ -48,22 +48,23 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.builder.report import make_reporter, write_line
-    from optbuild.cli import measure as benchmod
+    from optbuild.cli.bench import measure, present
+    from optbuild.cli.bench.results import BenchOptions
 
-    options = benchmod.BenchOptions(runs=args.runs, warmup=args.warmup, batch=args.batch,
-                                    threads=args.threads, build=not args.no_build, plot=args.plot)
+    options = BenchOptions(runs=args.runs, warmup=args.warmup, batch=args.batch,
+                           threads=args.threads, build=not args.no_build, plot=args.plot)
     ws = api.open_workspace(args.directory)
     try:
         # progress and the build's events go to stderr: stdout holds only the results (--json)
-        results = benchmod.bench(ws, args.targets, options, reporter=make_reporter(False),
-                                 progress=lambda message: write_line(sys.stderr, message))
+        benched = measure.bench(ws, args.targets, options, reporter=make_reporter(False),
+                                progress=lambda message: write_line(sys.stderr, message))
         root = ws.project.root
     finally:
         ws.close()
     if args.json:
-        print(json.dumps(benchmod.as_json(results, root), indent=1))
+        print(json.dumps(present.as_json(benched, root), indent=1))
     elif sys.stdout.isatty():
-        benchmod.print_rich(results)
+        present.print_rich(benched)
     else:
-        print("\n\n".join(benchmod.plain_table(result) for result in results))
+        print("\n\n".join(present.plain_table(result) for result in benched))
     return 0

@@ -1,0 +1,90 @@
+"""Building what a bench measures (or, with --no-build, only restoring it), and reading the
+figures of the verify steps that checked it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optbuild.builder.status import Status
+from optbuild.cli.bench.results import BenchError, BenchOptions
+
+if TYPE_CHECKING:
+    from optbuild.api import Workspace
+    from optbuild.builder.report import Reporter
+
+
+# --- building --------------------------------------------------------------------------------
+def build_models(ws: Workspace, models: list[str], verifies: list[str], options: BenchOptions,
+           reporter: Reporter | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Build (or restore) the models and their verify steps: (outcomes, verify step -> note
+    for those that gave no report)."""
+    from optbuild import api
+    from optbuild.builder.report import Reporter
+
+    result = api.build(ws, [*models, *verifies], reporter=reporter or Reporter(), keep_going=True,
+                       fetch_only=not options.build)
+    outcomes = result.outcomes
+    needed = ws.graph.select(models)
+    missing = [sid for sid in needed if outcomes.get(sid) is not None and outcomes[sid].status == Status.WOULD_BUILD]
+    if missing:
+        listed = "\n".join(f"  {sid}" + (f"  ({'; '.join(outcomes[sid].reasons)})" if outcomes[sid].reasons else "")
+                           for sid in missing)
+        raise BenchError(f"--no-build: {len(missing)} step(s) the bench needs are in neither the local nor "
+                         f"the remote cache:\n{listed}\ndrop --no-build to build them here, or build them first "
+                         f"(optbuild build {' '.join(models)})")
+    problems = []
+    for sid in models:
+        outcome = outcomes.get(sid)
+        if outcome is None or not outcome.status.ok:
+            status = outcome.status if outcome is not None else "not built"
+            error = (outcome.error or "").strip() if outcome is not None else ""
+            if not error and outcome is not None and outcome.status == Status.SKIPPED:
+                error = "an upstream step failed"
+            problems.append(f"{sid} is {status}" + (f": {error}" if error else ""))
+    if problems:
+        raise BenchError("cannot bench what did not build:\n" + "\n".join(problems))
+    notes = {}
+    for sid in verifies:
+        outcome = outcomes.get(sid)
+        if outcome is None or not outcome.status.ok:
+            status = outcome.status if outcome is not None else "not built"
+            what = {Status.FAILED: "failed (a threshold is exceeded or it could not run: see the build output)",
+                    Status.WOULD_BUILD: "is not built (--no-build)"}.get(status, f"is {status}")
+            notes[sid] = f"{sid} {what}: no verify figures from it"
+    return outcomes, notes
+
+
+def artifact_path(ws: Workspace, sid: str, outcome: Any) -> Path:
+    spec = ws.project.steps[sid]
+    primary = outcome.entry.primary if outcome.entry is not None else None
+    path = ws.project.build_dir / spec.recipe / spec.name / primary if primary else None
+    if path is None or not path.is_file():
+        raise BenchError(f"{sid} has no model file in {ws.project.build_dir / spec.recipe / spec.name}")
+    return path
+
+
+def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | None:
+    """The figures of a verify step's report.json: worst over outputs, and per output."""
+    spec = ws.project.steps[sid]
+    path = ws.project.build_dir / spec.recipe / spec.name / (outcome.entry.primary or "report.json")
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    outputs = report.get("outputs") or {}
+
+    def worst(metric: str, pick: Callable) -> float | None:
+        values = [f[metric] for f in outputs.values() if isinstance(f.get(metric), (int, float))]
+        return pick(values) if values else None
+
+    return {
+        "step": sid, "reference": spec.deps.get("reference"),  # the report names files, not steps
+        "cosine": worst("cosine", min), "max_abs": worst("max_abs", max), "top1": worst("top1", min),
+        "passed": report.get("passed"), "samples": (report.get("data") or {}).get("samples"),
+        "data": (report.get("data") or {}).get("source"),
+        "outputs": {name: {k: f.get(k) for k in ("cosine", "cosine_min", "max_abs", "max_rel", "top1")}
+                    for name, f in outputs.items()},
+    }

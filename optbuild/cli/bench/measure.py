@@ -1,0 +1,225 @@
+"""Measure built models on this host: the latency and throughput of every model of the
+selected steps on the backend that runs it (optbuild.backends: onnxruntime on the CPU for
+ONNX and ORT-format models, OpenVINO for its IR, TensorRT engines on a GPU host), PyTorch
+eager as the baseline where a recipe exports from PyTorch, and the figures of the verify
+steps that checked them.
+
+``bench(ws, targets, options)`` is what ``optbuild bench`` runs:
+
+1. Targets are steps ("recipe:step") or recipes (every step whose output a backend runs on
+   this host: onnx, export, simplify, quantize, engine, or a plug-in kind with such an
+   output; the others, and engines this host cannot run, are skipped with a note).
+2. They are built with ``api.build`` (the cache makes that free when nothing changed), with
+   the verify steps whose candidate is one of them. ``build=False`` (``--no-build``) only
+   restores from the caches and fails, naming the steps, when any would have to build.
+3. Every model gets warm-up runs, then ``runs`` timed runs on seeded random inputs of the
+   shapes the recipe declares, as the build's steps read them (``_declarations``: the step's
+   ``inputs``, else the recipe's ``[inputs.NAME]``; a range: its opt, else its min), else of
+   the model's own: a symbolic batch (optbuild.model.samples.is_batch) is ``batch`` (also the
+   batch of a declared range that holds it), other open dimensions ``dim``, with a note that
+   says to declare them; integer inputs (token ids) are drawn from a declared range, else the
+   ``int_range`` of a verify step that checks one of the models, else [0, 8). Every model of
+   a recipe gets the same inputs. An export step also gives a "PyTorch eager" row: its
+   callable, loaded the way the export step loads it, run under ``torch.no_grad()`` on the
+   same inputs; where ``torch.cuda.is_available()``, also a "PyTorch eager (CUDA)" row: the
+   module and inputs on cuda:0, each timed call ending in ``torch.cuda.synchronize()`` (CUDA
+   launches return before the GPU is done), so GPU variants have their eager baseline.
+4. Timed runs are interleaved across the models of a recipe in ``rounds`` blocks (each block
+   opens with one untimed run), so load from other processes on a shared host hits every
+   row alike instead of whichever model was running at the time. The garbage collector is
+   off while timing, as in ``timeit``.
+5. ``build/<recipe>/bench.json`` is written for every recipe benched (and with ``plot``,
+   ``build/<recipe>/bench.png``).
+
+Figures per row: latency p50 / p90 / p99 / mean (ms), throughput (samples/s = batch / mean
+latency), session load time, model size, speed-up against the baseline row (the reference of
+the recipe's verify steps where there is one), and the verify step's cosine, max abs and
+top-1 from its ``report.json``.
+
+numpy, onnxruntime and torch are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+from optbuild.cli.bench.build import artifact_path, build_models, verify_figures
+from optbuild.cli.bench.present import ms, plot, plot_module
+from optbuild.cli.bench.results import BENCH_FILE, PLOT_FILE, BenchError, BenchOptions, RecipeBench, Row
+from optbuild.cli.bench.runners import (
+    Runner,
+    model_runner,
+    set_torch_threads,
+    torch_runner,
+    verified_int_range,
+)
+from optbuild.cli.bench.targets import host_fingerprint, runs_on, select, verify_steps
+from optbuild.common.atomic import write_atomic
+from optbuild.model import timing
+from optbuild.model.timing import gc_off, latency_figures
+
+if TYPE_CHECKING:
+    from optbuild.api import Workspace
+    from optbuild.builder.report import Reporter
+
+
+# --- measuring -------------------------------------------------------------------------------
+def time_runners(runners: list[Runner], options: BenchOptions, say: Callable[[str], None] = lambda message: None) -> None:
+    """Warm up every runner, then time ``runs`` calls of each, interleaved in blocks; ``say``
+    what it does (a bench of a large model takes minutes)."""
+    for runner in runners:
+        if options.warmup:
+            say(f"  warm-up  {runner.row.name}")
+        for _ in range(options.warmup):
+            runner.call()
+    blocks = timing.blocks(options.runs, options.rounds)
+    say(f"  timing   {len(runners)} model{'s' if len(runners) > 1 else ''}: {options.runs} runs each"
+        + (f", interleaved in {len(blocks)} rounds" if len(blocks) > 1 and len(runners) > 1 else ""))
+    clock = time.perf_counter_ns
+    with gc_off():
+        for size in blocks:
+            for runner in runners:
+                if len(blocks) > 1:
+                    runner.call()  # untimed: caches and thread pools after the previous model
+                times = runner.row.times_ns
+                call = runner.call
+                for _ in range(size):
+                    started = clock()
+                    call()
+                    times.append(clock() - started)
+    for runner in runners:
+        row = runner.row
+        row.latency_ms = latency_figures(row.times_ns)
+        row.throughput = row.batch / (row.latency_ms["mean"] / 1000)
+        say(f"  measured {row.name}  p50 {ms(row.latency_ms['p50'])} ms")
+
+
+def _baseline(rows: list[Row]) -> Row | None:
+    """The reference most verify steps compare with, else the first fp32 model row that is
+    not an optimized engine of a plain model's runtime."""
+    references = Counter(v["reference"] for row in rows for v in row.verify if v.get("reference"))
+    for reference, _ in references.most_common():
+        for row in rows:
+            if row.step == reference and not row.runtime.startswith("torch"):
+                return row
+    if len(rows) < 2:
+        return None
+    models = [row for row in rows if not row.runtime.startswith("torch")]
+    fp32 = [row for row in models if row.precision == "fp32" and "-optimized " not in row.label]
+    return (fp32 or models or rows or [None])[0]
+
+
+def _host(rows: list[Row], torch_version: str | None) -> dict[str, Any]:
+    import numpy
+
+    host = host_fingerprint()
+    return {"hostname": platform.node(), "cpu": host.get("cpu.model"), "arch": host.get("cpu.arch"),
+            "cpu_count": host.get("cpu.count"), "os": platform.platform(),
+            "python": platform.python_version(), "numpy": numpy.__version__,
+            "runtimes": sorted({row.runner for row in rows if row.runner}), "torch": torch_version}
+
+
+def _imports() -> None:
+    try:
+        import numpy  # noqa: F401
+    except ImportError as exc:
+        raise BenchError(f"bench needs numpy ({exc}): pip install 'optbuild[onnx]'") from None
+
+
+def _cuda_available() -> bool:
+    """Whether torch can run on a GPU here (a CUDA build of torch, and a GPU it sees)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None, *,
+          reporter: Reporter | None = None, progress: Callable[[str], None] | None = None) -> list[RecipeBench]:
+    """Build ``targets`` (or with ``options.build`` False, restore them), measure their models,
+    and write ``build/<recipe>/bench.json`` for each recipe. Returns one result per recipe.
+    ``progress`` gets a line as each model (and runtime) is loaded, warmed up and measured."""
+    options = options or BenchOptions()
+    say = progress or (lambda message: None)
+    if options.plot:
+        plot_module()  # fail before minutes of measuring, not after
+    chosen, skipped = select(ws, targets)
+    models = [sid for sids in chosen.values() for sid in sids]
+    verify_of = verify_steps(ws, models)
+    verifies = [v for sid in models for v in verify_of.get(sid, [])]
+    _imports()
+    outcomes, build_notes = build_models(ws, models, list(dict.fromkeys(verifies)), options, reporter)
+    figures = {v: f for v in dict.fromkeys(verifies)
+               if outcomes.get(v) is not None and outcomes[v].status.ok
+               and (f := verify_figures(ws, v, outcomes[v])) is not None}
+    torch_version = _torch_version() if any(ws.project.steps[s].kind == "export" for s in models) else None
+    results = []
+    for recipe, sids in chosen.items():
+        notes = list(skipped.get(recipe, []))
+        recipe_verifies = [v for sid in sids for v in verify_of.get(sid, [])]
+        notes += [build_notes[v] for v in dict.fromkeys(recipe_verifies) if v in build_notes]
+        int_range = verified_int_range(ws, recipe_verifies)
+        runners: list[Runner] = []
+        eager = [sid for sid in sids if ws.project.steps[sid].kind == "export" and torch_version is not None]
+        devices = ["cpu", *(["cuda"] if eager and _cuda_available() else [])]
+        say(f"bench {recipe}: {len(sids) + len(eager) * len(devices)} models, {options.warmup} warm-up + "
+            f"{options.runs} timed runs each, batch {options.batch}, threads {options.threads or 'default'}")
+        with ExitStack() as stack:
+            for sid in sids:
+                path = artifact_path(ws, sid, outcomes[sid])
+                if ws.project.steps[sid].kind == "export":
+                    if torch_version is None:
+                        notes.append(f"{sid}: no PyTorch eager baseline: torch is not installed "
+                                     "(pip install 'optbuild[torch]')")
+                    else:
+                        for device in devices:
+                            say(f"  load     {sid} (torch{'' if device == 'cpu' else ', ' + device})")
+                            runners.append(stack.enter_context(
+                                torch_runner(ws, sid, path, options, int_range, outcomes, device)))
+                say(f"  load     {sid} ({runs_on(ws.project.steps[sid])[0].name})")
+                runner, row_notes = model_runner(ws, sid, path, options, int_range, stack)
+                runners.append(runner)
+                notes += [note for note in row_notes if note not in notes]  # the recipe's models share inputs
+                runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
+            if eager and "cuda" not in devices and any(r.row.on_gpu for r in runners):
+                notes.append("no PyTorch eager (CUDA) row beside the CUDA models: torch.cuda.is_available() "
+                             f"is false for torch {torch_version} (a CPU build of torch?); install a CUDA build "
+                             "of torch to get one")
+            load = timing.host_load()
+            if (busy := timing.busy_note(load)) is not None:
+                notes.append(busy)
+            with set_torch_threads(options.threads, any(r.row.runtime.startswith("torch") for r in runners)) \
+                    as torch_threads:
+                time_runners(runners, options, say)
+        rows = [r.row for r in runners]
+        baseline = _baseline(rows)
+        if baseline is not None:
+            for row in rows:
+                row.speedup = baseline.latency_ms["p50"] / row.latency_ms["p50"]
+        settings = {"runs": options.runs, "warmup": options.warmup, "batch": options.batch,
+                    "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
+                    "other_dims": options.dim, "int_range": list(int_range),
+                    "rounds": len(timing.blocks(options.runs, options.rounds)), "gc_disabled": True}
+        result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load["load_average"]},
+                             baseline, notes)
+        out_dir = ws.project.build_dir / recipe
+        result.file = out_dir / BENCH_FILE
+        write_atomic(result.file, (json.dumps(result.as_json(ws.project.root), indent=1) + "\n").encode())
+        if options.plot:
+            result.plot_file = out_dir / PLOT_FILE
+            plot(result, result.plot_file)
+        results.append(result)
+    return results
