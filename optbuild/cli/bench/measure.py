@@ -198,12 +198,11 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                 notes.append("no PyTorch eager (CUDA) row beside the CUDA models: torch.cuda.is_available() "
                              f"is false for torch {torch_version} (a CPU build of torch?); install a CUDA build "
                              "of torch to get one")
-            load = timing.host_load()
+            with set_torch_threads(options.threads, any(r.row.runtime.startswith("torch") for r in runners)) \
+                    as torch_threads, timing.watch_load() as load:
+                time_runners(runners, options, say)
             if (busy := timing.busy_note(load)) is not None:
                 notes.append(busy)
-            with set_torch_threads(options.threads, any(r.row.runtime.startswith("torch") for r in runners)) \
-                    as torch_threads:
-                time_runners(runners, options, say)
         rows = [r.row for r in runners]
         baseline = _baseline(rows)
         if baseline is not None:
@@ -213,7 +212,8 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                     "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
                     "other_dims": options.dim, "int_range": list(int_range),
                     "rounds": len(timing.blocks(options.runs, options.rounds)), "gc_disabled": True}
-        result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load["load_average"]},
+        result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load["load_average"],
+                                                      "others_cpu": load["others_cpu"]},
                              baseline, notes)
         out_dir = ws.project.build_dir / recipe
         result.file = out_dir / BENCH_FILE
