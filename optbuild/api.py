@@ -35,7 +35,7 @@ from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, load_project
 from optbuild.store.local import LocalStore
 from optbuild.store.marker import MADE_INSIDE, MARKER, Kind, make_folder, ownership
-from optbuild.store.remote import RemoteStore, open_remote
+from optbuild.store.remote import RemoteSession, RemoteStore, open_remote
 
 
 @dataclass
@@ -127,7 +127,7 @@ def build(
     if not dry_run:
         with suppress(OSError):  # the steps that write there report it, each in its own words
             make_folder(ws.project.build_dir, "build")  # marked: `clean` deletes in it what optbuild made
-    remote = ws.remote.session(reporter, dry_run=dry_run) if ws.remote is not None else None
+    remote = RemoteSession(ws.remote, reporter, dry_run=dry_run) if ws.remote is not None else None
     scheduler = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
                           options=options, remote=remote, pool=pool, builder=_builder(options))
     try:

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.builder import lockfile
     from optbuild.store.local import GC_GRACE_S
+    from optbuild.store.remote import RemoteSession
 
     command = args.cache_command
     ws = api.open_workspace(args.directory, remote=remote_override(args))
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             if ws.remote is None:
                 print("error: no remote cache is configured", file=sys.stderr)
                 return 2
-            audit = ws.remote.session(_WarningPrinter()).audit(rehash=args.rehash)
+            audit = RemoteSession(ws.remote, _WarningPrinter()).audit(rehash=args.rehash)
             print(audit)
             return 0 if audit.ok else 1
         if command in ("push", "pull"):
@@ -119,6 +120,7 @@ def _say_gc_waits(root: Path) -> Callable[[list[int]], None]:
 def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
     from optbuild.builder import runstats
     from optbuild.cli import transfer
+    from optbuild.store.remote import RemoteSession
 
     if ws.remote is None:
         print("error: no remote cache: set [remote] url in optbuild.toml, $OPTBUILD_REMOTE or --remote URL",
@@ -134,7 +136,7 @@ def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     progress = _progress()
-    session = ws.remote.session(_WarningPrinter(progress), progress=progress)
+    session = RemoteSession(ws.remote, _WarningPrinter(progress), progress=progress)
     started = time.perf_counter()
     try:
         if pushing:

@@ -157,7 +157,7 @@ def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
 
 def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     from optbuild.process.runstep import StepFailed, StepRun, run_step
-    from optbuild.store.remote import encode_entry
+    from optbuild.store.remote import RemoteSession, encode_entry
 
     material = _material(task)
     _check_implementation(task, material)
@@ -165,7 +165,7 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     _check_tools(material, node.name)
     _check_remote(task, node)
     warnings = _Warnings()
-    session = node.remote.session(warnings)
+    session = RemoteSession(node.remote, warnings)
     store, cache = _store(tmp, node.cache)
     project = tmp / "project"
     project.mkdir()

@@ -221,10 +221,10 @@ def _acceptor(tmp_path, file_remote, monkeypatch):
     from optbuild.common.digest import FileHasher
     from optbuild.distributed.builder import DaskBuilder
     from optbuild.store.local import LocalStore
-    from optbuild.store.remote import RemoteStore
+    from optbuild.store.remote import RemoteSession, RemoteStore
 
     monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
-    remote = RemoteStore(file_remote.url, signing_key_env="OPTBUILD_TEST_SIGNING").session()
+    remote = RemoteSession(RemoteStore(file_remote.url, signing_key_env="OPTBUILD_TEST_SIGNING"))
     store = LocalStore(tmp_path / "cache", FileHasher(None))
     builder = DaskBuilder(SimpleNamespace(dask_scheduler="", remote=remote, store=store))
     spec = SimpleNamespace(id="r:s", kind="join", step=SimpleNamespace(primary_output="data.txt"))
@@ -303,10 +303,10 @@ def test_steps_sharing_an_input_send_it_to_the_remote_once(tmp_path, file_remote
     from optbuild.common.digest import FileHasher
     from optbuild.distributed.builder import DaskBuilder
     from optbuild.store.local import LocalStore
-    from optbuild.store.remote import RemoteStore
+    from optbuild.store.remote import RemoteSession, RemoteStore
 
     store = LocalStore(tmp_path / "cache", FileHasher(None))
-    remote = RemoteStore(file_remote.url).session()
+    remote = RemoteSession(RemoteStore(file_remote.url))
     builder = DaskBuilder(SimpleNamespace(dask_scheduler="", store=store, remote=remote))
     model = b"m" * (1 << 20)
     digest = store.put_bytes(model)

@@ -25,7 +25,7 @@ from plugins.projects import CONFIG, PIPELINE, ProjectDir
 from optbuild.common.digest import FileHasher
 from optbuild.store.local import LocalStore
 from optbuild.store.marker import MARKER
-from optbuild.store.remote import SIGNATURE_PREFIX, RemoteAudit, RemoteStore
+from optbuild.store.remote import SIGNATURE_PREFIX, RemoteAudit, RemoteSession, RemoteStore
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -133,7 +133,7 @@ class Remote:
     def audit(self, signing_key_env: str | None = None) -> RemoteAudit:
         """Every entry acceptable and every blob it names present and intact (re-hashed)."""
         store = RemoteStore(self.url, endpoint_url=self.endpoint, signing_key_env=signing_key_env)
-        return store.session().audit(rehash=True)
+        return RemoteSession(store).audit(rehash=True)
 
 
 def _toml(value: Any) -> str:

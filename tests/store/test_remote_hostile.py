@@ -28,7 +28,8 @@ from optbuild import api
 from optbuild.builder.report import Reporter
 from optbuild.builder.runstats import describe_stats
 from optbuild.store.entry import MAX_JSON_DEPTH
-from optbuild.store.remote import SIGNATURE_PREFIX, Rejected, _callback, sign
+from optbuild.store.remote import SIGNATURE_PREFIX, Rejected, sign
+from optbuild.store.remote.filesystem import transfer_callback
 
 ALL = ["chain:mid", "chain:out", "chain:side", "chain:src"]
 KEY_ENV = "OPTBUILD_TEST_SIGNING_KEY"
@@ -172,7 +173,7 @@ def test_a_stalled_remote_claiming_a_huge_blob_does_not_hold_the_build(machines,
 def test_a_download_growing_past_its_recorded_size_is_stopped_as_bytes_arrive():
     """What a driver without a Content-Length (chunked) reports: set_size(None), then bytes."""
     seen: list[int] = []
-    callback = _callback(seen.append, expected=10)
+    callback = transfer_callback(seen.append, expected=10)
     callback.set_size(None)
     callback.relative_update(8)
     with pytest.raises(Rejected, match="larger than the 10 bytes recorded"):

@@ -1,0 +1,249 @@
+"""The remote's files behind an fsspec URL: blobs and entries read, written and published
+atomically, every local path kept under the remote's root. The raw operations a session runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from optbuild.common.digest import new_hasher
+from optbuild.store.entry import MAX_ENTRY_BYTES
+from optbuild.store.remote.errors import Rejected, RemoteMissing
+from optbuild.store.remote.signing import SIGNATURE_LINE
+
+_RENAMING = {"file", "local", "sftp", "ssh"}  # protocols whose mv is an atomic rename
+_LOCAL = {"file", "local"}  # protocols whose paths are this host's paths (symlinks resolvable)
+_CHUNK = 8 << 20
+
+
+def redact(url: str) -> str:
+    """``url`` without credentials (user:password@ in the authority)."""
+    return re.sub(r"(://)[^/@]*@", r"\1***@", url)
+
+
+# --- the store -------------------------------------------------------------------------
+class RemoteStore:
+    """Where the remote is and how to talk to it; one per workspace.
+
+    The file system object is made on first use (importing fsspec and the protocol's
+    driver then) and shared by the sessions (one per build or command) made from it.
+    """
+
+    def __init__(self, url: str, *, read: bool = True, write: bool = True, timeout_s: float = 10.0,
+                 max_errors: int = 3, signing_key_env: str | None = None,
+                 endpoint_url: str | None = None, options: dict[str, Any] | None = None,
+                 environ: dict[str, str] | None = None):
+        self.url = url
+        self.display_url = redact(url)
+        self.read = read
+        self.write = write
+        self.timeout_s = timeout_s
+        self.max_errors = max_errors
+        self.signing_key_env = signing_key_env
+        self.endpoint_url = endpoint_url
+        self.options = options or {}
+        environ = os.environ if environ is None else environ
+        secret = environ.get(signing_key_env) if signing_key_env else None
+        self.signing_key: bytes | None = secret.encode() if secret else None
+        self._fs: Any = None
+        self._root = ""
+        self._renames = False
+        self._real_root: str | None = None  # the root with symlinks resolved, on a local file system
+        self._lock = threading.Lock()
+
+    # --- file system (lazy) ----------------------------------------------------------
+    def filesystem(self) -> tuple[Any, str]:
+        with self._lock:
+            if self._fs is None:
+                fs, root, protocols = self._connect()
+                self._renames = bool(protocols & _RENAMING)
+                if protocols & _LOCAL:
+                    self._real_root = os.path.realpath(root or "/")
+                self._fs, self._root = fs, root
+            return self._fs, self._root
+
+    def _connect(self) -> tuple[Any, str, set[str]]:
+        import fsspec
+        from fsspec.core import split_protocol
+
+        protocol = (split_protocol(self.url)[0] or "file").lower()
+        options = dict(self.options)
+        if protocol in ("s3", "s3a"):
+            if self.endpoint_url:
+                options.setdefault("endpoint_url", self.endpoint_url)
+            config = dict(options.pop("config_kwargs", None) or {})
+            config.setdefault("connect_timeout", self.timeout_s)
+            config.setdefault("read_timeout", self.timeout_s)
+            config.setdefault("retries", {"total_max_attempts": 1})  # the breaker counts failures instead
+            options["config_kwargs"] = config
+            options.setdefault("use_listings_cache", False)  # other writers change the remote
+            options.setdefault("skip_instance_cache", True)
+        elif self.endpoint_url:
+            options.setdefault("endpoint_url", self.endpoint_url)
+        fs, root = fsspec.core.url_to_fs(self.url, **options)
+        if protocol in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
+            fs.retries = min(fs.retries, 2)  # s3fs's own retry loop sleeps between tries
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        if protocols & _LOCAL and not os.path.isdir(root):
+            raise RemoteMissing(f"the remote cache's folder {root} does not exist (is its share mounted?): "
+                                f"create it first, e.g. `mkdir -p {root}`; optbuild does not create it")
+        return fs, root.rstrip("/"), protocols
+
+    def blob_path(self, digest: str) -> str:
+        return f"{self._root}/cas/{digest[:2]}/{digest[2:]}"
+
+    def entry_path(self, key: str, slot: str | None = None) -> str:
+        """Where the entry of ``key`` lies; ``slot``: the key id of a signing key whose
+        holders keep their entry beside one signed with another key (``RemoteSession.push``)."""
+        name = key[2:] if slot is None else f"{key[2:]}.{slot}"
+        return f"{self._root}/ac/{key[:2]}/{name}.json"
+
+    def _inside(self, path: str) -> str:
+        """``path``, if it resolves to a place under the remote's root; else Rejected.
+
+        Checked before every read, write and rename on a local file system, so a symbolic
+        link planted in the remote cannot send a download's source or an upload's bytes
+        anywhere else on this host. (Object stores have no links: nothing to check.)
+        """
+        if self._real_root is None:
+            return path
+        real = os.path.realpath(path)
+        if real != self._real_root and not real.startswith(self._real_root.rstrip(os.sep) + os.sep):
+            shown = path[len(self._root) + 1:] if path.startswith(self._root + "/") else path
+            raise Rejected(f"{shown} leads outside the remote's folder (to {real}) through a symbolic link")
+        return path
+
+    # --- raw operations (run under RemoteSession._call) --------------------------------
+    def _read_entry(self, key: str, slot: str | None, touch: Callable[[int], None]) -> bytes:
+        fs, _ = self.filesystem()  # first: the paths are known once connected
+        return fs.cat_file(self._inside(self.entry_path(key, slot)), start=0,
+                           end=MAX_ENTRY_BYTES + SIGNATURE_LINE + 1)
+
+    def _blob_size(self, digest: str, touch: Callable[[int], None]) -> int | None:
+        fs, _ = self.filesystem()
+        try:
+            return int(fs.info(self._inside(self.blob_path(digest)))["size"])
+        except FileNotFoundError:
+            return None
+
+    def _download(self, remote: str, local: Path, expected: int | None,
+                  touch: Callable[[int], None]) -> None:
+        fs, _ = self.filesystem()
+        if self._renames:  # a mounted file system: copy in chunks, so a stall is seen
+            with fs.open(self._inside(remote), "rb") as src, open(local, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                    touch(len(chunk))
+                    if expected is not None and dst.tell() > expected:
+                        raise Rejected(f"it is larger than the {expected} bytes recorded")
+            return
+        fs.get_file(remote, str(local), callback=transfer_callback(touch, expected))
+
+    def _hash_blob(self, digest: str, size: int, touch: Callable[[int], None]) -> str:
+        """The digest of the remote blob, streamed (blobs can be larger than memory), no
+        more than ``size`` bytes of it read."""
+        fs, _ = self.filesystem()
+        hasher, seen = new_hasher(), 0
+        with fs.open(self._inside(self.blob_path(digest)), "rb") as src:
+            while chunk := src.read(_CHUNK):
+                seen += len(chunk)
+                if seen > size:
+                    raise Rejected(f"it is larger than the {size} bytes listed")
+                hasher.update(chunk)
+                touch(len(chunk))
+        return hasher.hexdigest()
+
+    def _upload(self, local: Path, remote: str, touch: Callable[[int], None]) -> None:
+        fs, _ = self.filesystem()
+        if not self._renames:
+            fs.put_file(str(local), remote, callback=transfer_callback(touch, None))
+            return
+        tmp = self._tmp_name()
+        self._inside(tmp)
+        fs.makedirs(tmp.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            with open(local, "rb") as src, fs.open(self._inside(tmp), "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                    touch(len(chunk))
+                _fsync(dst)
+            self._publish(tmp, remote)
+        finally:
+            _quiet_rm(fs, tmp)
+
+    def _write_entry(self, key: str, slot: str | None, data: bytes, touch: Callable[[int], None]) -> None:
+        fs, _ = self.filesystem()
+        dest = self.entry_path(key, slot)
+        if not self._renames:
+            fs.pipe_file(dest, data)
+            return
+        tmp = self._tmp_name()
+        self._inside(tmp)
+        fs.makedirs(tmp.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            with fs.open(self._inside(tmp), "wb") as dst:
+                dst.write(data)
+                _fsync(dst)
+            self._publish(tmp, dest)
+        finally:
+            _quiet_rm(fs, tmp)
+
+    def _publish(self, tmp: str, dest: str) -> None:
+        fs, _ = self.filesystem()
+        self._inside(dest)
+        fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+        fs.mv(self._inside(tmp), self._inside(dest))  # a rename: readers see the old object, or the whole new one
+
+    def _tmp_name(self) -> str:
+        return f"{self._root}/tmp/{os.getpid()}-{uuid.uuid4().hex}"
+
+    def _list(self, prefix: str, touch: Callable[[int], None]) -> dict[str, int]:
+        fs, _ = self.filesystem()
+        try:
+            found = fs.find(f"{self._root}/{prefix}", detail=True)
+        except FileNotFoundError:
+            return {}
+        return {path: int(info.get("size") or 0) for path, info in found.items()}
+
+
+def transfer_callback(touch: Callable[[int], None], expected: int | None) -> Any:
+    """An fsspec callback that reports progress to ``touch`` and stops oversized downloads.
+
+    The size is checked as bytes arrive, not only against the size the server announces:
+    a server may announce none (chunked) or lie, and must not fill the disk.
+    """
+    from fsspec.callbacks import Callback
+
+    class _Progress(Callback):
+        def set_size(self, size: int | None) -> None:
+            super().set_size(size)
+            if expected is not None and size is not None and size != expected:
+                raise Rejected(f"it has {size} bytes where {expected} were recorded")
+            touch(0)
+
+        def relative_update(self, inc: int = 1) -> None:
+            super().relative_update(inc)
+            if expected is not None and self.value > expected:
+                raise Rejected(f"it is larger than the {expected} bytes recorded")
+            touch(inc)
+
+    return _Progress()
+
+
+def _fsync(handle: Any) -> None:
+    try:
+        handle.flush()
+        os.fsync(handle.fileno())
+    except (AttributeError, OSError, ValueError):  # not a real file: nothing to sync
+        pass
+
+
+def _quiet_rm(fs: Any, path: str) -> None:
+    with suppress(Exception):  # already renamed away, or the remote went down
+        fs.rm_file(path)
