@@ -25,18 +25,24 @@ the file system allows, else copies; the cache keeps one copy of identical bytes
 model's file being the step's main output, so that a step downstream (``select``) can hand on
 the model it chooses; and ``benchmark.json``::
 
-    {"format": "optbuild.benchmark", "version": 2,
+    {"format": "optbuild.benchmark", "version": 3,
      "model": {"file": "model.onnx", "digest": "blake3-256:..."},
-     "runtime": "onnxruntime 1.23.2 (CPU)", "batch": 1, "runs": 50, "warmup": 5, "threads": null,
+     "runtime": "onnxruntime 1.23.2 (CPU), optimization level all", "level": "all", "batch": 1, "runs": 50, "warmup": 5, "threads": null,
      "inputs": {"tokens": {"shape": [1, 128], "dtype": "int64"}},
      "load": {"load_average": 0.4, "cpu_count": 8},
      "p50_ms": ..., "p90_ms": ..., "p99_ms": ..., "mean_ms": ..., "min_ms": ..., "max_ms": ...,
      "std_ms": ..., "throughput_per_s": ..., "size_bytes": ...,
-     "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ...}}
+     "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ...}, "notes": []}
 
 ``runtime`` is what ran, as it says once loaded (onnxruntime: the providers its session
 has, ``session.get_providers()``: "onnxruntime 1.31.1 (CUDA, CPU) on gpu.0 (NVIDIA H100 80GB
-HBM3)", CUDA running every node it has a kernel for). ``inputs`` are the shapes and dtypes
+HBM3)", CUDA running every node it has a kernel for) and, for onnxruntime, its graph
+optimization ``level``: the one an onnxruntime engine step optimized the model at, else
+onnxruntime's default, "all". The model is loaded and timed in a forked child process
+(optbuild.model.isolation): where it crashes onnxruntime (a native crash: SIGSEGV, SIGBUS,
+SIGILL, SIGFPE) at its default level, it is measured again at the next lower level ("all",
+"extended", "basic", "disable"), and ``notes`` says which level crashed and which ran (a
+server must open it at that level too); another failure is not retried. ``inputs`` are the shapes and dtypes
 measured, per input; ``load`` the 1-minute load average
 (null where the system keeps none) and the CPU count as timing began
 (optbuild.model.timing.host_load, as ``optbuild bench`` records it): a measurement is a fact
@@ -76,6 +82,7 @@ from optbuild.backends.base import Backend, Manifest
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, check_declarations, inputs_field
+from optbuild.model.isolation import Stage
 from optbuild.steps import fields
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, link_files
 
@@ -84,7 +91,9 @@ if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
 FORMAT = "optbuild.benchmark"
-REPORT_VERSION = 2  # 2: the inputs measured, the load, min / max / std
+# 2: the inputs measured, the load, min / max / std; 3: level, onnxruntime's graph optimization
+# level it ran at (null for another runtime), and notes (a level that crashed, retried lower)
+REPORT_VERSION = 3
 REPORT = "benchmark.json"
 
 # Where the latency of a runtime's results depends on the device beyond the fields its
@@ -182,22 +191,74 @@ class Benchmark(Step):
 
     # --- execution -------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
-        from optbuild.model import samples as sampling
-        from optbuild.model.timing import busy_note, host_load, latency_figures, time_calls
-        from optbuild.steps.verify import entered_runner, model_entry
+        from optbuild.model.timing import latency_figures
+        from optbuild.steps.verify import model_entry, run_models
 
         p = self.params
         art = ctx.inputs["input"]
         what = f"the input {art.step}"
         if art.primary is None:
             raise StepError(f"{what} gives no model")
-        backend, manifest = registry.for_artifact(art.primary, what)
+        side = registry.for_artifact(art.primary, what)
         if REPORT in art.files:
             raise StepError(f"{what} has a file named {REPORT}, the name of this step's report")
         verify = _verify_summary(ctx, art.primary) if p.check is not None else None
+        # measured in a forked child: a native crash at onnxruntime's default level is tried
+        # again at a lower one (verify.run_models)
+        measured, levels, notes = run_models(
+            lambda at, stage: self._measure(ctx, side, what, at["input"], stage), {"input": side}, {"input": what},
+            "benchmark")
+        for note in notes:
+            ctx.log(f"note: {note}")
+        latency = latency_figures(measured["times"])
+        inputs = measured["inputs"]
+        first = next(iter(inputs.values()), None)
+        batch = int(first["shape"][0]) if first is not None and first["shape"] else 1
+        size = link_files(art.files, ctx.out_dir)
+        report = {
+            "format": FORMAT,
+            "version": REPORT_VERSION,
+            "model": model_entry(art.primary),
+            "runtime": measured["runtime"],
+            "level": levels["input"],
+            "batch": batch,
+            "runs": p.runs,
+            "warmup": p.warmup,
+            "threads": p.threads,
+            "inputs": inputs,
+            "load": measured["load"],
+            **{f"{figure}_ms": round(latency[figure], 6) for figure in ("p50", "p90", "p99", "mean", "min", "max", "std")},
+            "throughput_per_s": round(batch / (latency["mean"] / 1000), 3),
+            "size_bytes": size,
+            "verify": verify,
+            "notes": notes,
+        }
+        (ctx.out_dir / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+        ctx.log(f"p50 {report['p50_ms']} ms, p90 {report['p90_ms']} ms, p99 {report['p99_ms']} ms, "
+                f"{report['throughput_per_s']} samples/s (batch {batch}), {size} bytes")
+        ctx.metrics.update(p50_ms=report["p50_ms"], p90_ms=report["p90_ms"],
+                           throughput_per_s=report["throughput_per_s"], size_bytes=size)
+        if verify is not None:
+            ctx.metrics["passed"] = verify["passed"]
+
+    def _measure(self, ctx: StepContext, side: tuple[Backend, Manifest], what: str, level: str | None,
+                 stage: Stage) -> dict[str, Any]:
+        """The model loaded (onnxruntime's: at ``level``) and timed: the runtime, the times
+        (ns), the inputs measured and the load. Run in a forked child: ``stage`` says when it
+        loads or runs the model, for a crash to be told."""
+        from optbuild.model import samples as sampling
+        from optbuild.model.timing import busy_note, host_load, time_calls
+        from optbuild.steps.verify import at_level, entered_runner
+
+        p = self.params
+        backend, manifest = side
+        model = ctx.inputs["input"].primary
+        assert model is not None
         with contextlib.ExitStack() as stack:
-            runner = entered_runner(stack, (backend, manifest), art.primary, ctx.host, what, threads=p.threads)
-            ctx.log(f"runtime: {runner.label} (loaded in {runner.load_ms:.1f} ms)")
+            stage(("input", "loading"))
+            runner = entered_runner(stack, side, model, ctx.host, what, threads=p.threads, level=level)
+            label = at_level(runner.label, level)
+            ctx.log(f"runtime: {label} (loaded in {runner.load_ms:.1f} ms)")
             specs = runner.input_specs()
             check_declarations(specs, p.inputs, what)
             if p.dynamic_size == 1 and (open_dims := sampling.undeclared_dims(specs, p.inputs)):
@@ -209,6 +270,7 @@ class Benchmark(Step):
             if (why := backend.unfit(manifest, feed)) is not None:
                 raise StepError(f"the inputs ({shapes}) do not fit {what}: {why}. Declare inputs it takes "
                                 "(inputs, dynamic_size), or widen its step's profiles")
+            stage(("input", "running"))
             try:
                 runner.infer(feed)
             except Exception as exc:
@@ -220,34 +282,9 @@ class Benchmark(Step):
             if (busy := busy_note(load)) is not None:
                 ctx.log(f"note: {busy}")
             times = time_calls(runner.timed_call(feed), p.runs, p.warmup)
-            label = runner.label
-        latency = latency_figures(times)
-        first = next(iter(feed.values()), None)
-        batch = int(first.shape[0]) if first is not None and first.ndim else 1
-        size = link_files(art.files, ctx.out_dir)
-        report = {
-            "format": FORMAT,
-            "version": REPORT_VERSION,
-            "model": model_entry(art.primary),
-            "runtime": label,
-            "batch": batch,
-            "runs": p.runs,
-            "warmup": p.warmup,
-            "threads": p.threads,
-            "inputs": {name: {"shape": list(value.shape), "dtype": str(value.dtype)} for name, value in feed.items()},
-            "load": load,
-            **{f"{figure}_ms": round(latency[figure], 6) for figure in ("p50", "p90", "p99", "mean", "min", "max", "std")},
-            "throughput_per_s": round(batch / (latency["mean"] / 1000), 3),
-            "size_bytes": size,
-            "verify": verify,
-        }
-        (ctx.out_dir / REPORT).write_text(json.dumps(report, indent=1) + "\n")
-        ctx.log(f"p50 {report['p50_ms']} ms, p90 {report['p90_ms']} ms, p99 {report['p99_ms']} ms, "
-                f"{report['throughput_per_s']} samples/s (batch {batch}), {size} bytes")
-        ctx.metrics.update(p50_ms=report["p50_ms"], p90_ms=report["p90_ms"],
-                           throughput_per_s=report["throughput_per_s"], size_bytes=size)
-        if verify is not None:
-            ctx.metrics["passed"] = verify["passed"]
+        return {"runtime": label, "times": times, "load": load,
+                "inputs": {name: {"shape": list(value.shape), "dtype": str(value.dtype)}
+                           for name, value in feed.items()}}
 
 
 def _degenerate(open_dims: list[tuple[TensorSpec, int]], what: str) -> str:

@@ -21,7 +21,13 @@ every candidate taking its turn in each round in an order that rotates. The figu
 those; the benchmark's are shown beside them. A winner whose lead over another eligible
 candidate could be noise (the 90 % interval of its per-round lead reaches below 1 +
 ``min_lead``) is tied with it, and the tie goes to the smaller model (by more than 5 %),
-then to the candidate listed first. A candidate this host cannot open is listed with why and not chosen. The
+then to the candidate listed first. A candidate this host cannot open is listed with why and not chosen.
+The race runs in a forked child (optbuild.model.isolation): a candidate that crashes
+onnxruntime (SIGSEGV, SIGBUS, SIGILL, SIGFPE) as it loads or first runs at onnxruntime's
+default graph optimization level is measured at the next lower one ("all", "extended",
+"basic", "disable"), the others keeping theirs, and a note says so; one that crashes at every
+level, or in another runtime, is listed with why and the rest race without it. Each
+candidate's level is recorded with its figures (``together.level``). The
 objective ``size_bytes`` without a latency or throughput constraint measures nothing.
 ``measure = "cached"`` compares the benchmarks' own figures, ties being equal figures.
 
@@ -50,13 +56,18 @@ from pydantic import Field, model_validator
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.model.isolation import Stage
 from optbuild.steps import fields
 from optbuild.steps.base import ONNX_TOOLS, Artifact, Step, StepContext, StepParams, link_files
 
 if typing.TYPE_CHECKING:
+    from optbuild.backends.base import Backend, Manifest
     from optbuild.common.fingerprint import Fingerprint
 
-REPORT_VERSION = 2  # 2: figures measured together, with their spread, the load and the leads
+# 2: figures measured together, with their spread, the load and the leads; 3: each candidate's
+# level measured together (onnxruntime's graph optimization level), the race's notes (a level
+# that crashed, measured lower)
+REPORT_VERSION = 3
 OBJECTIVES = {  # what is better: lower or higher
     "p50_ms": min, "p90_ms": min, "throughput_per_s": max, "size_bytes": min,
 }
@@ -194,63 +205,118 @@ class Select(Step):
     # --- measuring --------------------------------------------------------------------
     def _race(self, ctx: StepContext, rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None,
                                                                           dict[int, list[list[int]]]]:
-        """Time ``rows`` together (optbuild.model.race); each gets its figures measured
-        together, or a rejection saying why it cannot be measured here. The race's settings
-        and the load before and after; the times per row index, per round."""
+        """Time ``rows`` together (optbuild.model.race), in a forked child (verify.run_models): a
+        candidate that crashes onnxruntime at its default level is measured at a lower one, one
+        that crashes at every level (or another runtime) is not measured and the rest race
+        again. Each row gets its figures measured together and its level, or a rejection saying
+        why it cannot be measured here. The race's settings, the load before and after, and the
+        notes of crashes; the times per row index, per round."""
+        from optbuild.backends import registry
+        from optbuild.model import race
+        from optbuild.steps.verify import ModelsCrashed, run_models
+
+        p = self.params
+        by_index = {row["index"]: row for row in rows}
+        sides, names = {}, {}
+        for row in rows:
+            art = ctx.inputs[row["input"]]
+            what = f"the candidate {art.step}"
+            try:
+                if art.primary is None:
+                    raise StepError(f"{what} gives no model")
+                sides[row["index"]] = registry.for_artifact(art.primary, what)
+                names[row["index"]] = what
+            except StepError as exc:
+                row["rejected"].append(f"not measured here: {exc}")
+        while True:
+            if not sides:
+                return None, {}
+            try:
+                measured, levels, notes = run_models(
+                    lambda at, stage, sides=sides: self._measure(ctx, [by_index[i] for i in sides], sides, at, stage),
+                    sides, names, "select")
+                break
+            except ModelsCrashed as exc:  # the others race without it
+                if exc.side is None:
+                    raise
+                by_index[exc.side]["rejected"].append(f"not measured here: {exc}")
+                sides = {i: side for i, side in sides.items() if i != exc.side}
+        for index, why in measured["rejected"].items():
+            by_index[index]["rejected"].append(why)
+        if measured["times"] is None:
+            return None, {}
+        for index, timed in measured["times"].items():
+            row = by_index[index]
+            row["together"] = {"runtime": measured["labels"][index], "level": levels[index],
+                               **race.figures(timed, row["batch"])}
+            row["figures"] = {k: row["together"][k] for k in ("p50_ms", "p90_ms", "throughput_per_s")} | {
+                "size_bytes": row["benchmark"]["size_bytes"]}
+        for note in notes:
+            ctx.log(f"note: {note}")
+        settings = {"runs": p.runs, "rounds": p.rounds, "warmup": p.warmup, "order": "rotating",
+                    "min_lead": p.min_lead, "interval": race.CONFIDENCE, "load": measured["load"],
+                    "load_after": measured["after"], "notes": notes}
+        return settings, measured["times"]
+
+    def _measure(self, ctx: StepContext, rows: list[dict[str, Any]], sides: Mapping[int, tuple[Backend, Manifest]],
+                 levels: Mapping[int, str | None], stage: Stage) -> dict[str, Any]:
+        """``rows`` opened (onnxruntime's at ``levels``) and raced: per row index, a rejection or
+        the runtime's label and the times per round; the load before and after. Run in a forked
+        child: ``stage`` says which candidate loads or runs, for a crash to be told."""
         from optbuild.model import race
         from optbuild.model.timing import busy_note, host_load
 
         p = self.params
+        rejected: dict[int, str] = {}
         with contextlib.ExitStack() as stack:
             lanes = []
             for row in rows:
                 try:
-                    lanes.append((row, self._open(stack, ctx, row)))
+                    stage((row["index"], "loading"))
+                    lanes.append((row["index"], self._open(stack, ctx, row, sides[row["index"]],
+                                                           levels[row["index"]], stage)))
                 except StepError as exc:
-                    row["rejected"].append(f"not measured here: {exc}")
+                    rejected[row["index"]] = f"not measured here: {exc}"
             if not lanes:
-                return None, {}
+                return {"rejected": rejected, "times": None}
             load = host_load()
             if (busy := busy_note(load)) is not None:
                 ctx.log(f"note: {busy}")
             ctx.log(f"measuring {len(lanes)} candidates together: {p.warmup} warm-up + {p.runs} timed runs each, "
                     f"in {p.rounds} rounds, the order rotating")
+            stage("racing the candidates")
             raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup)
             after = host_load()
-        for (row, (_, label)), timed in zip(lanes, raced, strict=True):
-            row["together"] = {"runtime": label, **race.figures(timed, row["batch"])}
-            row["figures"] = {k: row["together"][k] for k in ("p50_ms", "p90_ms", "throughput_per_s")} | {
-                "size_bytes": row["benchmark"]["size_bytes"]}
-        settings = {"runs": p.runs, "rounds": p.rounds, "warmup": p.warmup, "order": "rotating",
-                    "min_lead": p.min_lead, "interval": race.CONFIDENCE, "load": load, "load_after": after}
-        return settings, {row["index"]: timed for (row, _), timed in zip(lanes, raced, strict=True)}
+        return {"rejected": rejected, "labels": {index: label for index, (_, label) in lanes},
+                "times": {index: timed for (index, _), timed in zip(lanes, raced, strict=True)},
+                "load": load, "after": after}
 
-    def _open(self, stack: contextlib.ExitStack, ctx: StepContext, row: dict[str, Any]) -> tuple[Callable[[], object], str]:
+    def _open(self, stack: contextlib.ExitStack, ctx: StepContext, row: dict[str, Any],
+              side: tuple[Backend, Manifest], level: str | None, stage: Stage) -> tuple[Callable[[], object], str]:
         """A call that runs the candidate of ``row`` once on the shapes its benchmark
-        measured, by the runtime its benchmark used, and that runtime's label."""
-        from optbuild.backends import registry
+        measured, by the runtime its benchmark used (onnxruntime's at ``level``), and that
+        runtime's label."""
         from optbuild.backends.base import TensorSpec
         from optbuild.model.samples import random_samples
-        from optbuild.steps.verify import entered_runner
+        from optbuild.steps.verify import at_level, entered_runner
 
         art = ctx.inputs[row["input"]]
         what = f"the candidate {art.step}"
-        if art.primary is None:
-            raise StepError(f"{what} gives no model")
+        assert art.primary is not None
         if not row["shapes"]:
             raise StepError(f"the benchmark.json of {art.step} records no shapes (made before version 2): "
                             "rebuild it, or set measure = 'cached'")
-        runner = entered_runner(stack, registry.for_artifact(art.primary, what), art.primary, ctx.host, what,
-                                threads=row["threads"])
+        runner = entered_runner(stack, side, art.primary, ctx.host, what, threads=row["threads"], level=level)
         specs = [TensorSpec(name, s["dtype"], tuple(s["shape"])) for name, s in row["shapes"].items()]
         values = {name: decl.model_copy(update={"shape": None}) for name, decl in (self.params.inputs or {}).items()}
         feed = runner.cast(random_samples(specs, 1, self.params.seed, decls=values).feeds[0])
         call = runner.timed_call(feed)
+        stage((row["index"], "running"))
         try:
             call()
         except Exception as exc:
             raise StepError(f"{what} fails on {runner.label}: {type(exc).__name__}: {first_line(exc)}") from None
-        return call, runner.label
+        return call, at_level(runner.label, level)
 
     # --- judging ----------------------------------------------------------------------
     def _checks(self, row: dict[str, Any]) -> list[str]:
@@ -405,4 +471,8 @@ def _table(report: dict[str, Any]) -> str:
         verdict = "; ".join(row["rejected"]) if row["rejected"] else (row["why"] or "")
         lines.append(" ".join(f"{cell:{width}}" if i == 0 else f"{cell:>{width}}"
                               for i, (cell, (_, width)) in enumerate(zip(cells, columns, strict=True))) + "  " + verdict)
+    if levels := [f"{row['step']} {row['together']['level']}" for row in report["candidates"]
+                  if row["together"] and row["together"].get("level")]:
+        lines.append(f"measured at onnxruntime graph optimization level: {', '.join(levels)}")
+    lines += [f"note: {note}" for note in (race or {}).get("notes") or []]
     return "\n".join(lines)

@@ -67,6 +67,17 @@ names, so two verify steps over byte-identical models share one entry, and a rep
 for either must be true of both. When a check fails the step fails with that table as its
 message; nothing is cached, and the next build runs it again.
 
+Graph optimization levels: both models load and run in a forked child process
+(optbuild.model.isolation), so that a native crash ends the child, not the step. onnxruntime
+opens a model at its default level, "all", or at the level an onnxruntime engine step
+optimized it at (its engine.json's ``level``, kept). A model at the default that crashes
+onnxruntime (SIGSEGV, SIGBUS, SIGILL, SIGFPE: a float16 ViT crashes at "all" only) as it
+loads or runs is tried again at the next lower level ("extended", "basic", "disable"), the
+other side keeping its own; report.json's ``levels`` records the level each side ran at (null
+for another runtime), its runtime line names it, and a note says which level crashed and which
+ran: a server must open the model at that level too. Any other failure is not retried; a crash
+at every level fails the step, naming each level tried.
+
 Hardware and tools: the key holds the distributions of both sides' backends and the host
 fields their results depend on (``Backend.host_fields``): cpu.arch and cpu.flags for
 onnxruntime on the CPU (quantized kernels differ between CPUs: x86 without VNNI saturates
@@ -87,7 +98,7 @@ import itertools
 import json
 import time
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -99,6 +110,7 @@ from optbuild.common.errors import StepError, StepUnavailable, first_line
 from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, RecipeTable, StepRef
 from optbuild.model import compare
 from optbuild.model.inputdecl import StepInputs, check_declarations
+from optbuild.model.isolation import ChildDied, Crash, Crashed, Stage, run_isolated
 from optbuild.model.samples import DataArg, non_default
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import (
@@ -115,8 +127,9 @@ if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
 # 2: models named by file and digest, not by step; 3: what ran each side; 4: slices, degenerate
-# and collapsed outputs, the user metric; 5: notes (a threshold that did not apply)
-REPORT_VERSION = 5
+# and collapsed outputs, the user metric; 5: notes (a threshold that did not apply); 6: levels,
+# onnxruntime's graph optimization level of each side, and a note for a level that crashed
+REPORT_VERSION = 6
 
 
 class SliceDecl(RecipeTable):
@@ -296,24 +309,57 @@ class Verify(DataSourceStep):
         return registry.for_artifact(art.primary, f"the {role} {art.step}")
 
     @staticmethod
-    def _open(ctx: StepContext, role: str, side: tuple[Backend, Manifest], stack: contextlib.ExitStack) -> Runner:
-        """The entered runner of the ``role`` model."""
+    def _open(ctx: StepContext, role: str, side: tuple[Backend, Manifest], stack: contextlib.ExitStack,
+              level: str | None) -> Runner:
+        """The entered runner of the ``role`` model (onnxruntime's: at ``level``)."""
         art = ctx.inputs[role]
-        runner = entered_runner(stack, side, art.primary, ctx.host, f"the {role} {art.step}")
-        ctx.log(f"{role}: {runner.label}")
+        runner = entered_runner(stack, side, art.primary, ctx.host, f"the {role} {art.step}", level=level)
+        ctx.log(f"{role}: {at_level(runner.label, level)}")
         return runner
 
     def run(self, ctx: StepContext) -> None:
+        sides = {role: self._side(ctx, role) for role in ("reference", "candidate")}
+        names = {role: f"the {role} {ctx.inputs[role].step}" for role in sides}
+        # the models run in a forked child: a native crash at onnxruntime's default level is
+        # tried again at a lower one (run_models)
+        report, levels, crash_notes = run_models(lambda at, stage: self._check(ctx, sides, at, stage),
+                                                 sides, names, "verify")
+        report["levels"] = levels
+        report["notes"] += crash_notes
+        names_compared = list(report["outputs"])
+        figures, user, passed = report["outputs"], report["metric"], report["passed"]
+        text = compare.table(report)
+        ctx.log(text)
+        for n in names_compared:
+            for metric in ("max_abs", "max_rel", "cosine", "top1"):
+                if figures[n].get(metric) is not None:
+                    ctx.metrics[f"{n}.{metric}" if len(names_compared) > 1 else metric] = figures[n][metric]
+        for figure, value in (user["figures"] if user else {}).items():
+            ctx.metrics[f"metric.{figure}"] = value
+        ctx.metrics.update(samples=report["data"]["samples"], passed=passed,
+                           reference_ms=report["latency_ms"]["reference"],
+                           candidate_ms=report["latency_ms"]["candidate"])
+        if not passed and self.params.fail is not False:
+            raise StepError(text)
+        (ctx.out_dir / "report.json").write_text(json.dumps(compare.jsonable(report), indent=1) + "\n")
+        (ctx.out_dir / "report.txt").write_text(text + "\n")
+
+    def _check(self, ctx: StepContext, sides: dict[str, tuple[Backend, Manifest]], levels: Mapping[str, str | None],
+               stage: Stage) -> dict[str, Any]:
+        """The report (without its text): both models run on the samples, at ``levels``
+        (onnxruntime's, per side), and their outputs compared. Run in a forked child: ``stage``
+        says which model it loads or runs, for a crash to be told."""
         import numpy as np
 
         from optbuild.model import samples as sampling
 
         p = self.params
         ref_art, cand_art = ctx.inputs["reference"], ctx.inputs["candidate"]
-        sides = {role: self._side(ctx, role) for role in ("reference", "candidate")}
         with contextlib.ExitStack() as stack:
-            runners = {"reference": self._open(ctx, "reference", sides["reference"], stack)}
+            stage(("reference", "loading"))
+            runners = {"reference": self._open(ctx, "reference", sides["reference"], stack, levels["reference"])}
             ref_specs = runners["reference"].input_specs()
+            stage("drawing the samples")
             if p.data is not None:
                 samples = sampling.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
                 source = p.data + (f" ({', '.join(f'{k}={v}' for k, v in p.data_args.items())})"
@@ -329,7 +375,8 @@ class Verify(DataSourceStep):
                         raise StepError(f"sample {index} of {source} does not fit the {role} "
                                         f"{ctx.inputs[role].step}: {why}. Feed samples it takes (e.g. a "
                                         "smaller batch), or widen its step's profiles")
-            runners["candidate"] = self._open(ctx, "candidate", sides["candidate"], stack)
+            stage(("candidate", "loading"))
+            runners["candidate"] = self._open(ctx, "candidate", sides["candidate"], stack, levels["candidate"])
             cand_inputs = [s.name for s in runners["candidate"].input_specs()]
             cand_names = runners["candidate"].output_names()
             if missing := [s.name for s in ref_specs if s.name not in cand_inputs]:
@@ -351,6 +398,7 @@ class Verify(DataSourceStep):
                                                    "candidate": {n: [] for n in names}}
             latency = {}
             for role, runner in runners.items():
+                stage((role, "running"))
                 feeds = [runner.cast(f) for f in samples.feeds]
                 try:
                     runner.infer(feeds[0])  # warm-up
@@ -363,8 +411,9 @@ class Verify(DataSourceStep):
                 except Exception as exc:
                     raise StepError(f"the {role} {ctx.inputs[role].step} fails on the samples: "
                                     f"{type(exc).__name__}: {exc}") from None
-            labels = {role: runner.label for role, runner in runners.items()}
+            labels = {role: at_level(runner.label, levels[role]) for role, runner in runners.items()}
 
+        stage("comparing the outputs")
         first = {n: results["reference"][n][0] for n in names}
         notes: list[str] = []
         if p.top1_outputs:
@@ -393,13 +442,13 @@ class Verify(DataSourceStep):
         if p.metric is not None:
             from optbuild.model.usermetric import run_metric
 
+            stage("running the metric")
             user_figures, user_passed = run_metric(p.metric, ctx.base_dir, results["reference"],
                                                    results["candidate"], names)
             user = {"callable": p.metric, "figures": user_figures, "passed": user_passed}
             checks.append({"output": p.metric, "metric": "passed", "value": user_passed, "op": "==",
                            "threshold": True, "ok": user_passed})
-        passed = all(c["ok"] for c in checks)
-        report = {
+        return {
             "version": REPORT_VERSION,
             "reference": model_entry(ref_art.primary),
             "candidate": model_entry(cand_art.primary),
@@ -410,24 +459,9 @@ class Verify(DataSourceStep):
             "checks": checks,
             "latency_ms": {k: round(v, 4) for k, v in latency.items()},
             "runtime": labels,
-            "passed": passed,
+            "passed": all(c["ok"] for c in checks),
             "notes": notes,
         }
-        text = compare.table(report)
-        ctx.log(text)
-        for n in names:
-            for metric in ("max_abs", "max_rel", "cosine", "top1"):
-                if figures[n].get(metric) is not None:
-                    ctx.metrics[f"{n}.{metric}" if len(names) > 1 else metric] = figures[n][metric]
-        for figure, value in (user["figures"] if user else {}).items():
-            ctx.metrics[f"metric.{figure}"] = value
-        ctx.metrics.update(samples=len(samples), passed=passed,
-                           reference_ms=report["latency_ms"]["reference"],
-                           candidate_ms=report["latency_ms"]["candidate"])
-        if not passed and p.fail is not False:
-            raise StepError(text)
-        (ctx.out_dir / "report.json").write_text(json.dumps(compare.jsonable(report), indent=1) + "\n")
-        (ctx.out_dir / "report.txt").write_text(text + "\n")
 
     def _top1_not_applied(self, names: list[str], first: dict[str, Any]) -> str:
         """The note for min_top1 where no compared output holds class scores: a template's
@@ -468,15 +502,19 @@ class Verify(DataSourceStep):
 
 
 def entered_runner(stack: contextlib.ExitStack, side: tuple[Backend, Manifest], path: Path,
-                   host: Fingerprint, what: str, *, threads: int | None = None) -> Runner:
+                   host: Fingerprint, what: str, *, threads: int | None = None, level: str | None = None) -> Runner:
     """The runner of the artifact ``path`` (``what``, as messages name it) on its backend,
     entered on ``stack``; StepError saying why when this host cannot run it or it does not
-    load. Verify and benchmark open what they run this way."""
+    load. ``level``: onnxruntime's graph optimization level (``start_level``, ``run_models``;
+    None for another backend). Verify, benchmark and select open what they run this way."""
     backend, manifest = side
     if (why := backend.unavailable(host, manifest)) is not None:
         raise StepError(f"{what} cannot run on this host: {why}")
     try:
-        return stack.enter_context(backend.open(path, manifest, host, threads=threads))
+        runner = backend.open(path, manifest, host, threads=threads)
+        if level is not None:  # an onnxruntime runner (OrtRunner), not yet entered: it opens at it
+            typing.cast(Any, runner).level = level
+        return stack.enter_context(runner)
     except StepUnavailable as exc:
         raise StepError(f"{what} cannot run on this host: {exc}") from None
     except StepError:
@@ -491,3 +529,114 @@ def model_entry(path: Path) -> dict[str, str]:
     from optbuild.common.digest import ALGORITHM, hash_file
 
     return {"file": path.name, "digest": f"{ALGORITHM}:{hash_file(path)[0]}"}
+
+
+# --- onnxruntime's graph optimization levels, and models run where a crash cannot end the step ---
+# Highest first. onnxruntime crashed (SIGSEGV) on a float16 ViT at "all", its default, and ran it
+# at a lower level (issue 24): a model at onnxruntime's default is tried at the next level down.
+LEVELS = ("all", "extended", "basic", "disable")
+_SESSION_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+                   "disable": "ORT_DISABLE_ALL"}
+R = typing.TypeVar("R")
+
+
+class ModelsCrashed(StepError):
+    """The models crashed where no lower level is left to try: ``side`` is the one that crashed
+    last (None: while no model loaded or ran)."""
+
+    def __init__(self, message: str, side: Any):
+        super().__init__(message)
+        self.side = side
+
+
+def start_level(side: tuple[Backend, Manifest]) -> str | None:
+    """The graph optimization level an onnxruntime model opens at: the one its engine step
+    optimized it at (engine.json's ``level``: kept, never lowered), else onnxruntime's default,
+    "all"; None for another backend."""
+    backend, manifest = side
+    if backend is not registry.onnx_backend():  # onnxruntime: the runtime of plain ONNX models
+        return None
+    return str(manifest.get("level") or LEVELS[0])
+
+
+def lowered(side: tuple[Backend, Manifest], level: str | None) -> str | None:
+    """The level to try ``side`` at after it crashed at ``level``: the next one down, for an
+    onnxruntime model that its engine step did not fix a level for; None otherwise."""
+    if start_level(side) is None or side[1].get("level") or level not in LEVELS[:-1]:
+        return None
+    return LEVELS[LEVELS.index(level) + 1]
+
+
+def at_level(label: str, level: str | None) -> str:
+    """A runtime's label for reports, with onnxruntime's level where it has one."""
+    return f"{label}, optimization level {level}" if level is not None else label
+
+
+def run_models(work: Callable[[dict[Any, str | None], Stage], R], sides: Mapping[Any, tuple[Backend, Manifest]],
+               names: Mapping[Any, str], what: str) -> tuple[R, dict[Any, str | None], list[str]]:
+    """``work(levels, stage)`` run in a forked child (optbuild.model.isolation): ``levels`` the
+    level each of ``sides`` opens at (``start_level``), ``stage`` what it does next, as (side,
+    "loading" or "running") while a model loads or runs. When the child dies of a native crash
+    while an onnxruntime side loaded or ran at its default level or one below, ``work`` runs
+    again with that side one level lower (``lowered``), down to "disable"; any other failure is
+    not retried: its exception as it was, a crash as a StepError. The value, the levels it ran
+    at, and for each side that crashed a note of the levels that crashed and the one that ran
+    (a server must open it at that one too). ``names``: each side as messages name it ("the
+    candidate r:fp16"); ``what``: the step's kind."""
+    def retry(crash: Crash[dict[Any, str | None]]) -> dict[Any, str | None] | None:
+        key = crash.stage[0] if isinstance(crash.stage, tuple) else None
+        if key not in sides or (lower := lowered(sides[key], crash.attempt[key])) is None:
+            return None
+        return {**crash.attempt, key: lower}
+
+    first = {key: start_level(side) for key, side in sides.items()}
+    try:
+        outcome = run_isolated(work, first, retry=retry, what=f"{what}'s process that runs the models")
+    except Crashed as exc:
+        last = exc.crashes[-1].stage
+        side = last[0] if isinstance(last, tuple) and last[0] in sides else None
+        raise ModelsCrashed(_crash_message(exc.crashes, sides, names, what), side) from None
+    except ChildDied as exc:
+        raise StepError(str(exc)) from None
+    notes = []
+    for key in dict.fromkeys(c.stage[0] for c in outcome.crashes):
+        ran = outcome.attempt[key]
+        serve = _SESSION_LEVELS[ran] + (f", or an onnxruntime engine step with level = \"{ran}\""
+                                        if ran in ("basic", "extended") else "")
+        notes.append(f"{names[key]} crashed onnxruntime at {_crashes(outcome.crashes, key)}, and ran at level "
+                     f"{ran}: a server must open it at that level too (graph_optimization_level = {serve})")
+    return outcome.value, outcome.attempt, notes
+
+
+def _crashes(crashes: list[Crash[dict[Any, str | None]]], key: Any) -> str:
+    """The levels ``key`` crashed at: "level all (SIGSEGV while loading it)"."""
+    mine = [c for c in crashes if isinstance(c.stage, tuple) and c.stage[0] == key]
+    said = [f"{c.attempt[key]} ({c.signal} while {c.stage[1]} it)" for c in mine]
+    return ("level " if len(said) == 1 else "levels ") + ", ".join(said)
+
+
+def _crash_message(crashes: list[Crash[dict[Any, str | None]]], sides: Mapping[Any, tuple[Backend, Manifest]],
+                   names: Mapping[Any, str], what: str) -> str:
+    """Why the models could not run: the last crash, and the levels tried before it."""
+    last = crashes[-1]
+    key = last.stage[0] if isinstance(last.stage, tuple) else None
+    stack = "the log holds the Python stack where it happened"
+    if key not in sides:
+        doing = f" while {last.stage}" if last.stage is not None else ""
+        message = f"{what}'s process that runs the models crashed ({last.signal}){doing}: a crash inside a native library"
+    elif lowered(sides[key], LEVELS[0]) is not None:  # went down the levels to the last
+        message = f"{names[key]} crashed onnxruntime at every graph optimization level: {_crashes(crashes, key)}"
+        stack = "the log holds the Python stack of each crash"
+    else:
+        backend = sides[key][0]
+        level = last.attempt[key]
+        message = f"{names[key]} crashed {backend.label} ({last.signal} while {last.stage[1]} it)"
+        if level is not None:
+            message += (f" at graph optimization level {level}, the one its engine step optimized it at, which it "
+                        "keeps: a lower level on that step (level = \"basic\") may run it")
+        else:
+            message += ": a crash inside a native library"
+    if others := [c for c in crashes if c is not last and (not isinstance(c.stage, tuple) or c.stage[0] != key)]:
+        message += "; before that, " + "; ".join(f"{names[k]} crashed at {_crashes(others, k)}"
+                                                 for k in dict.fromkeys(c.stage[0] for c in others))
+    return f"{message} ({stack})"

@@ -75,9 +75,16 @@ def test_a_built_benchmark_measures_and_hands_on_the_model(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["benchmark.json", "model.onnx"]
     assert _digest(folder / "model.onnx") == _digest(model) == f"{ALGORITHM}:{outcome.entry.outputs['model.onnx'].digest}"
     report = json.loads((folder / "benchmark.json").read_text())
-    assert report["format"] == "optbuild.benchmark" and report["version"] == 2
+    assert report["format"] == "optbuild.benchmark" and report["version"] == 3
     assert report["model"] == {"file": "model.onnx", "digest": _digest(model)}
     assert report["runtime"].startswith("onnxruntime ") and report["batch"] == 1
+    # measured in a child of the step's process, at onnxruntime's default level, nothing crashing
+    assert report["level"] == "all" and report["runtime"].endswith(", optimization level all")
+    assert report["notes"] == []
+    checked = json.loads((proj.root / "build/r/verify/report.json").read_text())
+    assert checked["levels"] == {"reference": "all", "candidate": "all"} and checked["version"] == 6
+    assert "on onnxruntime " in (proj.root / "build/r/verify/report.txt").read_text()
+    assert ", optimization level all, candidate" in (proj.root / "build/r/verify/report.txt").read_text()
     assert (report["runs"], report["warmup"], report["threads"]) == (3, 1, 1)
     assert 0 < report["p50_ms"] <= report["p90_ms"] <= report["p99_ms"] and report["mean_ms"] > 0
     # what was measured: the shapes (a symbolic batch of dynamic_size = 1), the load, the spread

@@ -79,6 +79,7 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
         assert row["benchmark"]["p50_ms"] == bench["p50_ms"]  # the cached figure, shown beside
         together = row["together"]
         assert together["runtime"].startswith("onnxruntime ") and together["runs"] == 40
+        assert together["level"] == "all" and together["runtime"].endswith(", optimization level all")
         assert len(together["rounds_p50_ms"]) == 8
         assert together["p10_ms"] <= together["p50_ms"] <= together["p90_ms"]
         assert row["figures"]["p50_ms"] == together["p50_ms"]  # judged by what was measured together
@@ -92,6 +93,8 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     assert text[1].split()[:6] == ["candidate", "p50", "ms", "p10-p90", "ms", "thr/s"] and "bench p50" in text[1]
     assert text[2].startswith(" r:bench_deep") and f"{lead['ratio']:.2f}x" in text[2]
     assert text[3].startswith("*r:bench_shallow")
+    assert text[4] == "measured at onnxruntime graph optimization level: r:bench_deep all, r:bench_shallow all"
+    assert race["notes"] == []  # nothing crashed
     from optbuild.steps.select import _table
 
     busy = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2}}}

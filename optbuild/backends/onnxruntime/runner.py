@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 class OrtRunner(Runner):
     """Runs an .onnx or .ort model on ``provider`` (``device``: what reports call the GPU,
-    e.g. "gpu.0 (NVIDIA H100 80GB HBM3)", for an NVIDIA provider)."""
+    e.g. "gpu.0 (NVIDIA H100 80GB HBM3)", for an NVIDIA provider) at graph optimization
+    ``level`` (None: onnxruntime's default, "all"), which may be set until it is entered: verify,
+    benchmark and select open a model at a lower level where it crashed at a higher one."""
 
     def __init__(self, model: Path, *, provider: str = CPU, device: str = "", threads: int | None = None,
                  level: Level | None = None):
