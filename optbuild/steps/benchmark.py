@@ -44,9 +44,10 @@ SIGILL, SIGFPE) at its default level, it is measured again at the next lower lev
 "extended", "basic", "disable"), and ``notes`` says which level crashed and which ran (a
 server must open it at that level too); another failure is not retried. ``inputs`` are the shapes and dtypes
 measured, per input; ``load`` the 1-minute load average
-(null where the system keeps none) and the CPU count as timing began
-(optbuild.model.timing.host_load, as ``optbuild bench`` records it): a measurement is a fact
-about a moment, and one taken beside other work says so. min / max / std are the spread of
+(null where the system keeps none) and the CPU count as timing began, and ``others_cpu``, the
+share of the CPUs other processes took while it timed (optbuild.model.timing.watch_load, as
+``optbuild bench`` records it; null off Linux): a measurement is a fact about a moment, and
+one taken beside other work says so. min / max / std are the spread of
 the timed runs.
 
 ``throughput_per_s`` is batch (the first axis of the first input) / mean latency;
@@ -247,7 +248,7 @@ class Benchmark(Step):
         (ns), the inputs measured and the load. Run in a forked child: ``stage`` says when it
         loads or runs the model, for a crash to be told."""
         from optbuild.model import samples as sampling
-        from optbuild.model.timing import busy_note, host_load, time_calls
+        from optbuild.model.timing import busy_note, time_calls, watch_load
         from optbuild.steps.verify import at_level, entered_runner
 
         p = self.params
@@ -278,10 +279,10 @@ class Benchmark(Step):
                                 f"{type(exc).__name__}: {first_line(exc)}") from None
             ctx.log(f"inputs: {shapes} ({samples.source}); {p.warmup} warm-up + {p.runs} timed runs, "
                     f"threads {p.threads or 'default'}")
-            load = host_load()
+            with watch_load() as load:
+                times = time_calls(runner.timed_call(feed), p.runs, p.warmup)
             if (busy := busy_note(load)) is not None:
                 ctx.log(f"note: {busy}")
-            times = time_calls(runner.timed_call(feed), p.runs, p.warmup)
         return {"runtime": label, "times": times, "load": load,
                 "inputs": {name: {"shape": list(value.shape), "dtype": str(value.dtype)}
                            for name, value in feed.items()}}

@@ -264,7 +264,7 @@ class Select(Step):
         the runtime's label and the times per round; the load before and after. Run in a forked
         child: ``stage`` says which candidate loads or runs, for a crash to be told."""
         from optbuild.model import race
-        from optbuild.model.timing import busy_note, host_load
+        from optbuild.model.timing import busy_note, host_load, watch_load
 
         p = self.params
         rejected: dict[int, str] = {}
@@ -279,14 +279,14 @@ class Select(Step):
                     rejected[row["index"]] = f"not measured here: {exc}"
             if not lanes:
                 return {"rejected": rejected, "times": None}
-            load = host_load()
-            if (busy := busy_note(load)) is not None:
-                ctx.log(f"note: {busy}")
             ctx.log(f"measuring {len(lanes)} candidates together: {p.warmup} warm-up + {p.runs} timed runs each, "
                     f"in {p.rounds} rounds, the order rotating")
             stage("racing the candidates")
-            raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup)
+            with watch_load() as load:
+                raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup)
             after = host_load()
+            if (busy := busy_note(load)) is not None:
+                ctx.log(f"note: {busy}")
         return {"rejected": rejected, "labels": {index: label for index, (_, label) in lanes},
                 "times": {index: timed for (index, _), timed in zip(lanes, raced, strict=True)},
                 "load": load, "after": after}
@@ -437,8 +437,9 @@ def _table(report: dict[str, Any]) -> str:
     head = f"select by {report['objective']}"
     if race := report["race"]:
         load = race["load"]
+        others = f", other processes {load['others_cpu']:.0%} of them" if load.get("others_cpu") is not None else ""
         head += (f", measured together: {race['runs']} runs each in {race['rounds']} rounds, order rotating, "
-                 f"load average {load['load_average']} on {load['cpu_count']} CPUs")
+                 f"load average {load['load_average']} on {load['cpu_count']} CPUs{others}")
     elif together:
         head += ", measured together: no candidate could be measured"
     else:

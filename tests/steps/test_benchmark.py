@@ -89,7 +89,8 @@ def test_a_built_benchmark_measures_and_hands_on_the_model(tmp_path):
     assert 0 < report["p50_ms"] <= report["p90_ms"] <= report["p99_ms"] and report["mean_ms"] > 0
     # what was measured: the shapes (a symbolic batch of dynamic_size = 1), the load, the spread
     assert report["inputs"] == {"x": {"shape": [1, 4], "dtype": "float32"}}
-    assert set(report["load"]) == {"load_average", "cpu_count"} and report["load"]["cpu_count"] == os.cpu_count()
+    assert set(report["load"]) == {"load_average", "cpu_count", "others_cpu"} and report["load"]["cpu_count"] == os.cpu_count()
+    assert 0 <= report["load"]["others_cpu"] <= 1  # what other processes took of the CPUs while it timed
     assert report["min_ms"] <= report["p50_ms"] <= report["max_ms"] and report["std_ms"] >= 0
     assert report["throughput_per_s"] == pytest.approx(1000 / report["mean_ms"], rel=1e-3)
     assert report["size_bytes"] == model.stat().st_size

@@ -70,8 +70,8 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     assert report["measure"] == "together" and report["chosen"] == "r:bench_shallow" and report["tie"] is None
     race = report["race"]
     assert (race["runs"], race["rounds"], race["warmup"], race["order"]) == (40, 8, 2, "rotating")
-    for load in (race["load"], race["load_after"]):
-        assert set(load) == {"load_average", "cpu_count"}
+    assert set(race["load"]) == {"load_average", "cpu_count", "others_cpu"}  # others_cpu: while it raced
+    assert 0 <= race["load"]["others_cpu"] <= 1 and set(race["load_after"]) == {"load_average", "cpu_count"}
     deep, shallow = report["candidates"]
     for row in (deep, shallow):
         bench = json.loads(proj.read(f"build/r/{row['step'].split(':')[1]}/benchmark.json"))
@@ -97,10 +97,14 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     assert race["notes"] == []  # nothing crashed
     from optbuild.steps.select import _table
 
-    busy = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2}}}
-    assert "note: load average 4.15 on 2 CPUs as measuring began" in _table(busy).splitlines()[1]
-    quiet = {**report, "race": {**race, "load": {"load_average": 0.5, "cpu_count": 2}}}
+    busy = {**report, "race": {**race, "load": {"load_average": 0.5, "cpu_count": 2, "others_cpu": 0.4}}}
+    assert "load average 0.5 on 2 CPUs, other processes 40% of them" in _table(busy).splitlines()[0]
+    assert "note: other processes took 40% of the 2 CPUs while measuring" in _table(busy).splitlines()[1]
+    # the load average lags a minute behind (the steps built before select): what raced beside it rules
+    quiet = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2, "others_cpu": 0.03}}}
     assert "note: " not in _table(quiet)
+    unknown = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2}}}  # a report before
+    assert "note: load average 4.15 on 2 CPUs as measuring began" in _table(unknown).splitlines()[1]
 
 
 def test_select_is_bound_to_the_host_like_its_benchmarks_and_a_rebuilt_candidate_races_them_all_again(tmp_path):
