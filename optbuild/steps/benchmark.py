@@ -192,8 +192,8 @@ class Benchmark(Step):
 
     # --- execution -------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:
+        from optbuild.model.runmodels import model_entry, run_models
         from optbuild.model.timing import latency_figures
-        from optbuild.steps.verify import model_entry, run_models
 
         p = self.params
         art = ctx.inputs["input"]
@@ -248,8 +248,8 @@ class Benchmark(Step):
         (ns), the inputs measured and the load. Run in a forked child: ``stage`` says when it
         loads or runs the model, for a crash to be told."""
         from optbuild.model import samples as sampling
+        from optbuild.model.runmodels import at_level, entered_runner
         from optbuild.model.timing import busy_note, time_calls, watch_load
-        from optbuild.steps.verify import at_level, entered_runner
 
         p = self.params
         backend, manifest = side
@@ -310,7 +310,7 @@ def _degenerate(open_dims: list[tuple[TensorSpec, int]], what: str) -> str:
 def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:
     """passed and the worst cosine, max_abs, top-1 of the ``check`` verify step's report.json,
     which must have verified ``model`` (the same content digest)."""
-    from optbuild.steps.verify import model_entry
+    from optbuild.model.runmodels import model_entry
 
     art = ctx.inputs["check"]
     path = art.files.get("report.json") or art.primary

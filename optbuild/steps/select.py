@@ -213,7 +213,7 @@ class Select(Step):
         notes of crashes; the times per row index, per round."""
         from optbuild.backends import registry
         from optbuild.model import race
-        from optbuild.steps.verify import ModelsCrashed, run_models
+        from optbuild.model.runmodels import ModelsCrashed, run_models
 
         p = self.params
         by_index = {row["index"]: row for row in rows}
@@ -297,8 +297,8 @@ class Select(Step):
         measured, by the runtime its benchmark used (onnxruntime's at ``level``), and that
         runtime's label."""
         from optbuild.backends.base import TensorSpec
+        from optbuild.model.runmodels import at_level, entered_runner
         from optbuild.model.samples import random_samples
-        from optbuild.steps.verify import at_level, entered_runner
 
         art = ctx.inputs[row["input"]]
         what = f"the candidate {art.step}"

@@ -116,7 +116,7 @@ BACKEND_NAMES = {"onnxruntime", "tensorrt", "tensorrt-rtx", "openvino", "engine/
                  "engine/tensorrt-rtx", "engine/openvino", ".engine", ".xml"}
 
 
-@pytest.mark.parametrize("module", ["optbuild/steps/verify.py",
+@pytest.mark.parametrize("module", ["optbuild/steps/verify.py", "optbuild/model/runmodels.py",
                                     *sorted(str(p.relative_to(REPO)) for p in (REPO / "optbuild/cli/bench").glob("*.py"))])
 def test_verify_and_bench_name_no_backend(module):
     """They get what runs an artifact from the registry; a new backend needs no edit there.
