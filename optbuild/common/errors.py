@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,21 @@ def root_cause(exc: BaseException) -> str:
             break
         inner, seen = nxt, seen | {id(nxt)}
     return "" if inner is exc else f"; caused by {type(inner).__name__}: {first_line(inner)}"
+
+
+def traceback_with_causes(exc: BaseException) -> str:
+    """``exc``'s traceback after those of every exception it was raised from or while
+    handling, also a context that ``raise StepError(...) from None`` hid: that keeps the
+    console message short, but the user's code (a model callable, a data file) and the cause
+    of its error (an import failing inside a library) are only in that context."""
+    report = traceback.TracebackException.from_exception(exc)
+    link: traceback.TracebackException | None = report
+    seen: set[int] = set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__suppress_context__ = False
+        link = link.__cause__ or link.__context__
+    return "".join(report.format())
 
 
 @dataclass(frozen=True)

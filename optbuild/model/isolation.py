@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from optbuild.common.errors import traceback_with_causes
+
 A = TypeVar("A")  # an attempt: what the work is given (the levels to open models at)
 R = TypeVar("R")
 
@@ -233,18 +235,9 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 def _print_traceback(exc: BaseException) -> None:
-    """``exc``'s traceback with every exception it came from (also a context hidden by ``from
-    None``) to stderr: pickling keeps neither."""
-    report = traceback.TracebackException.from_exception(exc)
-    link: traceback.TracebackException | None = report
-    seen: set[int] = set()
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        link.__suppress_context__ = False
-        link = link.__cause__ or link.__context__
+    """``exc``'s traceback with every exception it came from to stderr: pickling keeps neither."""
     with contextlib.suppress(Exception):
-        print("in the isolated child:\n" + "".join(report.format()), end="", file=sys.stderr, flush=True)
-
+        print("in the isolated child:\n" + traceback_with_causes(exc), end="", file=sys.stderr, flush=True)
 
 def _die_with(parent: int) -> None:
     """SIGKILL this process when ``parent`` dies (a cancelled step is killed so): Linux's

@@ -20,7 +20,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import NoReturn
 
@@ -94,25 +93,13 @@ def _log_failure(exc: BaseException, error: str | None = None) -> None:
     """The traceback of ``exc`` with its causes, and ``error``, into the log: also for an
     expected error, whose console message is short, as it shows where a tool raised it. A
     log on a full disk must not keep the result from saying why the step failed."""
+    from optbuild.common.errors import traceback_with_causes
+
     with contextlib.suppress(OSError):
         print(traceback_with_causes(exc), end="", file=sys.stderr)
         if error:
             print(error, file=sys.stderr)
 
-
-def traceback_with_causes(exc: BaseException) -> str:
-    """``exc``'s traceback after those of every exception it was raised from or while
-    handling, also a context that ``raise StepError(...) from None`` hid: that keeps the
-    console message short, but the user's code (a model callable, a data file) and the cause
-    of its error (an import failing inside a library) are only in that context."""
-    report = traceback.TracebackException.from_exception(exc)
-    link: traceback.TracebackException | None = report
-    seen: set[int] = set()
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        link.__suppress_context__ = False
-        link = link.__cause__ or link.__context__
-    return "".join(report.format())
 
 
 def _disk_full_exit(exc: OSError) -> NoReturn:
