@@ -12,6 +12,7 @@ level. A crash in no model (the user's data callable) is real and not retried.""
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def crash_at(monkeypatch):
 
         def opening(self: OrtRunner) -> None:
             if self.model.name == name and (self.level or "all") in levels:
+                faulthandler.disable()  # pytest's would print the stack to the terminal, past its capture
                 ctypes.string_at(0)
             real(self)
 
@@ -103,7 +105,7 @@ def test_an_engine_keeps_the_level_its_step_fixed_and_is_not_retried(tmp_path, m
 
 
 def test_a_crash_outside_the_models_is_not_retried(tmp_path, models):
-    (tmp_path / "data.py").write_text("import ctypes\n\ndef samples():\n    ctypes.string_at(0)\n")
+    (tmp_path / "data.py").write_text("import ctypes\nimport faulthandler\n\ndef samples():\n    faulthandler.disable()\n    ctypes.string_at(0)\n")
     with pytest.raises(StepError, match=r"^verify's process that runs the models crashed \(SIGSEGV\) while "
                                         r"drawing the samples: a crash inside a native library"):
         verify(tmp_path, *models, data="data.py:samples", samples=None)
