@@ -10,6 +10,9 @@ what downstream nodes see, found by that structure, not by the suffix.
 A tensor that joins quantities of different scales (a detector's boxes 0..320 beside its
 scores 0..1) is also judged by parts, as verify judges outputs (optbuild.model.compare's
 scale runs): its whole cosine, dominated by the large part, cannot see the small part lost.
+A graph output that holds class scores is judged whole, as verify judges it: some logits are
+far below the top ones by nature, and a part cut there (one of a classifier's 1000 logits,
+small on the few samples the report runs) would judge noise.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ def layer_errors(reference: Path, quantized: Path, feeds: list[dict[str, Any]]) 
         return []
     ref_values = _run_exposed(ref, [t for t, _ in tensors], feeds)
     quant_values = _run_exposed(quant, [seen[t] for t, _ in tensors], feeds)
+    classes = _class_scores(reference, [t for t, _ in tensors], ref_values)
     errors = []
     for i, (tensor, node) in enumerate(tensors):
         refs = [np.asarray(v[i], np.float64) for v in ref_values]
@@ -99,9 +103,23 @@ def layer_errors(reference: Path, quantized: Path, feeds: list[dict[str, Any]]) 
         q = np.concatenate([a.ravel() for a in quants])
         r_norm = float(np.linalg.norm(r))
         relative = float(np.linalg.norm(q - r) / r_norm) if r_norm else float(np.linalg.norm(q) > 0)
-        part, part_cosine = _worst_part(tensor, refs, quants)
+        part, part_cosine = (None, None) if tensor in classes else _worst_part(tensor, refs, quants)
         errors.append(LayerError(tensor, node.name, node.op_type, _cosine(r, q), relative, part, part_cosine))
     return errors
+
+
+def _class_scores(reference: Path, names: list[str], values: list[list[Any]]) -> set[str]:
+    """The graph outputs among ``names`` that hold class scores, as verify tells them
+    (compare.class_scores: a Softmax over the last axis, or [batch, classes] from a linear
+    layer); ``values``: per feed, the values of ``names``."""
+    from optbuild.model import compare
+
+    if not values:
+        return set()
+    axes, linear = compare.softmax_axes(reference), compare.linear_heads(reference)
+    outputs = set(axes) | linear
+    return {name for i, name in enumerate(names)
+            if name in outputs and compare.class_scores(values[0][i], axes.get(name), name in linear)}
 
 
 def _cosine(r: Any, q: Any) -> float:

@@ -38,8 +38,10 @@ be an initializer"). An INT8 result without a single quantized node is an error 
 compared with the input model on seeded samples, per output and per part of an output that
 joins quantities of different scales (optbuild.model.int8report), and the node where it first
 departs is kept float and the model quantized again, until the floor is met or
-``max_excluded`` nodes were tried (then the step fails, with the table). The nodes found are a
-result (log, metrics, quant_report.json), not part of the key.
+``max_excluded`` nodes were tried (then the step fails, with the table). Where that tensor stays
+quantized with its node float (onnxruntime quantizes what a quantized node reads), the nodes
+that read it are kept float next, together. The nodes found are a result (log, metrics,
+quant_report.json), not part of the key.
 
 Options apply to the modes named beside them; an option set for another mode is an error.
 Every result passes onnx.checker (full_check) and opens in onnxruntime (CPU); with
@@ -175,17 +177,20 @@ class QuantizeParams(StepParams):
     report: bool = Field(False, examples=[True])
     """dynamic and static: also write quant_report.json, the error of every float tensor the
     INT8 model shares with the input model (cosine, relative error, and for a tensor that joins
-    quantities of different scales, its worst part's cosine; node order, and the first tensor
-    under cosine 0.99: where it departs), run on REPORT_SAMPLES (4) seeded samples as
+    quantities of different scales, its worst part's cosine, class scores being judged whole as
+    verify judges them; node order, and the first tensor under cosine 0.99: where it departs),
+    run on REPORT_SAMPLES (4) seeded samples as
     `inputs` declares them, with the 10 worst in the log. Off by default: it runs both models
     with every tensor kept, which costs time and memory on large models."""
     exclude_until: ExcludeUntil | None = Field(None, examples=[{"min_cosine": 0.99}])
     """dynamic and static: after quantizing, compare the INT8 model's outputs with the input
     model's and, while the worst (an output, or a part of one of different scale, such as a
     detector's scores beside its boxes) is under min_cosine, keep float the node where the
-    per-layer report (see `report`) first departs under min_cosine, and quantize again; at
-    most max_excluded nodes tried (default 8; one whose exclusion changes nothing is passed
-    over), else the step fails with the table and the nodes tried. The nodes it excluded are
+    per-layer report (see `report`) first departs under min_cosine, and quantize again; where
+    that tensor is still quantized with its node float (a quantized node quantizes what it
+    reads: a ViT's class token stayed lost so), keep float the nodes that read it, all
+    together. At most max_excluded nodes tried (default 8; one whose exclusion changes nothing
+    is passed over), else the step fails with the table and the nodes tried. The nodes it excluded are
     a result, not a parameter: the log, the metric `auto_excluded` and quant_report.json
     (always written with this option) name them, with the cosine before and after; copy
     them into nodes_to_exclude to skip the search. Not set: no search."""
@@ -358,6 +363,11 @@ class Quantize(Step):
         samples = self._samples(ctx, source)
         outputs = {o.name for o in model.graph.output}
         names = {n.name for n in model.graph.node}
+        tensor_node = {o: n.name for n in model.graph.node for o in n.output}
+        readers: dict[str, list[str]] = {}
+        for n in model.graph.node:
+            for i in dict.fromkeys(n.input):
+                readers.setdefault(i, []).append(n.name)
         by_hand = list(self.params.nodes_to_exclude)
         excluded: list[str] = []
         tried: list[str] = []
@@ -372,22 +382,28 @@ class Quantize(Step):
 
         errors, worst = measure()
         rounds = [_round(excluded, worst)]
+        full = ""  # why the search stopped short of max_excluded, when a tensor's readers would pass it
         while worst.worst < goal.min_cosine and len(tried) < goal.max_excluded:
-            quantized = _quantized_nodes(names, out)
-            node = next((e.node for e in errors if e.worst < goal.min_cosine and e.node in quantized
-                         and e.node not in (*by_hand, *tried)), None)
-            if node is None:
+            nodes, tensor = _next_exclusion(errors, goal.min_cosine, _quantized_nodes(names, out),
+                                            _requantized(out), readers, {*by_hand, *tried})
+            if not nodes:
                 break
-            tried.append(node)
+            if len(tried) + len(nodes) > goal.max_excluded:
+                full = (f"{len(tried)} nodes tried, and keeping {tensor!r} float takes the {len(nodes)} that "
+                        f"read it ({', '.join(nodes)}), past exclude_until.max_excluded = {goal.max_excluded}")
+                break
+            tried.extend(nodes)
             previous = out.read_bytes()
-            quantize([*by_hand, *excluded, node])
+            quantize([*by_hand, *excluded, *nodes])
+            listed = ", ".join(map(repr, nodes))
+            why = "" if tensor_node.get(tensor) == nodes[0] else f" (the nodes that read {tensor!r}: it stayed quantized for them)"
             if out.read_bytes() == previous:
-                ctx.log(f"exclude_until: keeping {node!r} float changes nothing; passed over")
+                ctx.log(f"exclude_until: keeping {listed} float{why} changes nothing; passed over")
                 continue
-            excluded.append(node)
+            excluded.extend(nodes)
             errors, worst = measure()
             rounds.append(_round(excluded, worst))
-            ctx.log(f"exclude_until: kept {node!r} float: worst output {rounds[-1]['output']} cosine "
+            ctx.log(f"exclude_until: kept {listed} float{why}: worst output {rounds[-1]['output']} cosine "
                     f"{worst.worst:.5f}")
         met = worst.worst >= goal.min_cosine
         search = {"min_cosine": goal.min_cosine, "max_excluded": goal.max_excluded, "met": met,
@@ -397,9 +413,9 @@ class Quantize(Step):
         before, after = rounds[0], rounds[-1]
         if not met:
             steps = "\n".join(f"  {r['excluded'] or 'none'}: {r['output']} cosine {r['cosine']:.5f}" for r in rounds)
-            why = (f"{len(tried)} nodes tried, exclude_until.max_excluded = {goal.max_excluded}"
-                   if len(tried) >= goal.max_excluded else
-                   "no other quantized node departs under the floor")
+            why = full or (f"{len(tried)} nodes tried, exclude_until.max_excluded = {goal.max_excluded}"
+                           if len(tried) >= goal.max_excluded else
+                           "no other quantized node departs under the floor")
             raise StepError(
                 f"exclude_until: the INT8 model's worst output stays under min_cosine = {goal.min_cosine} "
                 f"({why}); nodes tried: {tried or 'none'}. Nodes kept float -> worst output:\n{steps}\n"
@@ -748,6 +764,38 @@ def _round(excluded: list[str], worst: LayerError) -> dict[str, Any]:
     """One step of exclude_until's search, for quant_report.json and the log."""
     return {"excluded": list(excluded), "output": worst.part if worst.part_cosine == worst.worst else worst.tensor,
             "cosine": worst.worst}
+
+
+def _next_exclusion(errors: list[LayerError], floor: float, quantized: set[str], requantized: set[str],
+                    readers: dict[str, list[str]], skip: set[str]) -> tuple[list[str], str | None]:
+    """exclude_until's next nodes to keep float, and the tensor they are for: at the first
+    tensor (node order) under ``floor``, the node that makes it if quantized (its inputs or
+    weights quantized: ``quantized``) and not yet tried (``skip``); else, when the tensor is
+    itself still quantized (``requantized``: a QuantizeLinear reads it), all the quantized
+    nodes that read it, together: onnxruntime puts a QuantizeLinear / DequantizeLinear pair on
+    a tensor that any quantized reader takes, so keeping its maker float alone leaves it
+    quantized (a ViT's class token, of a smaller scale than the patch tokens beside it, was
+    lost that way whatever node was kept float). ([], None) when no tensor under the floor
+    has such nodes left."""
+    for e in errors:
+        if e.worst >= floor:
+            continue
+        if e.node in quantized and e.node not in skip:
+            return [e.node], e.tensor
+        if e.tensor in requantized:
+            nodes = [n for n in readers.get(e.tensor, []) if n in quantized and n not in skip]
+            if nodes:
+                return nodes, e.tensor
+    return [], None
+
+
+def _requantized(path: Path) -> set[str]:
+    """The tensors of the INT8 model at ``path`` that a QuantizeLinear reads (in QDQ format:
+    the tensors its readers take quantized)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {n.input[0] for n in graph.node if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear")}
 
 
 def _quantized_nodes(names: set[str], path: Path) -> set[str]:
