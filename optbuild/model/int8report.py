@@ -1,5 +1,6 @@
-"""Where INT8 hurts: per-tensor errors of a quantized model against its float model, and
-Concat nodes whose inputs have such different ranges that one scale wipes the small ones.
+"""Where INT8 hurts: per-tensor errors of a quantized model against its float model, Concat
+nodes whose inputs have such different ranges that one scale wipes the small ones, and
+weights whose few outlying values do the same to the rest of the tensor under one scale.
 
 Names: onnxruntime keeps a float tensor's name in its quantized model as the output of the
 node that makes it (in QDQ format the value downstream nodes see is then the output of the
@@ -213,4 +214,49 @@ def shared_scales(graph: Any, ranges: dict[str, list[float]]) -> list[SharedScal
             readers = [n.name for n in graph.node if set(node.output) & set(n.input)]
             found.append(SharedScale(node.name, small, tuple(spans[small]), large, tuple(spans[large]),
                                      [node.name, *readers]))
+    return found
+
+
+@dataclass(frozen=True)
+class OutlierWeight:
+    """A weight whose peak |value| is more than SHARED_SCALE_RATIO times the typical peak of
+    its output channels: under one scale for the whole tensor, most channels keep few levels."""
+
+    node: str
+    op: str
+    weight: str
+    peak: float  # max |w| over the tensor
+    typical: float  # the median over output channels of their max |w|
+
+    def levels(self, full: int) -> int:
+        """About how many of ``full`` levels a typical channel keeps under one scale."""
+        return max(1, round(full * self.typical / self.peak))
+
+
+# op type -> the axis of its weight (input 1) that holds output channels (onnxruntime's per-channel axis)
+_WEIGHT_AXIS = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": None}
+
+
+def outlier_weights(graph: Any, ratio: float = SHARED_SCALE_RATIO) -> list[OutlierWeight]:
+    """The Conv / ConvTranspose / MatMul / Gemm nodes of ``graph`` (top level) whose weight, an
+    initializer of rank 2 or more, peaks at more than ``ratio`` times its output channels'
+    median peak."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    weights = {i.name: i for i in graph.initializer}
+    found = []
+    for node in graph.node:
+        if node.op_type not in _WEIGHT_AXIS or len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        w = np.abs(numpy_helper.to_array(weights[node.input[1]]).astype(np.float64))
+        if w.ndim < 2 or w.size == 0 or not np.isfinite(w).all():
+            continue
+        axis = _WEIGHT_AXIS[node.op_type]
+        if axis is None:  # Gemm: B is [K, N], or [N, K] with transB
+            axis = 0 if any(a.name == "transB" and a.i for a in node.attribute) else 1
+        peaks = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1).max(axis=1)
+        typical = float(np.median(peaks))
+        if typical > 0 and float(w.max()) > ratio * typical:
+            found.append(OutlierWeight(node.name, node.op_type, node.input[1], float(w.max()), typical))
     return found
