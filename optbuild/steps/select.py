@@ -20,8 +20,10 @@ benchmark recorded (values as ``inputs`` and the recipe's ``[inputs.NAME]`` decl
 every candidate taking its turn in each round in an order that rotates. The figures judged are
 those; the benchmark's are shown beside them. A winner whose lead over another eligible
 candidate could be noise (the 90 % interval of its per-round lead reaches below 1 +
-``min_lead``) is tied with it, and the tie goes to the smaller model (by more than 5 %),
-then to the candidate listed first. A candidate this host cannot open is listed with why and not chosen.
+``min_lead``) is tied with it. The tie goes to the smaller model (by more than 5 %), then to
+the candidate listed first, among those measured within ``min_lead`` of the fastest; where
+the fastest is alone there, to it: a lead measured at 1.50x whose interval reaches 1.03 on a
+busy host could be noise, but the faster is still the better guess. A candidate this host cannot open is listed with why and not chosen.
 The race runs in a forked child (optbuild.model.isolation): a candidate that crashes
 onnxruntime (SIGSEGV, SIGBUS, SIGILL, SIGFPE) as it loads or first runs at onnxruntime's
 default graph optimization level is measured at the next lower one ("all", "extended",
@@ -349,7 +351,8 @@ class Select(Step):
         """The winner among ``eligible``, each row's verdict, and the tie when there is one.
         Measured together: the best, and every candidate whose lead it may not beat beyond the
         noise, are tied. Cached: equal figures are tied. A tie goes to the smaller model (by more
-        than SIZE_MARGIN), then to the candidate listed first."""
+        than SIZE_MARGIN), then to the candidate listed first, among those measured within
+        ``min_lead`` of the best; where the best is alone there, to it (the faster as measured)."""
         from optbuild.model import race
 
         p, objective = self.params, self.params.objective
@@ -362,15 +365,19 @@ class Select(Step):
 
         if times:
             tied = [r for r in eligible if r is fastest or lead(fastest, r).within(p.min_lead)]
+            # as fast as measured: a 1.50x lead whose interval reaches 1.03 on a noisy host is
+            # a tie, but the faster is still the better guess; size decides among the equal only
+            level = [r for r in tied if r is fastest or lead(fastest, r).ratio <= 1 + p.min_lead]
         else:
-            tied = [r for r in eligible if r["figures"][objective] == best]
-        smallest = min(r["figures"]["size_bytes"] for r in tied)
-        as_small = [r for r in tied if r["figures"]["size_bytes"] <= smallest * SIZE_MARGIN]
+            tied = level = [r for r in eligible if r["figures"][objective] == best]
+        smallest = min(r["figures"]["size_bytes"] for r in level)
+        as_small = [r for r in level if r["figures"]["size_bytes"] <= smallest * SIZE_MARGIN]
         winner = min(as_small, key=lambda r: r["index"])
         report["chosen"] = winner["step"]
         others = [r for r in tied if r is not winner]
         if others:
-            rule = "the smaller model" if len(as_small) == 1 else "the one listed first"
+            rule = ("the faster as measured" if len(level) == 1 else
+                    "the smaller model" if len(as_small) == 1 else "the one listed first")
             report["tie"] = {"with": [r["step"] for r in others], "broken_by": rule}
         for row in eligible:
             winning = lead(winner, row) if times and row is not winner else None

@@ -162,3 +162,35 @@ def test_cached_compares_the_benchmarks_figures_without_measuring(tmp_path):
     report = selection(proj)
     assert report["measure"] == "cached" and report["race"] is None
     assert all(r["together"] is None and r["figures"] == r["benchmark"] for r in report["candidates"])
+
+
+# --- how a tie is broken, on times of a noisy host ----------------------------------------------
+def decide(per_round_ms: dict[str, list[float]], sizes: dict[str, int]) -> tuple[dict, dict]:
+    """select's verdict over candidates with these per-round latencies (4 runs a round) and sizes."""
+    from optbuild.steps.select import Select, SelectParams
+
+    step = Select.__new__(Select)
+    step.params = SelectParams(candidates=list(per_round_ms))
+    rows = [{"index": i, "step": f"r:{name}", "batch": 1, "figures": {"size_bytes": sizes[name]}}
+            for i, name in enumerate(per_round_ms)]
+    times = {i: [[int(ms * 1e6)] * 4 for ms in rounds] for i, rounds in enumerate(per_round_ms.values())}
+    for row in rows:
+        row["figures"]["p50_ms"] = float(np.median(np.concatenate(times[row["index"]]))) / 1e6
+    report: dict = {"tie": None}
+    step._decide(rows, times, report)
+    return report, {row["step"]: row for row in rows}
+
+
+def test_a_tie_within_the_noise_goes_to_the_faster_as_measured_unless_the_others_are_as_fast():
+    """fp32 measured 1.5x faster than the half-size fp16, but one busy round says otherwise: the
+    lead could be noise, so it is a tie; the faster is still the better guess, and size decides
+    only among candidates measured as fast (effnet on a loaded host chose the 1.5x slower fp16)."""
+    noisy = {"fp32": [10, 10, 10, 10, 16], "fp16": [15, 15, 15, 15, 10]}
+    report, rows = decide(noisy, {"fp32": 20_000_000, "fp16": 10_000_000})
+    assert rows["r:fp32"]["figures"]["p50_ms"] == 10 and rows["r:fp16"]["figures"]["p50_ms"] == 15
+    assert report["chosen"] == "r:fp32"
+    assert report["tie"] == {"with": ["r:fp16"], "broken_by": "the faster as measured"}
+    assert rows["r:fp16"]["why"].startswith("tied with the fastest, r:fp32, within the noise (1.50x, interval 0.")
+    level = {"fp32": [10, 10, 10, 10, 16], "fp16": [10.1, 10.2, 10.1, 10.1, 10]}
+    report, rows = decide(level, {"fp32": 20_000_000, "fp16": 10_000_000})
+    assert report["chosen"] == "r:fp16" and report["tie"]["broken_by"] == "the smaller model"
