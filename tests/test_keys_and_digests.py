@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from optbuild.builder.keys import action_key, describe_changes
@@ -23,6 +24,20 @@ def test_digest_is_content_based_and_matches_for_small_and_large_files(tmp_path)
     copy = tmp_path / "l2"
     copy.write_bytes(large.read_bytes())
     assert hash_file(copy)[0] == hash_file(large)[0]
+
+
+def test_a_large_file_is_hashed_in_a_child_forked_after_the_parent_hashed_on_every_core(tmp_path):
+    """blake3's thread pool does not survive a fork: a child of a process that made it hashed
+    a large file forever (verify's isolated child, forked from a step that had hashed)."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(4 << 20))  # large enough for the threaded hash
+    digest, _ = hash_file(big)  # this process makes the pool
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a hang ends the child, which the parent sees as not 0
+        os._exit(0 if hash_file(big)[0] == digest else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_stat_cache_reads_an_unchanged_file_once_across_runs(tmp_path):

@@ -52,13 +52,14 @@ def hash_file(path: Path) -> tuple[str, int]:
     """Read ``path`` and return (digest, bytes read).
 
     Large files are hashed over mmap (no copy) on every core (BLAKE3 is a tree hash: 4.2
-    GB/s on 2 cores here against 2.7 on one); small ones in chunks on this thread.
+    GB/s on 2 cores here against 2.7 on one), but for ``_threads``; small ones in chunks on
+    this thread.
     """
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size >= _MMAP_MIN:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                return blake3.blake3(m, max_threads=blake3.blake3.AUTO).hexdigest(), size
+                return blake3.blake3(m, max_threads=_threads()).hexdigest(), size
         h = blake3.blake3()
         buf = bytearray(min(_CHUNK, max(size, 1)))
         view = memoryview(buf)
@@ -67,6 +68,21 @@ def hash_file(path: Path) -> tuple[str, int]:
             h.update(view[:n])
             read += n
         return h.hexdigest(), read
+
+
+# The process whose threaded hash made blake3's thread pool (rayon's, made once per process).
+_POOL_MADE_IN: int | None = None
+
+
+def _threads() -> int:
+    """Every core, except in a process forked from one that made the thread pool: a fork
+    copies the pool's bookkeeping but not its threads, and a threaded hash there waits forever
+    for them (verify's isolated child hung so, forked from a step that had hashed)."""
+    global _POOL_MADE_IN
+    if _POOL_MADE_IN is not None and _POOL_MADE_IN != os.getpid():
+        return 1
+    _POOL_MADE_IN = os.getpid()
+    return blake3.blake3.AUTO
 
 
 def _damaged(exc: BaseException) -> bool:
