@@ -272,6 +272,14 @@ class Quantize(Step):
     Params = QuantizeParams
     preload = ONNX_TOOLS
 
+    def __init__(self, params: QuantizeParams, base_dir: Path, project_root: Path):
+        super().__init__(params, base_dir, project_root)
+        # 5: exclude_until keeps a departing tensor's quantized readers float, and
+        #    quant_report.json judges class scores whole: only a step that searches or reports
+        #    makes anything new, so only its entries (and remembered failures) are disowned.
+        if params.report or params.exclude_until is not None:
+            self.version = "5"
+
     def tool_names(self) -> tuple[str, ...]:
         if self.params.mode == "fp16":
             return ("onnx", ort_distribution(), "onnxconverter-common")

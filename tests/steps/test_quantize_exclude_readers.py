@@ -106,3 +106,15 @@ def test_class_scores_are_judged_whole_as_verify_judges_them(tmp_path):
     logits = next(t for t in report["tensors"] if t["tensor"] == "logits")
     assert logits["cosine"] > 0.999 and logits["part"] is None and logits["part_cosine"] is None
     assert ctx.metrics["auto_excluded"] == [] and report["exclude_until"]["met"]
+
+
+def test_only_steps_that_search_or_report_are_built_again_after_the_search_changed(tmp_path):
+    """The search and the report changed what they make; a plain INT8 step did not, and keeps
+    its key (and its users' cache)."""
+    from optbuild.steps.quantize import Quantize, QuantizeParams
+
+    def version(**params) -> str:
+        return Quantize(QuantizeParams(input="m", mode="static", calibration="c", **params), tmp_path, tmp_path).version
+
+    assert version() == Quantize.version == "4"
+    assert version(report=True) == version(exclude_until={"min_cosine": 0.99}) == "5"
