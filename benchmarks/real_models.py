@@ -260,12 +260,6 @@ WORKAROUNDS: dict[str, str] = {
     # rightly refuses a constant reference ("the reference's logits is constant 0 on all 16
     # samples"). Random weights for the head, as trained weights would give.
     "vit_head": "    torch.nn.init.normal_(model.heads.head.weight, std=0.02)\n",
-    # The ViT's fp16 model crashes onnxruntime 1.32 (SIGSEGV in InferenceSession) at its default
-    # level ORT_ENABLE_ALL only (DISABLE_ALL, BASIC and EXTENDED load it). The quantize step now
-    # opens it unoptimized and passes; verify[fp16] opens it at ORT_ENABLE_ALL and its process
-    # dies ("step process died (signal 11)"); best still chooses among the rest, but the build
-    # fails. The variant is parked until verify retries a crash at a lower level.
-    "vit_recipe": "\n[steps.fp16]\nenabled = false   # SIGSEGV in onnxruntime at ORT_ENABLE_ALL\n",
     # transformers' decorated forward() through the TorchScript exporter: "BertModel.forward() got
     # multiple values for argument 'use_cache'" (the step's hint names this fix, or
     # exporter = "dynamo" with opset = 18, which works too): a wrapper whose forward() calls the
