@@ -66,20 +66,20 @@ from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.common.errors import StepError
-from optbuild.common.recipetable import RecipeTable, StepRef
+from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field
 from optbuild.model.onnxgraph import (
     all_nodes,
     constants_to_initializers,
     default_opset,
-    drop_value_info,
-    rename_uses,
     sort_topologically,
     subgraphs,
 )
 from optbuild.model.samples import non_default
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import input_field
+from optbuild.steps.quantize_fp16 import fp16_hint, to_float16
+from optbuild.steps.quantize_search import ExcludeUntil, exclude_until
 
 if TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
@@ -102,17 +102,6 @@ EXTRA_OPTIONS = {
     "QuantizeBias": bool,  # false: float biases, as TensorRT wants
 }
 _OWN_PARAM = {"ActivationSymmetric": "symmetric_activations", "WeightSymmetric": "symmetric_weights"}
-
-
-class ExcludeUntil(RecipeTable):
-    """A floor on the INT8 model's outputs, met by keeping nodes float one at a time."""
-
-    min_cosine: float = Field(gt=0, le=1, examples=[0.99])
-    """The cosine every float output of the INT8 model must reach against the input model's
-    (and every part of an output that joins quantities of different scales, as verify judges
-    them), over REPORT_SAMPLES (4) seeded samples as `inputs` declares them."""
-    max_excluded: int = Field(8, ge=1, examples=[16])
-    """At most this many nodes are tried (kept float); the step fails if the floor is still not met."""
 
 
 class QuantizeParams(StepParams):
@@ -296,35 +285,39 @@ class Quantize(Step):
     def run(self, ctx: StepContext) -> None:
         import onnx
 
+        p = self.params
         label = ctx.inputs["input"].step
         source = ctx.onnx_input("quantize")
         out = ctx.out_dir / "model.onnx"
         before = onnx.load(str(source), load_external_data=False)
         ops_before = [n.op_type for n in all_nodes(before.graph)]
         errors, search = None, None
-        if self.params.mode == "fp16":
-            self._fp16(ctx, before, out)
+        if p.mode == "fp16":
+            to_float16(ctx, before, out, keep_io_types=p.keep_io_types, op_block_list=p.op_block_list,
+                       node_block_list=p.node_block_list, min_positive_val=p.min_positive_val,
+                       max_finite_val=p.max_finite_val)
         else:
             quantize = self._int8(ctx, source, before, out)
-            quantize(self.params.nodes_to_exclude)
-            if self.params.exclude_until is not None:
+            quantize(p.nodes_to_exclude)
+            if p.exclude_until is not None:
                 self._check(ctx, source, out, label)  # a model that cannot run is named before the search
-                errors, search = self._exclude_until(ctx, source, before, out, quantize)
+                errors, search = exclude_until(ctx, p.exclude_until, p.nodes_to_exclude, source, before, out,
+                                               quantize, self._samples(ctx, source))
         ops = [n.op_type for n in all_nodes(onnx.load(str(out), load_external_data=False).graph)]
         ctx.metrics.update(
-            mode=self.params.mode, nodes_before=len(ops_before), nodes_after=len(ops),
+            mode=p.mode, nodes_before=len(ops_before), nodes_after=len(ops),
             bytes_before=source.stat().st_size, bytes_after=out.stat().st_size,
             quantize_linear=ops.count("QuantizeLinear") + ops.count("DynamicQuantizeLinear"),
             dequantize_linear=ops.count("DequantizeLinear"),
             integer_ops=sum(map(_integer_op, ops)),
         )
-        ctx.log(f"{self.params.mode}: {len(ops_before)} -> {len(ops)} nodes (subgraphs included), "
+        ctx.log(f"{p.mode}: {len(ops_before)} -> {len(ops)} nodes (subgraphs included), "
                 f"{source.stat().st_size} -> {out.stat().st_size} bytes")
         quantized = sum(map(_quantized_op, ops)) > sum(map(_quantized_op, ops_before))
-        if self.params.mode != "fp16" and not quantized and not self.params.allow_unchanged:
+        if p.mode != "fp16" and not quantized and not p.allow_unchanged:
             raise StepError(self._unchanged(before, label))
         self._check(ctx, source, out, label)
-        if self.params.report or search is not None:
+        if p.report or search is not None:
             self._report(ctx, source, out, errors, search)
 
     def _samples(self, ctx: StepContext, source: Path) -> list[dict[str, Any]]:
@@ -358,87 +351,6 @@ class Quantize(Step):
                  if first else f"no tensor under cosine {int8report.DEPARTS}")
         ctx.log(f"{REPORT_FILE}: {len(errors)} tensors compared with the float model on {REPORT_SAMPLES} "
                 f"seeded samples; {where}; the worst:\n{int8report.table(errors)}")
-
-    def _exclude_until(self, ctx: StepContext, source: Path, model: Any, out: Path,
-                       quantize: Callable[[list[str]], None]) -> tuple[list[LayerError], dict[str, Any]]:
-        """Keep float, one at a time, the node where the INT8 model first departs, until its
-        outputs reach exclude_until.min_cosine (see the parameter). Returns the last
-        per-layer errors and the search, for quant_report.json."""
-        from optbuild.model import int8report
-
-        goal = self.params.exclude_until
-        assert goal is not None
-        samples = self._samples(ctx, source)
-        outputs = {o.name for o in model.graph.output}
-        names = {n.name for n in model.graph.node}
-        tensor_node = {o: n.name for n in model.graph.node for o in n.output}
-        readers: dict[str, list[str]] = {}
-        for n in model.graph.node:
-            for i in dict.fromkeys(n.input):
-                readers.setdefault(i, []).append(n.name)
-        by_hand = list(self.params.nodes_to_exclude)
-        excluded: list[str] = []
-        tried: list[str] = []
-
-        def measure() -> tuple[list[LayerError], LayerError]:
-            errors = int8report.layer_errors(source, out, samples)
-            judged = [e for e in errors if e.tensor in outputs]
-            if not judged:
-                raise StepError("exclude_until: the model has no float output to compare with the input "
-                                "model's; remove exclude_until from this step")
-            return errors, min(judged, key=lambda e: e.worst)
-
-        errors, worst = measure()
-        rounds = [_round(excluded, worst)]
-        full = ""  # why the search stopped short of max_excluded, when a tensor's readers would pass it
-        while worst.worst < goal.min_cosine and len(tried) < goal.max_excluded:
-            nodes, tensor = _next_exclusion(errors, goal.min_cosine, _quantized_nodes(names, out),
-                                            _requantized(out), readers, {*by_hand, *tried})
-            if not nodes:
-                break
-            if len(tried) + len(nodes) > goal.max_excluded:
-                full = (f"{len(tried)} nodes tried, and keeping {tensor!r} float takes the {len(nodes)} that "
-                        f"read it ({', '.join(nodes)}), past exclude_until.max_excluded = {goal.max_excluded}")
-                break
-            tried.extend(nodes)
-            previous = out.read_bytes()
-            quantize([*by_hand, *excluded, *nodes])
-            listed = ", ".join(map(repr, nodes))
-            why = "" if tensor_node.get(tensor) == nodes[0] else f" (the nodes that read {tensor!r}: it stayed quantized for them)"
-            if out.read_bytes() == previous:
-                ctx.log(f"exclude_until: keeping {listed} float{why} changes nothing; passed over")
-                continue
-            excluded.extend(nodes)
-            errors, worst = measure()
-            rounds.append(_round(excluded, worst))
-            ctx.log(f"exclude_until: kept {listed} float{why}: worst output {rounds[-1]['output']} cosine "
-                    f"{worst.worst:.5f}")
-        met = worst.worst >= goal.min_cosine
-        search = {"min_cosine": goal.min_cosine, "max_excluded": goal.max_excluded, "met": met,
-                  "excluded": excluded, "tried": tried, "rounds": rounds}
-        ctx.metrics.update(auto_excluded=excluded, auto_exclude_cosine_before=rounds[0]["cosine"],
-                           auto_exclude_cosine_after=rounds[-1]["cosine"])
-        before, after = rounds[0], rounds[-1]
-        if not met:
-            steps = "\n".join(f"  {r['excluded'] or 'none'}: {r['output']} cosine {r['cosine']:.5f}" for r in rounds)
-            why = full or (f"{len(tried)} nodes tried, exclude_until.max_excluded = {goal.max_excluded}"
-                           if len(tried) >= goal.max_excluded else
-                           "no other quantized node departs under the floor")
-            raise StepError(
-                f"exclude_until: the INT8 model's worst output stays under min_cosine = {goal.min_cosine} "
-                f"({why}); nodes tried: {tried or 'none'}. Nodes kept float -> worst output:\n{steps}\n"
-                f"The worst tensors now:\n{int8report.table(errors)}\n"
-                f"Raise exclude_until.max_excluded, lower exclude_until.min_cosine, quantize fewer op types "
-                f"(op_types_to_quantize), or try per_channel = true or another calibration method")
-        if excluded:
-            ctx.log(f"exclude_until: kept {len(excluded)} node(s) float to reach min_cosine {goal.min_cosine}: "
-                    f"{', '.join(excluded)}; worst output {before['output']} cosine {before['cosine']:.5f} -> "
-                    f"{after['output']} {after['cosine']:.5f} (nodes_to_exclude = {[*by_hand, *excluded]!r} "
-                    f"gives this model without the search)")
-        else:
-            ctx.log(f"exclude_until: worst output {before['output']} cosine {before['cosine']:.5f} meets "
-                    f"min_cosine {goal.min_cosine}; no node excluded")
-        return errors, search
 
     # --- INT8 ------------------------------------------------------------------------------
     def _int8(self, ctx: StepContext, source: Path, model: Any, out: Path) -> Callable[[list[str]], None]:
@@ -674,66 +586,6 @@ class Quantize(Step):
                 f"included): it is the float model. Likely why: {reason}. To keep it anyway, set "
                 f"allow_unchanged = true on this step.")
 
-    # --- float16 -----------------------------------------------------------------------------
-    def _fp16(self, ctx: StepContext, model: Any, out: Path) -> None:
-        import onnx
-
-        try:
-            from onnxconverter_common import float16
-        except ImportError:
-            raise StepError("mode 'fp16' needs onnxconverter-common (pip install onnxconverter-common)") from None
-        p = self.params
-        keep = p.keep_io_types
-        if isinstance(keep, list):
-            floats = {v.name for v in (*model.graph.input, *model.graph.output)
-                      if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
-            io_names = [v.name for v in (*model.graph.input, *model.graph.output)]
-            unknown = [n for n in keep if n not in io_names]
-            if unknown:
-                raise StepError(f"keep_io_types: the model has no input or output {unknown} "
-                                f"(it has {io_names})")
-            if not_float := [n for n in keep if n not in floats]:
-                raise StepError(f"keep_io_types: {not_float} are not float32 tensors")
-        dropped = drop_value_info(model.graph)
-        ctx.metrics["value_info_dropped"] = dropped
-        if dropped:
-            ctx.log(f"fp16: {dropped} value_info entries dropped before converting (shape inference "
-                    f"re-derives them; a duplicated or stale entry keeps a float16 tensor typed float32)")
-        kwargs = {"min_positive_val": p.min_positive_val, "max_finite_val": p.max_finite_val,
-                  "keep_io_types": keep is True,
-                  "op_block_list": [*float16.DEFAULT_OP_BLOCK_LIST, *p.op_block_list]}
-        names = {n.name for n in all_nodes(model.graph)}
-        auto: list[str] = []
-        converted = self._convert_fp16(ctx, model, p.node_block_list, kwargs)
-        for _ in range(FP16_AUTO_BLOCKS):
-            wrong = [n for n in mistyped_nodes(converted.graph) or _ort_type_error(converted)
-                     if n in names and n not in auto and n not in p.node_block_list]
-            if not wrong:  # loads, or an error no block can fix: _check reports it
-                break
-            auto.extend(wrong)
-            converted = self._convert_fp16(ctx, model, [*p.node_block_list, *auto], kwargs)
-        ctx.metrics["fp16_blocked_nodes"] = auto
-        if auto:
-            ctx.log(f"fp16: onnxconverter-common typed {len(auto)} node(s) wrong (their outputs declared "
-                    f"float16 while they make float32): kept in float32, as node_block_list would: "
-                    f"{', '.join(auto)}")
-        onnx.save(converted, str(out))
-
-    def _convert_fp16(self, ctx: StepContext, model: Any, blocked: list[str], kwargs: dict[str, Any]) -> Any:
-        """One conversion of a copy of ``model`` with the nodes ``blocked`` kept float32,
-        the named float32 inputs/outputs restored and every graph sorted."""
-        from onnxconverter_common import float16
-
-        try:  # the converter works on the copy its shape inference returns: model stays as it is
-            converted = float16.convert_float_to_float16(model, node_block_list=blocked, **kwargs)
-        except Exception as exc:
-            raise StepError(f"float16 conversion of {ctx.inputs['input'].step} failed: "
-                            f"{type(exc).__name__}: {exc}") from exc
-        if isinstance(self.params.keep_io_types, list):
-            _keep_float32(converted, self.params.keep_io_types)
-        sort_topologically(converted.graph)  # the converter sorts the main graph only
-        return converted
-
     # --- the result loads, and runs ------------------------------------------------------------
     def _check(self, ctx: StepContext, source: Path, out: Path, label: str) -> None:
         """The result passes onnx.checker (full_check) and opens on the backend that runs ONNX
@@ -755,8 +607,9 @@ class Quantize(Step):
             try:
                 runner = stack.enter_context(registry.open_onnx(out, ctx.host, literal=True))
             except Exception as exc:
+                hint = fp16_hint(exc, self.params.node_block_list) if self.params.mode == "fp16" else ""
                 raise StepError(f"{what} does not load in {backend.label} (CPU): {type(exc).__name__}: "
-                                f"{exc}{self._fp16_hint(exc)}") from None
+                                f"{exc}{hint}") from None
             try:
                 onnx.checker.check_model(str(out), full_check=True)
             except Exception as exc:  # ValidationError, or an InferenceError of the strict shape inference
@@ -776,115 +629,9 @@ class Quantize(Step):
                               "weight_type = \"uint8\", or leave the op out (op_types_to_quantize / nodes_to_exclude)")
                 raise StepError(error) from None
 
-    def _fp16_hint(self, exc: BaseException) -> str:
-        """For a float16 model onnxruntime refuses naming a node: how to keep it float32."""
-        import re
-
-        nodes = re.findall(r"of node \(([^()]+)\)", str(exc)) if self.params.mode == "fp16" else []
-        if not nodes:
-            return ""
-        return (f"\nhint: keep the node float32 with node_block_list = {[*self.params.node_block_list, nodes[-1]]!r} "
-                f"on this step (a node of the converter's own, such as '<node>_input_cast0', names the "
-                f"node to block before its suffix), or its op type in op_block_list")
-
 
 REPORT_FILE = "quant_report.json"
 REPORT_SAMPLES = 4  # seeded samples the report (and exclude_until) runs both models on
-
-
-def _round(excluded: list[str], worst: LayerError) -> dict[str, Any]:
-    """One step of exclude_until's search, for quant_report.json and the log."""
-    return {"excluded": list(excluded), "output": worst.part if worst.part_cosine == worst.worst else worst.tensor,
-            "cosine": worst.worst}
-
-
-def _next_exclusion(errors: list[LayerError], floor: float, quantized: set[str], requantized: set[str],
-                    readers: dict[str, list[str]], skip: set[str]) -> tuple[list[str], str | None]:
-    """exclude_until's next nodes to keep float, and the tensor they are for: at the first
-    tensor (node order) under ``floor``, the node that makes it if quantized (its inputs or
-    weights quantized: ``quantized``) and not yet tried (``skip``); else, when the tensor is
-    itself still quantized (``requantized``: a QuantizeLinear reads it), all the quantized
-    nodes that read it, together: onnxruntime puts a QuantizeLinear / DequantizeLinear pair on
-    a tensor that any quantized reader takes, so keeping its maker float alone leaves it
-    quantized (a ViT's class token, of a smaller scale than the patch tokens beside it, was
-    lost that way whatever node was kept float). ([], None) when no tensor under the floor
-    has such nodes left."""
-    for e in errors:
-        if e.worst >= floor:
-            continue
-        if e.node in quantized and e.node not in skip:
-            return [e.node], e.tensor
-        if e.tensor in requantized:
-            nodes = [n for n in readers.get(e.tensor, []) if n in quantized and n not in skip]
-            if nodes:
-                return nodes, e.tensor
-    return [], None
-
-
-def _requantized(path: Path) -> set[str]:
-    """The tensors of the INT8 model at ``path`` that a QuantizeLinear reads (in QDQ format:
-    the tensors its readers take quantized)."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return {n.input[0] for n in graph.node if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear")}
-
-
-def _quantized_nodes(names: set[str], path: Path) -> set[str]:
-    """Which of the float model's nodes ``names`` the INT8 model at ``path`` quantized, as far as its
-    graph tells: nodes it replaced (their names are gone: dynamic and QOperator rename them),
-    and nodes that read a DequantizeLinear or feed a QuantizeLinear (QDQ). Keeping any other
-    node float changes nothing."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
-    quantizing = {n.input[0] for n in graph.node if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear")}
-    present = {n.name for n in graph.node}
-    touched = {n.name for n in graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
-               and (dequantized & set(n.input) or quantizing & set(n.output))}
-    return (names - present) | (names & touched)
-
-
-# --- float16 nodes typed wrong --------------------------------------------------------------
-FP16_AUTO_BLOCKS = 32  # conversions retried with one more node kept float32, at most
-
-
-def mistyped_nodes(graph: Any) -> list[str]:
-    """Nodes of ``graph`` (subgraphs included) whose ``to`` or ``dtype`` attribute makes
-    float32 where the graph declares their first output float16: onnxconverter-common
-    retypes every float32 tensor but leaves such attributes as they were."""
-    from onnx import AttributeProto, TensorProto
-
-    declared: dict[str, int] = {}
-
-    def collect(g: Any) -> None:
-        for info in (*g.value_info, *g.output):
-            declared[info.name] = info.type.tensor_type.elem_type
-        for node in g.node:
-            for sub in subgraphs(node):
-                collect(sub)
-
-    collect(graph)
-    return [n.name for n in all_nodes(graph) for a in n.attribute
-            if a.name in ("to", "dtype") and a.type == AttributeProto.INT and a.i == TensorProto.FLOAT
-            and n.output and declared.get(n.output[0]) == TensorProto.FLOAT16]
-
-
-def _ort_type_error(model: Any) -> list[str]:
-    """The node onnxruntime names when it refuses ``model`` for a type error, or []."""
-    import re
-
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        found = re.findall(r"Type Error: .* of node \(([^()]+)\)", str(exc))
-        return found[-1:]
-    return []
 
 
 # --- the host's CPU and reduce_range ---------------------------------------------------------
@@ -936,37 +683,3 @@ def _write_ort_cache(path: Path, method: Any, tensors: dict[str, list[float]]) -
     data = {name: TensorData(lowest=np.array(lo, dtype=np.float32), highest=np.array(hi, dtype=np.float32))
             for name, (lo, hi) in tensors.items()}
     save_tensors_data(TensorsData(method, data), path)
-
-
-def _keep_float32(model: Any, names: list[str]) -> None:
-    """Turn the named float16 graph inputs/outputs back to float32 with Cast nodes at the border."""
-    from onnx import TensorProto, helper
-
-    graph = model.graph
-    inputs = {v.name: v for v in graph.input}
-    outputs = {v.name: v for v in graph.output}
-    new_nodes = []
-    for name in names:
-        if name in inputs and inputs[name].type.tensor_type.elem_type == TensorProto.FLOAT16:
-            inner = f"{name}/float16"
-            rename_uses(graph, name, inner)
-            inputs[name].type.tensor_type.elem_type = TensorProto.FLOAT
-            new_nodes.append(helper.make_node("Cast", [name], [inner], name=f"{name}/to_float16",
-                                              to=TensorProto.FLOAT16))
-    if new_nodes:
-        nodes = [*new_nodes, *graph.node]
-        del graph.node[:]
-        graph.node.extend(nodes)
-    for name in names:
-        if name in outputs and outputs[name].type.tensor_type.elem_type == TensorProto.FLOAT16:
-            inner = f"{name}/float16"
-            for node in graph.node:
-                node.output[:] = [inner if o == name else o for o in node.output]
-            rename_uses(graph, name, inner)
-            for info in graph.value_info:
-                if info.name == name:
-                    info.name = inner
-            outputs[name].type.tensor_type.elem_type = TensorProto.FLOAT
-            graph.node.append(helper.make_node("Cast", [inner], [name], name=f"{name}/to_float32",
-                                               to=TensorProto.FLOAT))
-
