@@ -21,28 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from plugins.projects import FIXTURES, REPO, ProjectDir
+from plugins.gpu import GPU_KEYED, H100, cuda_here, cuda_steps
+from plugins.projects import REPO, ProjectDir
 from plugins.remote import Remote, outputs
 
 from optbuild.builder import lockfile
 from optbuild.common.fingerprint import Fingerprint
 
-H100 = FIXTURES / "fingerprints" / "h100.json"
-CUDA = "CUDAExecutionProvider"
 OTHER_SERIAL = "GPU-5f1e2d3c-0000-4000-8000-123456789abc"
 OTHER_MODEL = {"gpu.0.name": "NVIDIA A100-SXM4-80GB", "gpu.0.compute_capability": "8.0"}
-
-
-def cuda_here() -> Fingerprint:
-    """This host, when onnxruntime can run CUDA on its GPU; else the test is skipped, saying
-    what is missing (the onnxruntime backend's own words)."""
-    pytest.importorskip("onnxruntime")
-    from optbuild.backends.onnxruntime import BACKEND  # registers the onnxruntime fields
-
-    host = Fingerprint()
-    if (why := BACKEND.unavailable(host, {"backend": "onnxruntime", "provider": CUDA})) is not None:
-        pytest.skip(f"needs onnxruntime on an NVIDIA GPU: {why}")
-    return host
 
 
 @dataclass
@@ -81,24 +68,7 @@ bound = "hostkinds.py:Bound"
 jobs = 2
 """
 
-RECIPE = """\
-[steps.src]
-kind = "text"
-path = "../data/input.txt"
-
-# built for one GPU model, and for one compute capability (as a TensorRT engine is)
-[steps.for_model]
-kind = "bound"
-input = "src"
-field = "gpu.0.name"
-value = "{name}"
-
-[steps.for_capability]
-kind = "bound"
-input = "src"
-field = "gpu.0.compute_capability"
-value = "{capability}"
-
+RECIPE = GPU_KEYED + """
 # the host's CPU: an onnxruntime model optimized for it, measured on it
 [steps.model]
 kind = "onnx"
@@ -118,27 +88,7 @@ warmup = 1
 """
 
 # on a real GPU: the model on onnxruntime CUDA, verified against the CPU and measured
-ON_CUDA = """
-[steps.engine_cuda]
-kind = "engine"
-backend = "onnxruntime"
-provider = "CUDAExecutionProvider"
-input = "model"
-
-[steps.verify_cuda]
-kind = "verify"
-reference = "model"
-candidate = "engine_cuda"
-min_cosine = 0.9999
-samples = 4
-
-[steps.bench_cuda]
-kind = "benchmark"
-input = "engine_cuda"
-check = "verify_cuda"
-runs = 20
-warmup = 3
-"""
+ON_CUDA = cuda_steps(runs=20, warmup=3)
 
 
 def gpu_project(root: Path, host: GpuHost, remote: Remote, model: Path) -> ProjectDir:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from daskfarm import FINGERPRINTS, Cluster, make_project, start_cluster
-from plugins.projects import FIXTURES
+from plugins.gpu import GPU_KEYED, H100, cuda_here, cuda_steps
 from plugins.remote import Remote
 
 from optbuild.builder import lockfile
@@ -24,25 +24,7 @@ from optbuild.common.fingerprint import Fingerprint
 
 pytestmark = pytest.mark.timeout(120)
 
-H100 = FIXTURES / "fingerprints" / "h100.json"
-
-RECIPE = """\
-[steps.src]
-kind = "text"
-path = "../data/input.txt"
-
-[steps.for_model]
-kind = "bound"
-input = "src"
-field = "gpu.0.name"
-value = "{name}"
-
-[steps.for_capability]
-kind = "bound"
-input = "src"
-field = "gpu.0.compute_capability"
-value = "{capability}"
-
+RECIPE = GPU_KEYED + """
 [steps.on_cpu]
 kind = "bound"
 input = "src"
@@ -54,27 +36,7 @@ ON_CUDA = """
 [steps.model]
 kind = "onnx"
 path = "../models/convnet.onnx"
-
-[steps.engine_cuda]
-kind = "engine"
-backend = "onnxruntime"
-provider = "CUDAExecutionProvider"
-input = "model"
-
-[steps.verify_cuda]
-kind = "verify"
-reference = "model"
-candidate = "engine_cuda"
-min_cosine = 0.9999
-samples = 4
-
-[steps.bench_cuda]
-kind = "benchmark"
-input = "engine_cuda"
-check = "verify_cuda"
-runs = 10
-warmup = 2
-"""
+""" + cuda_steps(runs=10, warmup=2)
 
 
 @dataclass
@@ -85,18 +47,6 @@ class GpuFarm:
     real: bool  # the node probed this host
 
 
-def this_gpu() -> dict:
-    """This host's fingerprint, when onnxruntime can run CUDA on its GPU; else a skip saying
-    what is missing."""
-    pytest.importorskip("onnxruntime")
-    from optbuild.backends.onnxruntime import BACKEND  # registers the onnxruntime fields
-
-    host = Fingerprint()
-    if (why := BACKEND.unavailable(host, {"backend": "onnxruntime", "provider": "CUDAExecutionProvider"})):
-        pytest.skip(f"needs onnxruntime on an NVIDIA GPU: {why}")
-    return host.as_dict()
-
-
 @pytest.fixture(params=[pytest.param("recorded", id="h100-recorded"),
                         pytest.param("real", id="this-gpu", marks=pytest.mark.gpu)])
 def gpu_farm(request: pytest.FixtureRequest, tmp_path: Path, file_remote: Remote) -> Iterator[GpuFarm]:
@@ -104,7 +54,7 @@ def gpu_farm(request: pytest.FixtureRequest, tmp_path: Path, file_remote: Remote
     without --fingerprint, or --fingerprint h100.json."""
     pytest.importorskip("distributed")
     real = request.param == "real"
-    gpu = this_gpu() if real else Fingerprint.load(H100).as_dict()
+    gpu = cuda_here().as_dict() if real else Fingerprint.load(H100).as_dict()
     cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote)
     try:
         offer = [] if real else ["--fingerprint", str(H100)]
