@@ -135,10 +135,12 @@ def test_a_benchmark_that_crashes_at_all_measures_at_extended(tmp_path, models, 
     assert report["p50_ms"] > 0
 
 
-def test_select_races_a_crashing_candidate_at_a_lower_level_and_the_others_at_theirs(tmp_path, models, crash_at):
+def select(tmp_path: Path, models: tuple[Path, Path], crash_at, levels: set[str]) -> Path:
+    """A select step over the benchmarks of the fp32 and fp16 models, run with the fp16 model
+    crashing at ``levels``: its output folder."""
     reference, candidate = models
     benched = {name: bench(tmp_path, model, name).out_dir for name, model in (("fp32", reference), ("fp16", candidate))}
-    crash_at("fp16.onnx", {"all", "extended"})
+    crash_at("fp16.onnx", levels)
     inputs = {f"candidates.{i}": Artifact(step=f"t:bench_{name}", dir=out,
                                           files={p.name: p for p in out.iterdir()},
                                           primary=next(p for p in out.iterdir() if p.suffix == ".onnx"))
@@ -147,9 +149,13 @@ def test_select_races_a_crashing_candidate_at_a_lower_level_and_the_others_at_th
                                                 "rounds": 3, "warmup": 1}), tmp_path, tmp_path)
     out = tmp_path / "out" / "select"
     out.mkdir(parents=True)
-    ctx = StepContext(step_id="t:select", base_dir=tmp_path, project_root=tmp_path, out_dir=out, inputs=inputs,
-                      host=Fingerprint())
-    step.run(ctx)
+    step.run(StepContext(step_id="t:select", base_dir=tmp_path, project_root=tmp_path, out_dir=out, inputs=inputs,
+                         host=Fingerprint()))
+    return out
+
+
+def test_select_races_a_crashing_candidate_at_a_lower_level_and_the_others_at_theirs(tmp_path, models, crash_at):
+    out = select(tmp_path, models, crash_at, {"all", "extended"})
     report = json.loads((out / "selection.json").read_text())
     fp32, fp16 = report["candidates"]
     assert fp32["together"]["level"] == "all" and fp16["together"]["level"] == "basic"
@@ -162,20 +168,7 @@ def test_select_races_a_crashing_candidate_at_a_lower_level_and_the_others_at_th
 
 
 def test_select_races_the_others_when_one_crashes_at_every_level(tmp_path, models, crash_at):
-    reference, candidate = models
-    benched = {name: bench(tmp_path, model, name).out_dir for name, model in (("fp32", reference), ("fp16", candidate))}
-    crash_at("fp16.onnx", {"all", "extended", "basic", "disable"})
-    inputs = {f"candidates.{i}": Artifact(step=f"t:bench_{name}", dir=out,
-                                          files={p.name: p for p in out.iterdir()},
-                                          primary=next(p for p in out.iterdir() if p.suffix == ".onnx"))
-              for i, (name, out) in enumerate(benched.items())}
-    step = Select(Select.Params.model_validate({"candidates": ["bench_fp32", "bench_fp16"], "runs": 6,
-                                                "rounds": 3, "warmup": 1}), tmp_path, tmp_path)
-    out = tmp_path / "out" / "select"
-    out.mkdir(parents=True)
-    ctx = StepContext(step_id="t:select", base_dir=tmp_path, project_root=tmp_path, out_dir=out, inputs=inputs,
-                      host=Fingerprint())
-    step.run(ctx)
+    out = select(tmp_path, models, crash_at, {"all", "extended", "basic", "disable"})
     report = json.loads((out / "selection.json").read_text())
     assert report["chosen"] == "t:bench_fp32"
     fp16 = report["candidates"][1]
