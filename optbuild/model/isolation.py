@@ -27,12 +27,12 @@ import struct
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from optbuild.common.errors import traceback_with_causes
+from optbuild.common.forked import run_and_exit
 
 A = TypeVar("A")  # an attempt: what the work is given (the levels to open models at)
 R = TypeVar("R")
@@ -194,35 +194,29 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _child(work: Callable[[A, Stage], R], attempt: A, fd: int, parent: int, max_bytes: int) -> None:
-    code = _FAILED
+def _child(work: Callable[[A, Stage], R], attempt: A, fd: int, parent: int, max_bytes: int) -> NoReturn:
+    run_and_exit(lambda: _report(work, attempt, fd, parent, max_bytes), failed=_FAILED)
+
+
+def _report(work: Callable[[A, Stage], R], attempt: A, fd: int, parent: int, max_bytes: int) -> None:
+    """In the child: ``work`` run, its stages, then its value or its exception, framed on ``fd``."""
+    _die_with(parent)
+
+    def send(kind: bytes, value: Any) -> None:
+        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(payload) > max_bytes:
+            raise ChildDied(f"the isolated work's value takes {len(payload)} bytes, more than the "
+                            f"{max_bytes} bound: return figures, not tensors")
+        frame = memoryview(_HEADER.pack(kind, len(payload)) + payload)
+        while frame:
+            frame = frame[os.write(fd, frame):]
+
     try:
-        _die_with(parent)
-
-        def send(kind: bytes, value: Any) -> None:
-            payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-            if len(payload) > max_bytes:
-                raise ChildDied(f"the isolated work's value takes {len(payload)} bytes, more than the "
-                                f"{max_bytes} bound: return figures, not tensors")
-            frame = memoryview(_HEADER.pack(kind, len(payload)) + payload)
-            while frame:
-                frame = frame[os.write(fd, frame):]
-
-        try:
-            value = work(attempt, lambda stage: send(_STAGE, stage))
-            send(_VALUE, value)
-        except BaseException as exc:  # every exception goes back to the parent
-            _print_traceback(exc)
-            send(_ERROR, _portable(exc))
-        code = 0
-    except BaseException:  # the child must end here
-        with contextlib.suppress(BaseException):
-            traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                stream.flush()
-        os._exit(code)
+        value = work(attempt, lambda stage: send(_STAGE, stage))
+        send(_VALUE, value)
+    except BaseException as exc:  # every exception goes back to the parent
+        _print_traceback(exc)
+        send(_ERROR, _portable(exc))
 
 
 def _portable(exc: BaseException) -> BaseException:

@@ -56,8 +56,9 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from typing import Any, NoReturn
+
+from optbuild.common.forked import run_and_exit
 
 # Always preloaded: what every worker imports before it runs a step (cheap, thread-free).
 CORE = ("ctypes", "faulthandler", "logging", "pydantic", "optbuild.process.child", "optbuild.steps.registry",
@@ -215,36 +216,28 @@ class Zygote:
     def _child(self, request: dict[str, Any], reply: socket.socket) -> NoReturn:
         """In the forked child: become a fresh worker, run the step, exit. Never returns into
         the zygote's loop, whatever happens."""
-        code = 1
-        try:
-            for sock in (self.control, reply, *self.children.values()):
-                sock.close()
-            if self.watch is not None:
-                self.watch.close()
-            signal.set_wakeup_fd(-1)
-            os.close(self.wakeup_r)
-            os.close(self.wakeup_w)
-            for signum, handler in ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
-                                    (signal.SIGINT, signal.SIG_IGN)):  # Ctrl-C: the builder cancels the step
-                signal.signal(signum, handler)
-            _redirect_output(request["log"])
-            set_environment(request["env"])
-            os.chdir(request["cwd"])
-            _fresh_random_state()
-            from optbuild.process import child as worker
+        run_and_exit(lambda: self._serve(request, reply), failed=1)
 
-            sys.argv = [worker.__file__, request["spec"]]  # as ``python -m optbuild.process.child`` has it
-            worker.capture_diagnostics()
-            worker.serve(request["spec"], parent=os.getppid())
-            code = 0
-        except BaseException:  # the child must end here, whatever was raised
-            with contextlib.suppress(BaseException):
-                traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(BaseException):
-                    stream.flush()
-            os._exit(code)
+    def _serve(self, request: dict[str, Any], reply: socket.socket) -> None:
+        for sock in (self.control, reply, *self.children.values()):
+            sock.close()
+        if self.watch is not None:
+            self.watch.close()
+        signal.set_wakeup_fd(-1)
+        os.close(self.wakeup_r)
+        os.close(self.wakeup_w)
+        for signum, handler in ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                                (signal.SIGINT, signal.SIG_IGN)):  # Ctrl-C: the builder cancels the step
+            signal.signal(signum, handler)
+        _redirect_output(request["log"])
+        set_environment(request["env"])
+        os.chdir(request["cwd"])
+        _fresh_random_state()
+        from optbuild.process import child as worker
+
+        sys.argv = [worker.__file__, request["spec"]]  # as ``python -m optbuild.process.child`` has it
+        worker.capture_diagnostics()
+        worker.serve(request["spec"], parent=os.getppid())
 
 
 def _redirect_output(log: str) -> None:

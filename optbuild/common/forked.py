@@ -1,0 +1,29 @@
+"""The end of a forked child: it never returns into, nor unwinds through, its parent's code."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
+
+
+def run_and_exit(body: Callable[[], object], failed: int) -> NoReturn:
+    """Run ``body`` in a forked child, then end the process with ``os._exit``: status 0 when
+    it returned, ``failed`` when it raised (its traceback on stderr), stdout and stderr
+    flushed either way. An exception left to propagate would run the parent's code on in the
+    child (a second fork server, a second pytest)."""
+    code = failed
+    try:
+        body()
+        code = 0
+    except BaseException:  # the child must end here, whatever was raised
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code)
