@@ -58,6 +58,18 @@ def make_two_inputs(path: Path) -> Path:
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
 
 
+def make_linear(path: Path, w: Any, output: str = "y") -> Path:
+    """``output`` = x @ w: one MatMul ("fc") over x [batch, rows of w], ``w`` a float32 matrix."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], [output], name="fc")], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", w.shape[0]])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", w.shape[1]])],
+        [numpy_helper.from_array(w, "w")])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def graph_model(path: Path, nodes: list, inputs: list, outputs: list, initializers: Sequence[Any] = (),
                 opsets: Sequence[tuple[str, int]] = (("", 17),)) -> Path:
     """A model of ``nodes`` saved unchecked (some are meant to fail onnx.checker)."""

@@ -14,7 +14,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper
-from plugins.models import save
+from plugins.models import make_linear, save
 from plugins.steps import calibrate
 from test_quantize_report import quantize, run
 
@@ -51,12 +51,7 @@ def make_classifier(path: Path) -> Path:
     on every sample (as some of a real classifier's 1000 are on a few samples)."""
     w = np.random.default_rng(11).standard_normal((16, 10)).astype(np.float32)
     w[:, 9] *= 0.01
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc")], "classifier",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        [numpy_helper.from_array(w, "w")])
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return make_linear(path, w, output="logits")
 
 
 def _calibrated(tmp_path: Path, model: Path, shape: tuple[int, ...]) -> Path:

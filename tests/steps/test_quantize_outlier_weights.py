@@ -12,8 +12,8 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper
-from plugins.models import save
+from onnx import helper, numpy_helper
+from plugins.models import make_linear
 from plugins.steps import calibrate
 from test_quantize_report import quantize, run
 
@@ -24,12 +24,7 @@ def make_outlier(path: Path) -> Path:
     """y = x @ w, w [16, 32] of std 0.02 with one value of 2.0 (in output channel 5)."""
     w = (0.02 * np.random.default_rng(3).standard_normal((16, 32))).astype(np.float32)
     w[4, 5] = 2.0
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "outlier",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
-        [numpy_helper.from_array(w, "w")])
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return make_linear(path, w)
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
