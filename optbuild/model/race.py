@@ -104,10 +104,10 @@ def lead(winner: list[list[int]], other: list[list[int]], objective: str, batche
     def ms(rounds: list[list[int]]) -> list[Any]:
         return [np.asarray(r, dtype=np.float64) / 1e6 for r in rounds]
 
+    if len(winner) < 2:
+        raise ValueError("a lead is judged over two rounds or more: one has no spread to judge by")
     wins, others = ms(winner), ms(other)
     overall = cost(np.concatenate(others), objective, batches[1]) / cost(np.concatenate(wins), objective, batches[0])
-    if len(wins) < 2:
-        raise ValueError("a lead is judged over two rounds or more: one has no spread to judge by")
     logs = np.log([cost(o, objective, batches[1]) / cost(w, objective, batches[0]) for w, o in zip(wins, others)])
     half = _t_quantile(len(logs) - 1) * float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
     center = float(np.mean(logs))

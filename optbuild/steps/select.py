@@ -207,7 +207,7 @@ class Select(Step):
     # --- measuring --------------------------------------------------------------------
     def _race(self, ctx: StepContext, rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None,
                                                                           dict[int, list[list[int]]]]:
-        """Time ``rows`` together (optbuild.model.race), in a forked child (verify.run_models): a
+        """Time ``rows`` together (optbuild.model.race), in a forked child (runmodels.run_models): a
         candidate that crashes onnxruntime at its default level is measured at a lower one, one
         that crashes at every level (or another runtime) is not measured and the rest race
         again. Each row gets its figures measured together and its level, or a rejection saying
@@ -364,10 +364,11 @@ class Select(Step):
                              (winner["batch"], other["batch"]))
 
         if times:
-            tied = [r for r in eligible if r is fastest or lead(fastest, r).within(p.min_lead)]
+            behind = {r["index"]: lead(fastest, r) for r in eligible if r is not fastest}  # each by the fastest
+            tied = [r for r in eligible if r is fastest or behind[r["index"]].within(p.min_lead)]
             # as fast as measured: a 1.50x lead whose interval reaches 1.03 on a noisy host is
             # a tie, but the faster is still the better guess; size decides among the equal only
-            level = [r for r in tied if r is fastest or lead(fastest, r).ratio <= 1 + p.min_lead]
+            level = [r for r in tied if r is fastest or behind[r["index"]].ratio <= 1 + p.min_lead]
         else:
             tied = level = [r for r in eligible if r["figures"][objective] == best]
         smallest = min(r["figures"]["size_bytes"] for r in level)
@@ -391,7 +392,7 @@ class Select(Step):
                 elif row is fastest:
                     row["why"] = f"the fastest, tied with the winner within the noise ({lead(row, winner)})"
                 else:
-                    row["why"] = f"tied with the fastest, {fastest['step']}, within the noise ({lead(fastest, row)})"
+                    row["why"] = f"tied with the fastest, {fastest['step']}, within the noise ({behind[row['index']]})"
                 row["why"] += f"; the tie goes to {report['tie']['broken_by']}"
             else:
                 row["why"] = f"{objective} {row['figures'][objective]:g}" + (
