@@ -205,7 +205,7 @@ class Benchmark(Step):
             raise StepError(f"{what} has a file named {REPORT}, the name of this step's report")
         verify = _verify_summary(ctx, art.primary) if p.check is not None else None
         # measured in a forked child: a native crash at onnxruntime's default level is tried
-        # again at a lower one (verify.run_models)
+        # again at a lower one (runmodels.run_models)
         measured, levels, notes = run_models(
             lambda at, stage: self._measure(ctx, side, what, at["input"], stage), {"input": side}, {"input": what},
             "benchmark")
