@@ -5,7 +5,7 @@ on a float16 ViT at graph optimization level ORT_ENABLE_ALL, its default, and ru
 lower level (issue 24); in the step's own process that crash ends the step, with nothing to
 try. Run in a forked child, it ends the child only: the caller learns which attempt crashed,
 of which signal, at which stage the child last reported, and may try again otherwise (verify,
-benchmark and select: at the next lower level, optbuild.steps.verify).
+benchmark and select: at the next lower level, optbuild.model.runmodels).
 
 Cost: one ``fork`` per attempt, none more when nothing crashes; the work's value comes back
 pickled through a pipe, bounded (``max_bytes``), so return figures rather than tensors where
