@@ -1,13 +1,19 @@
-"""The end of a forked child: it never returns into, nor unwinds through, its parent's code."""
+"""Forked children: how one ends (never returning into, nor unwinding through, its parent's
+code), and which deaths are a native library's crash."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
+
+# the signals of a native crash (a library's bug, which another attempt may avoid), by name
+CRASH_SIGNALS = {signal.SIGSEGV: "SIGSEGV", signal.SIGBUS: "SIGBUS", signal.SIGILL: "SIGILL",
+                 signal.SIGFPE: "SIGFPE"}
 
 
 def run_and_exit(body: Callable[[], object], failed: int) -> NoReturn:

@@ -32,14 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
 from optbuild.common.errors import traceback_with_causes
-from optbuild.common.forked import run_and_exit
+from optbuild.common.forked import CRASH_SIGNALS, run_and_exit
 
 A = TypeVar("A")  # an attempt: what the work is given (the levels to open models at)
 R = TypeVar("R")
 
-# signals of a native crash: a library's bug, which another attempt may avoid
-CRASH_SIGNALS = {signal.SIGSEGV: "SIGSEGV", signal.SIGBUS: "SIGBUS", signal.SIGILL: "SIGILL",
-                 signal.SIGFPE: "SIGFPE"}
 MAX_BYTES = 256 << 20  # the most a value (pickled) may take
 _STAGE, _VALUE, _ERROR = b"s", b"v", b"e"
 _HEADER = struct.Struct("<cQ")  # frame: kind, payload length

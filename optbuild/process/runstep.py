@@ -12,7 +12,6 @@ then kept (the local cache, a remote one) is the caller's business.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import threading
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.common.errors import DISK_FULL_ERRNOS, StepError, describe_os_error
+from optbuild.common.forked import CRASH_SIGNALS
 from optbuild.process.pool import ProcessPool, StepProcess
 from optbuild.process.spec import ArtifactSpec, ChildResult, ChildResultError, ChildSpec
 from optbuild.store.entry import ActionEntry, OutputFile
@@ -140,8 +140,7 @@ _CRASHES = {sig: f": {name}, a crash inside a native library (the log holds the 
                  "happened); onnxruntime that crashes at one graph optimization level may not at a lower "
                  "one: verify, benchmark and select try a model at lower levels themselves, and an onnxruntime "
                  "engine step at level = \"basic\" gives a model that they open at that level"
-            for sig, name in ((signal.SIGSEGV, "SIGSEGV"), (signal.SIGBUS, "SIGBUS"), (signal.SIGILL, "SIGILL"),
-                              (signal.SIGFPE, "SIGFPE"))}
+            for sig, name in CRASH_SIGNALS.items()}
 
 
 def read_result(path: Path, returncode: int, scratch: Path) -> ChildResult:
