@@ -4,7 +4,14 @@ that stops the build, an upstream rebuild that reproduces its output), which it 
 
 from __future__ import annotations
 
-from plugins.projects import KINDS, UNICORN, ProjectDir
+import shutil
+import subprocess
+import sys
+
+import pytest
+from plugins.projects import KINDS, REPO, UNICORN, ProjectDir
+
+HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "onnxsim", "onnxslim")
 
 # src -> horn (this host cannot run it) -> after_horn; src -> mid -> out
 RECIPE = """\
@@ -107,3 +114,20 @@ def test_plan_says_steps_may_be_cached_when_their_upstream_rebuilds_the_same(tmp
     build = proj.cli("build", "--json")
     assert build.steps("built") == ["r:src"] and build.steps("cached") == ["r:mid", "r:out"]
     assert _notes(proj.cli("plan", "--json")) == []  # nothing will build: nothing to guess
+
+
+def test_plan_of_gpu_steps_on_a_host_without_a_gpu_imports_no_runtime(tmp_path):
+    """NVML already says there is no GPU: deciding that the example project's CUDA engine
+    steps cannot run here must not import onnxruntime (a second of a plan under load)."""
+    from optbuild.common.fingerprint import Fingerprint
+
+    if Fingerprint().get("gpu.count"):
+        pytest.skip("this host has an NVIDIA GPU: its providers are probed, as they should be")
+    shutil.copy(REPO / "optbuild.toml", tmp_path)
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys; from optbuild.cli import main; rc = main(['plan']);"
+            f"print([m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "cnn:engine_cuda[fp32] cannot run here: needs a CUDA GPU" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == "[]"

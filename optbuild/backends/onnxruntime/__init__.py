@@ -68,10 +68,13 @@ class OnnxRuntime(Backend):
         wanted = provider(manifest)
         if wanted == CPU:
             return None
-        listed = wanted in str(host.get("ort_providers.available") or "").split(",")
         if wanted not in NVIDIA:
+            listed = wanted in _listed(host)
             return None if listed else f"needs the onnxruntime build with the {wanted}"
         gpu = bool(host.get("gpu.count"))
+        # The probe lists an NVIDIA provider only where a GPU is, so without one (NVML says so)
+        # the answer needs no import of onnxruntime: a plan stays light on a CPU host.
+        listed = gpu and wanted in _listed(host)
         needs = []
         if not gpu:
             needs.append(f"a CUDA GPU (here: {host.get('gpu.error') or 'none found'})")
@@ -89,6 +92,11 @@ class OnnxRuntime(Backend):
         device = f"gpu.0 ({host.get('gpu.0.name')})" if wanted in NVIDIA else ""
         return OrtRunner(model, provider=wanted, device=device, threads=threads,
                          level="disable" if literal else None)
+
+
+def _listed(host: Fingerprint) -> list[str]:
+    """The providers onnxruntime lists that can load on ``host`` (probing imports onnxruntime)."""
+    return str(host.get("ort_providers.available") or "").split(",")
 
 
 BACKEND = OnnxRuntime()
