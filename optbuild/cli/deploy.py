@@ -1,10 +1,13 @@
-"""optbuild deploy --to DIR [--keep N] [--no-build] [--fingerprint FILE] [TARGET...] | --rollback MODEL
+"""optbuild deploy --to DIR [--keep N] [--no-build] [--fingerprint FILE] [--replace] [--json] [TARGET...]
+| --rollback MODEL
 
 Publishes the outputs of the project's ``deploy`` steps (optbuild.steps.deploy) into a Triton
 model repository: each is built, or restored from the local or remote cache for this host's
 fingerprint (with ``--no-build``, only restored; with ``--fingerprint``, restored for the host
 recorded in FILE), then switched in atomically (optbuild.cli.publish), recording in
 ``<model>/<version>/optbuild.json`` which keys were used and where and when they were built.
+A model another step published is replaced only with ``--replace``; ``--json`` prints what
+changed as one JSON object, for a CD pipeline.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         help="compute the keys for the host recorded in FILE (`optbuild fingerprint -o FILE` "
                              "there) instead of this one; implies --no-build: what is built here is this host's")
     parser.add_argument("--rollback", metavar="MODEL", default=None,
-                        help="make MODEL's previous version current again (builds nothing)")
+                        help="make MODEL's previous version current again (builds nothing); safe to retry")
+    parser.add_argument("--replace", action="store_true",
+                        help="publish even where the model's served version was published by another step "
+                             "(another recipe or project, or another model_name): without it, that is refused")
+    parser.add_argument("--json", action="store_true",
+                        help="print what changed as one JSON object on stdout (for CD pipelines)")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="RECIPE:STEP.PARAM=VALUE",
                         help="set a parameter for this run, as with build")
     add_remote_flags(parser)
@@ -54,21 +62,61 @@ def run(args: argparse.Namespace) -> int:
         if args.targets:
             raise OptbuildError("--rollback takes a model name and no targets")
         change = publish.rollback(args.to, args.rollback)
-        print(f"{change.model}: {change.what} to version {change.version} in {args.to}")
+        _report(args, [change], ok=True)
         return 0
     found = _build(args)
     if found is None:
+        _report(args, [], ok=False)
         return 1
-    by_model: dict[str, str] = {}
-    for sid, release in found:
-        if release.model in by_model:
-            raise OptbuildError(f"deploy steps {by_model[release.model]} and {sid} both publish model "
-                                f"{release.model!r}: give one of them another model_name")
-        by_model[release.model] = sid
-    for sid, release in found:
-        change = publish.publish(release, args.to, args.keep)
-        print(f"{change.model}: {change.what}, version {change.version} in {args.to} ({sid})")
+    _one_step_per_model([(sid, release.model) for sid, release in found])
+    for _, release in found:  # what would be refused, before any model is published
+        publish.check(release, args.to, replace=args.replace)
+    changes = [publish.publish(release, args.to, args.keep, replace=args.replace) for _, release in found]
+    _report(args, changes, ok=True)
     return 0
+
+
+def _one_step_per_model(published: list[tuple[str, str]]) -> None:
+    """OptbuildError when two deploy steps publish one model name into the repository."""
+    from optbuild.common.errors import OptbuildError
+
+    clashes = shared_model_names(published)
+    if clashes:
+        raise OptbuildError("\n".join(clashes))
+
+
+def shared_model_names(published: list[tuple[str, str]]) -> list[str]:
+    """For each model name that two or more (step, model) pairs publish, a line naming them
+    (``optbuild plan`` says it before anything builds; ``optbuild deploy`` refuses it)."""
+    by_model: dict[str, list[str]] = {}
+    for sid, model in published:
+        if sid not in by_model.setdefault(model, []):
+            by_model[model].append(sid)
+    return [f"deploy steps {', '.join(sids)} all publish model {model!r} into one repository: give each "
+            "its own model_name" for model, sids in sorted(by_model.items()) if len(sids) > 1]
+
+
+def deploy_models(project: Any, sids: list[str]) -> list[tuple[str, str]]:
+    """(step, model name) for the deploy steps among ``sids``: its model_name, else its recipe's."""
+    steps = project.steps
+    return [(sid, getattr(steps[sid].step.params, "model_name", None) or steps[sid].recipe)
+            for sid in sids if steps[sid].kind == "deploy"]
+
+
+def _report(args: argparse.Namespace, changes: list[Any], ok: bool) -> None:
+    """What changed, one line per model, or (--json) one JSON object."""
+    import json
+
+    if args.json:
+        print(json.dumps({"ok": ok, "to": str(args.to), "changes": [
+            {"model": c.model, "what": c.what, "version": c.version, "previous": c.previous, "step": c.step}
+            for c in changes]}))
+        return
+    for c in changes:
+        if c.what == "rolled back":
+            print(f"{c.model}: rolled back to version {c.version} in {args.to}")
+        else:
+            print(f"{c.model}: {c.what}, version {c.version} in {args.to} ({c.step})")
 
 
 def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
@@ -87,6 +135,7 @@ def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
         if not wanted:
             raise OptbuildError(f"no deploy step in {' '.join(args.targets) or 'the project'}: add one "
                                 "([steps.NAME] kind = \"deploy\", input = \"...\")")
+        _one_step_per_model(deploy_models(ws.project, wanted))  # before anything builds
         fetch_only = args.no_build or args.fingerprint is not None
         result = api.build(ws, wanted, reporter=make_reporter(False), host=_host(args.fingerprint),
                            fetch_only=fetch_only)
@@ -138,8 +187,11 @@ def _host(path: Path | None) -> Fingerprint | None:
         return None
     try:
         return Fingerprint.load(path)
-    except (OSError, ValueError) as exc:
-        raise OptbuildError(f"--fingerprint {path}: cannot read it ({exc}); write it on the deploy host with "
+    except OSError as exc:
+        raise OptbuildError(f"--fingerprint {path}: cannot read it ({exc.strerror or exc}); write it on the deploy "
+                            f"host with `optbuild fingerprint -o {path.name}`") from None
+    except ValueError as exc:
+        raise OptbuildError(f"--fingerprint {path}: not a fingerprint: {exc}; write it on the deploy host with "
                             f"`optbuild fingerprint -o {path.name}`") from None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from optbuild.cli.build import add_common, remote_override, report_remote, scheduler_override
 
@@ -27,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     try:
+        _warn_shared_model_names(ws, args.targets)
         result = api.build(ws, args.targets, reporter=make_reporter(args.json, results=sys.stdout), jobs=1,
                            dry_run=True, skip_unavailable=args.skip_unavailable,
                            retry_failed=args.retry_failed, executor=args.executor,
@@ -35,3 +37,12 @@ def run(args: argparse.Namespace) -> int:
         ws.close()
     report_remote(args, result)
     return 0 if result.ok else 1
+
+
+def _warn_shared_model_names(ws: Any, targets: list[str]) -> None:
+    """Deploy steps that publish one model name: `optbuild deploy` would refuse them, so say
+    it now, before anything builds."""
+    from optbuild.cli.deploy import deploy_models, shared_model_names
+
+    for line in shared_model_names(deploy_models(ws.project, ws.graph.select(targets))):
+        print(f"warning: {line}: optbuild deploy refuses them", file=sys.stderr)

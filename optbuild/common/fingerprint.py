@@ -18,7 +18,6 @@ of the host sections only.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -211,6 +210,9 @@ def register_section(section: str, probe: RuntimeProbe, words: Mapping[str, str]
     _FIELD_WORDS.update(words or {})
 
 
+MAX_FILE = 1 << 20  # a recorded fingerprint is a few KiB
+
+
 class Fingerprint:
     """Lazily probed host facts; ``get("cpu.arch")`` probes the "cpu" section once."""
 
@@ -222,8 +224,15 @@ class Fingerprint:
 
     @classmethod
     def load(cls, path: Path) -> Fingerprint:
-        data = json.loads(Path(path).read_text())
-        return cls(data.get("fields", data))
+        """The fingerprint ``optbuild fingerprint -o`` wrote to ``path``: ValueError (what is
+        wrong) for anything else, however large or deep; OSError when it cannot be opened."""
+        from optbuild.common.jsonfile import read_json
+
+        data = read_json(Path(path), MAX_FILE)
+        fields = data.get("fields", data) if isinstance(data, dict) else data
+        if isinstance(fields, dict):
+            return cls(fields)
+        raise ValueError(f"{path} holds a JSON {type(fields).__name__}, not a fingerprint's fields (an object)")
 
     def get(self, field: str) -> Any:
         section = field.split(".", 1)[0]

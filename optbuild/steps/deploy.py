@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from optbuild.common.errors import StepError
+from optbuild.common.paths import name_problem
 from optbuild.common.recipetable import StepRef
 from optbuild.steps.base import ONNX_TOOLS, Artifact, Step, StepContext, StepParams, link_files
 
@@ -32,6 +33,12 @@ _GPU_PROVIDERS = ("CUDAExecutionProvider", "ROCMExecutionProvider")
 # The model file in an upstream artifact without a primary output (a select step whose
 # candidates give different ones), in the order looked for.
 _MODEL_FILES = ("model.engine", "model.xml", "model.onnx")
+MAX_CONFIG = 64 << 10
+# Fields of a recipe's config that would make Triton load another file than the one deployed:
+# runtime names the backend's shared library; and the version the publish pins.
+_REFUSED = {"runtime": "names the backend's library, which Triton would load: the deploy step chooses the "
+                       "backend from the model",
+            "version_policy": "is optbuild deploy's: it pins the version it publishes"}
 
 
 class DeployParams(StepParams):
@@ -68,7 +75,10 @@ class DeployParams(StepParams):
     config: str = Field("", examples=['dynamic_batching { max_queue_delay_microseconds: 100 }'])
     """More of Triton's model configuration, in its text format, merged over what is derived
     from the model (a repeated field, such as instance_group, replaces the derived one). It may
-    not set name, platform, backend, max_batch_size, input or output."""
+    not set name, platform, backend, max_batch_size, input or output; nor runtime (the backend's
+    library: Triton would load the file it names), nor version_policy (`optbuild deploy` pins
+    the version it publishes); a model file name (default_model_filename, cc_model_filenames)
+    must be a plain file name. At most 64 KiB."""
 
     @field_validator("model_name")
     @classmethod
@@ -81,6 +91,9 @@ class DeployParams(StepParams):
     @field_validator("config")
     @classmethod
     def _triton_text(cls, value: str) -> str:
+        if len(value.encode()) > MAX_CONFIG:
+            raise ValueError(f"config is {len(value.encode())} bytes; at most {MAX_CONFIG} (Triton's model "
+                             "configuration is a few lines)")
         if value.strip():
             _extra_config(value)
         return value
@@ -104,10 +117,20 @@ def _extra_config(text: str) -> Any:
         extra = triton.parse(text, "config")
     except StepError as exc:
         raise ValueError(str(exc)) from None
-    derived = [d.name for d, _ in extra.ListFields() if d.name in triton.DERIVED]
+    fields = {d.name for d, _ in extra.ListFields()}
+    derived = [name for name in triton.DERIVED if name in fields]
     if derived:
         raise ValueError(f"config sets {', '.join(derived)}, which the deploy step derives from the model "
                          "(use max_batch_size for the batch)")
+    for field, why in _REFUSED.items():
+        if field in fields:
+            raise ValueError(f"config sets {field}, which {why}")
+    files = [("default_model_filename", extra.default_model_filename)] * bool(extra.default_model_filename)
+    files += [(f"cc_model_filenames[{key!r}]", value) for key, value in sorted(extra.cc_model_filenames.items())]
+    for field, name in files:
+        if name_problem(name) is not None:
+            raise ValueError(f"config sets {field} to {name!r}, which is not a plain file name in the version "
+                             "folder (letters, digits, _ . -)")
     return extra
 
 

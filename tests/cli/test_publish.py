@@ -16,11 +16,12 @@ from pathlib import Path
 from plugins.projects import ProjectDir
 from plugins.steps import tiny_onnx
 
+from optbuild.cli.publish import problems, served_config
 from optbuild.common.digest import hash_file
 
 RECIPE = '[steps.src]\nkind = "onnx"\npath = "net.onnx"\n\n[steps.serve]\nkind = "deploy"\ninput = "src"\n'
 PUBLISH = ("import sys; from pathlib import Path; from optbuild.cli.publish import Release, publish; "
-           "publish(Release('net', Path(sys.argv[1]), {'step': sys.argv[1]}), Path(sys.argv[2]), 2)")
+           "publish(Release('net', Path(sys.argv[1]), {'step': 'net:serve', 'key': sys.argv[1]}), Path(sys.argv[2]), 2)")
 
 
 def deploy_project(root: Path) -> ProjectDir:
@@ -43,15 +44,14 @@ def served(repo: Path, model: str = "net") -> list[str]:
 
 def assert_consistent(repo: Path, model: str = "net") -> None:
     """Every version is whole (its files are those its optbuild.json lists) and config.pbtxt is
-    the one the current version was published with."""
+    the one the served version was published with, pinned to it."""
     numbers = sorted(int(p.name) for p in (repo / model).iterdir() if p.name.isdigit())
     for number in numbers:
         version = repo / model / str(number)
         record = json.loads((version / "optbuild.json").read_text())
         files = {p.name: hash_file(p)[0] for p in version.iterdir() if p.name != "optbuild.json"}
         assert files == record["files"], number
-    current = json.loads((repo / model / str(numbers[-1]) / "optbuild.json").read_text())
-    assert (repo / model / "config.pbtxt").read_text() == current["config"]
+    assert problems(repo / model) == []
 
 
 def test_a_deploy_step_is_published_with_what_was_used_and_a_rerun_touches_nothing(tmp_path):
@@ -60,8 +60,9 @@ def test_a_deploy_step_is_published_with_what_was_used_and_a_rerun_touches_nothi
     first = proj.cli("deploy", "--to", str(repo))
     assert first.returncode == 0, first.stderr
     assert "net: published, version 1" in first.stdout
-    assert served(repo) == [".optbuild.lock", "1", "config.pbtxt"]
+    assert served(repo) == [".optbuild-highest", ".optbuild.lock", "1", "config.pbtxt"]
     assert sorted(p.name for p in (repo / "net/1").iterdir()) == ["model.onnx", "optbuild.json"]
+    assert (repo / "net/config.pbtxt").read_text().endswith("\nversion_policy { specific { versions: 1 } }\n")
     record = json.loads((repo / "net/1/optbuild.json").read_text())
     assert record["step"] == "net:serve" and record["from"] == "built here" and len(record["key"]) > 32
     assert record["inputs"]["input"]["step"] == "net:src" and record["inputs"]["input"]["built_on"]
@@ -80,11 +81,11 @@ def test_a_new_model_is_a_new_version_older_ones_beyond_keep_go_and_a_rollback_r
         assert proj.cli("deploy", "--to", str(repo), "--keep", "2").returncode == 0
         configs.append((repo / "net/config.pbtxt").read_text())
         assert_consistent(repo)
-    assert served(repo) == [".optbuild.lock", "2", "3", "config.pbtxt"]
+    assert served(repo) == [".optbuild-highest", ".optbuild.lock", "2", "3", "config.pbtxt"]
     assert "dims: 6" in configs[2]
     back = proj.cli("deploy", "--to", str(repo), "--rollback", "net")
     assert back.returncode == 0 and "net: rolled back to version 2" in back.stdout
-    assert served(repo) == [".optbuild.lock", "2", "config.pbtxt"]
+    assert served(repo) == [".optbuild-highest", ".optbuild.lock", "2", "config.pbtxt"]
     assert (repo / "net/config.pbtxt").read_text() == configs[1]
     nothing = proj.cli("deploy", "--to", str(repo), "--rollback", "net")
     assert nothing.returncode == 2 and "nothing to roll back to" in nothing.stderr
@@ -114,9 +115,10 @@ def test_a_publish_killed_in_the_middle_leaves_the_old_version_current(tmp_path)
     proc.wait()
     numbers = [p for p in served(repo) if p.isdigit()]
     assert numbers == ["1"] and snapshot(repo / "net/1") == before
-    assert (repo / "net/config.pbtxt").read_text() == 'name: "net"\n'
+    assert (repo / "net/config.pbtxt").read_text() == served_config('name: "net"\n', 1)
     subprocess.run([sys.executable, "-c", PUBLISH, str(new), str(repo)], check=True)
-    assert served(repo) == [".optbuild.lock", "1", "2", "config.pbtxt"]  # the leftover swept
+    # the leftover swept; version 2 was taken by the killed publish and is never reused
+    assert served(repo) == [".optbuild-highest", ".optbuild.lock", "1", "3", "config.pbtxt"]
     assert_consistent(repo)
 
 
@@ -128,8 +130,8 @@ def test_two_publishes_at_once_end_in_a_consistent_repository(tmp_path):
     assert [p.wait() for p in procs] == [0, 0, 0, 0]
     # each publish made a version or found its own current; keep 2: the last two, a and b
     numbers = [p for p in served(repo) if p.isdigit()]
-    assert len(numbers) == 2 and served(repo) == [".optbuild.lock", *numbers, "config.pbtxt"]
+    assert len(numbers) == 2 and served(repo) == [".optbuild-highest", ".optbuild.lock", *numbers, "config.pbtxt"]
     assert int(numbers[1]) == int(numbers[0]) + 1
     assert_consistent(repo)
-    steps = {json.loads((repo / "net" / n / "optbuild.json").read_text())["step"] for n in numbers}
-    assert steps == {str(a), str(b)}
+    keys = {json.loads((repo / "net" / n / "optbuild.json").read_text())["key"] for n in numbers}
+    assert keys == {str(a), str(b)}

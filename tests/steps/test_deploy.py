@@ -193,3 +193,28 @@ def test_the_recipes_own_config_is_merged_and_a_wrong_field_names_file_line_and_
 def test_a_model_name_is_one_folder(name):
     with pytest.raises(ValueError, match="is not a model name"):
         DeployParams.model_validate({"input": "x", "model_name": name})
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ('runtime: "/tmp/libevil.so"', "config sets runtime, which names the backend's library"),
+    ("version_policy { all { } }", "config sets version_policy, which is optbuild deploy's: it pins the version"),
+    ('default_model_filename: "../../etc/passwd"',
+     "config sets default_model_filename to '../../etc/passwd', which is not a plain file name"),
+    ("cc_model_filenames { key: '8.9' value: '/srv/other.plan' }",
+     "config sets cc_model_filenames['8.9'] to '/srv/other.plan', which is not a plain file name"),
+    ("dynamic_batching { } " * 4000, "bytes; at most 65536"),
+])
+def test_the_recipes_config_may_not_load_another_file_nor_pin_versions_and_is_capped(tmp_path, config, message):
+    proj = ProjectDir(tmp_path / "p")
+    proj.write("optbuild.toml", PROJECT)
+    proj.write("recipes/net.toml", '[steps.src]\nkind = "onnx"\npath = "net.onnx"\n\n[steps.serve]\nkind = "deploy"\n'
+               f"input = \"src\"\nconfig = '''{config}'''\n")
+    tiny_onnx(proj.root / "recipes" / "net.onnx")
+    (problem,) = proj.problems()
+    assert problem.startswith(f"{proj.root / 'recipes/net.toml'}:8: steps.serve.config: ")
+    assert message in problem
+
+
+def test_a_plain_model_file_name_in_the_recipes_config_is_kept():
+    params = DeployParams.model_validate({"input": "x", "config": 'default_model_filename: "model.plan"'})
+    assert params.config == 'default_model_filename: "model.plan"'
