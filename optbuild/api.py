@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild.builder import lockfile
 from optbuild.builder.report import Reporter
 from optbuild.builder.scheduler import Options, Outcome, Scheduler
 from optbuild.builder.site import BuildContext, Builder
@@ -33,8 +32,9 @@ from optbuild.common.toolchain import Toolchain
 from optbuild.process.pool import ProcessPool
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, load_project
+from optbuild.store import written
 from optbuild.store.local import LocalStore
-from optbuild.store.marker import MADE_INSIDE, MARKER, Kind, make_folder, ownership
+from optbuild.store.marker import BUILD_STATE, MADE_INSIDE, MARKER, Kind, ownership, take_build_folder
 from optbuild.store.remote import RemoteSession, RemoteStore, open_remote
 
 
@@ -124,9 +124,15 @@ def build(
     )
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])
-    if not dry_run:
-        with suppress(OSError):  # the steps that write there report it, each in its own words
-            make_folder(ws.project.build_dir, "build")  # marked: `clean` deletes in it what optbuild made
+    if not dry_run:  # never a user's folder: a build replaces step folders whole
+        try:
+            with suppress(OSError):  # the steps that write there report it, each in its own words
+                take_build_folder(ws.project.build_dir, ws.project.recipes)
+        except OptbuildError:  # refused: nothing ran, but what was handed over ends here
+            reporter.close()
+            if pool is not None:
+                pool.close()
+            raise
     remote = RemoteSession(ws.remote, reporter, dry_run=dry_run) if ws.remote is not None else None
     scheduler = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
                           options=options, remote=remote, pool=pool, builder=_builder(options))
@@ -162,6 +168,8 @@ def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
     outcome = scheduler.run(selected)[sid]
     info: dict[str, Any] = {"step": sid, "status": outcome.status, "key": outcome.key,
                             "reasons": outcome.reasons}
+    if outcome.status == Status.SKIPPED and (cause := _cause(scheduler.outcomes, ws.graph, sid)) is not None:
+        info["cause"] = cause
     entry = outcome.entry or (ws.store.read_only_view().get_action(outcome.key) if outcome.key else None)
     if entry is not None:
         info["ingredients"] = entry.ingredients
@@ -178,6 +186,17 @@ def explain(ws: Workspace, target: str, *, toolchain: Toolchain | None = None,
     return info
 
 
+def _cause(outcomes: dict[str, Outcome], graph: StepGraph, sid: str) -> dict[str, Any] | None:
+    """The upstream step that kept ``sid`` from building, followed through the skipped ones
+    between: one that failed or cannot run here, with its status and full error (the build
+    output gives only its name beside a skipped step). None when nothing upstream did."""
+    while bad := [d for d in graph.deps[sid] if d in outcomes and not outcomes[d].status.usable]:
+        sid = next((d for d in bad if outcomes[d].status != Status.SKIPPED), bad[0])
+        if outcomes[sid].status != Status.SKIPPED:
+            return {"step": sid, "status": outcomes[sid].status, "error": outcomes[sid].error}
+    return None
+
+
 def _check_removable(project: Project, folder: Path, what: str) -> None:
     """Checked again right before deleting (loading checked the settings): a symlink made
     since must not turn ``clean`` into deleting the project."""
@@ -188,7 +207,7 @@ def _check_removable(project: Project, folder: Path, what: str) -> None:
 
 @dataclass
 class Cleaned:
-    """What ``clean`` deleted, and what it left and why (it deletes only what optbuild made)."""
+    """What ``clean`` deleted, and what it left and why (it deletes only what optbuild wrote)."""
 
     removed: list[Path] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
@@ -197,48 +216,74 @@ class Cleaned:
 
 def clean(project: Project, *, cache: bool = False) -> Cleaned:
     """Remove build outputs (and with ``cache``, the local cache's contents): in folders that
-    optbuild made (``store.marker``), only what optbuild puts there.
+    optbuild made (``store.marker``), only what optbuild wrote there.
 
-    It takes a project, not a workspace: opening one would make the cache folder (and its
-    layout) wherever ``[cache] dir`` points, which would then pass for optbuild's.
+    In the build folder that is the files ``store.written`` recorded, while they hold what
+    optbuild wrote, and optbuild's own state; never a name read from optbuild.lock or the
+    recipes. It takes a project, not a workspace: opening one would make the cache folder
+    (and its layout) wherever ``[cache] dir`` points, which would then pass for optbuild's.
     """
     cleaned = Cleaned()
-    recorded = {step.partition(":")[0] for step in lockfile.load(project.lock_file).steps}
-    _clean_folder(project, project.build_dir, "build", MADE_INSIDE["build"] | set(project.recipes) | recorded,
-                  cleaned)
-    if cache:
-        _clean_folder(project, project.cache_dir, "cache", MADE_INSIDE["cache"], cleaned)
+    build_dir = _owned(project, project.build_dir, "build", cleaned)
+    if build_dir is not None:
+        _clean_build(build_dir, cleaned)
+    if cache and (cache_dir := _owned(project, project.cache_dir, "cache", cleaned)) is not None:
+        _clean_cache(cache_dir, cleaned)
     return cleaned
 
 
-def _clean_folder(project: Project, folder: Path, kind: Kind, made: set[str] | frozenset[str],
-                  cleaned: Cleaned) -> None:
-    """Delete the names in ``made`` from ``folder`` if it is optbuild's; the build folder goes too
-    once nothing else is left in it (the cache folder stays: it may be part of a repository)."""
-    folder = Path(os.path.normpath(folder))  # as people write it: no "proj/../victim"
-    if not folder.is_dir():
-        return
+def _owned(project: Project, folder: Path, kind: Kind, cleaned: Cleaned) -> Path | None:
+    """``folder`` as people write it (no "proj/../victim") when it is there and optbuild's;
+    None, saying why when it is not optbuild's."""
+    folder = Path(os.path.normpath(folder))
+    if not folder.is_dir() or not any(folder.iterdir()):  # nothing to delete (a clean killed before rmdir)
+        return None
     _check_removable(project, folder, f"{kind} folder")
     if ownership(folder, kind) is None:
-        why = (f"not deleted: nothing says optbuild made it (no {MARKER} in it, nor what an earlier "
-               "optbuild left there); delete it yourself if you mean to")
+        why = (f"not deleted: nothing says optbuild made it (no {MARKER} in it); "
+               "delete it yourself if you mean to")
         cleaned.skipped.append((folder, why))
         cleaned.refused = True
-        return
-    left = False
+        return None
+    return folder
+
+
+def _clean_build(folder: Path, cleaned: Cleaned) -> None:
+    """Delete the recorded outputs and logs, then optbuild's state; the folder goes too once
+    nothing else is left in it. What stays is reported: the changed files, and what was
+    left beside what optbuild wrote."""
+    deleted = written.delete_all(folder)
+    for name in sorted(BUILD_STATE):
+        if (path := folder / name).exists() or path.is_symlink():
+            _delete(path)
+            deleted.removed.append(path)
+    cleaned.skipped.extend(deleted.kept)
+    kept = {path for path, _ in deleted.kept}
+    for place in sorted({folder, *deleted.touched}):
+        if place.is_dir() and (place == folder or not place.is_symlink()):
+            for child in sorted(place.iterdir()):
+                if child not in kept and child not in deleted.touched and child != folder / MARKER:
+                    cleaned.skipped.append((child, "kept: optbuild has no record of writing it"))
+    if not any(p.name != MARKER for p in folder.iterdir()):
+        (folder / MARKER).unlink(missing_ok=True)
+        if not folder.is_symlink():  # a link's target is not ours to remove
+            folder.rmdir()
+            deleted.removed.append(folder)
+    gone = set(deleted.removed)
+    cleaned.removed.extend(p for p in deleted.removed if p.parent not in gone)
+
+
+def _clean_cache(folder: Path, cleaned: Cleaned) -> None:
+    """Delete what optbuild makes in a cache (``MADE_INSIDE``); the folder stays (it may be
+    part of a repository)."""
     for child in sorted(folder.iterdir()):
         if child.name == MARKER:
             continue
-        if child.name not in made:
+        if child.name not in MADE_INSIDE["cache"]:
             cleaned.skipped.append((child, "kept: optbuild did not make it"))
-            left = True
             continue
         _delete(child)
         cleaned.removed.append(child)
-    if kind == "build" and not left and not folder.is_symlink():  # a link's target is not ours to remove
-        (folder / MARKER).unlink(missing_ok=True)
-        folder.rmdir()
-        cleaned.removed = [p for p in cleaned.removed if p.parent != folder] + [folder]
 
 
 def _delete(path: Path) -> None:

@@ -4,6 +4,7 @@ the build and cache folders."""
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 
@@ -56,8 +57,10 @@ def test_build_and_cache_folders_that_would_delete_the_project_are_refused(proje
 def test_outputs_are_never_written_through_a_symlink_out_of_the_build_folder(project, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
-    (project.root / "build").mkdir()
+    assert project.build().ok
+    shutil.rmtree(project.root / "build/chain")
     (project.root / "build/chain").symlink_to(outside)
+    project.write("data/input.txt", "changed: the step builds again")
     result = project.build()
     error = result.outcomes["chain:src"].error
     assert f"refusing to write the outputs of chain:src to {project.root / 'build/chain/src'}" in error
@@ -108,22 +111,21 @@ def test_clean_leaves_a_folder_optbuild_did_not_make_and_says_so(project, tmp_pa
     assert (tmp_path / "victim-cache" / "precious.txt").read_text() == "mine too"
 
 
-def test_clean_in_a_folder_optbuild_built_into_deletes_only_what_optbuild_made(project, tmp_path):
-    """A build into an existing folder (allowed outside the project) puts its outputs beside the
-    user's files; clean takes the outputs, the cache's layout and nothing else."""
-    victim, shared = tmp_path / "victim", tmp_path / "shared-cache"
-    for folder in (victim, shared):
-        folder.mkdir()
-        (folder / "precious.txt").write_text("mine")
-    set_folders(project, "allow_outside = true", 'build_dir = "../victim"', 'dir = "../shared-cache"')
+def test_clean_in_a_cache_folder_optbuild_wrote_into_deletes_only_what_optbuild_made(project, tmp_path):
+    """A cache in an existing folder (allowed outside the project) puts its layout beside the
+    user's files; clean takes the layout and nothing else. (A build folder is never an existing
+    folder of a user's: tests/test_clean.py.)"""
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    (shared / "precious.txt").write_text("mine")
+    set_folders(project, "allow_outside = true", 'dir = "../shared-cache"')
     assert project.cli("build").returncode == 0
-    assert (victim / "chain/out").is_dir() and (shared / "cas").is_dir()
+    assert (shared / "cas").is_dir()
 
     run = project.cli("clean", "--cache")
     assert run.returncode == 0, run.stderr
-    assert f"removed {victim / 'chain'}" in run.stdout and f"removed {shared / 'cas'}" in run.stdout
-    assert f"skipped {victim / 'precious.txt'}: kept: optbuild did not make it" in run.stdout
-    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+    assert f"removed {shared / 'cas'}" in run.stdout
+    assert f"skipped {shared / 'precious.txt'}: kept: optbuild did not make it" in run.stdout
     assert sorted(p.name for p in shared.iterdir()) == ["precious.txt"]
 
 
@@ -135,7 +137,7 @@ def test_the_folders_optbuild_makes_carry_its_marker_and_clean_removes_them(proj
 
     run = project.cli("clean", "--cache")
     assert run.returncode == 0
-    assert f"skipped {project.root / 'build/notes.txt'}: kept: optbuild did not make it" in run.stdout
+    assert f"skipped {project.root / 'build/notes.txt'}: kept: optbuild has no record of writing it" in run.stdout
     assert sorted(p.name for p in (project.root / "build").iterdir()) == [".optbuild-folder", "notes.txt"]
     assert sorted(p.name for p in (project.root / "cache").iterdir()) == [".optbuild-folder"]  # still optbuild's
 
@@ -158,15 +160,11 @@ def test_a_build_folder_that_is_a_symbolic_link_is_emptied_and_the_link_kept(pro
     assert (project.root / "build").is_symlink() and list(real.iterdir()) == []
 
 
-def test_folders_made_before_markers_existed_are_known_by_their_layout(project):
-    """An earlier optbuild wrote no marker: its build folder holds .logs/ (or .optbuild/), its
-    cache cas/ and ac/; clean takes what optbuild made there, and the step folders of recipes
-    optbuild.lock still names, even when the recipe is gone."""
-    project.write("recipes/old.toml", '[steps.a]\nkind = "text"\npath = "../data/input.txt"\n')
+def test_a_cache_made_before_markers_existed_is_known_by_its_layout(project):
+    """An earlier optbuild wrote no marker: its cache holds cas/ and ac/; clean takes what
+    optbuild made there. (An earlier build folder: tests/test_clean.py.)"""
     assert project.cli("build").returncode == 0
-    (project.root / "recipes/old.toml").unlink()
-    for folder in ("build", "cache"):
-        (project.root / folder / ".optbuild-folder").unlink()
+    (project.root / "cache/.optbuild-folder").unlink()
     project.write("cache/.gitkeep", "")
 
     run = project.cli("clean", "--cache")

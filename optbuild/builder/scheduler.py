@@ -10,6 +10,7 @@ the key's lock is held from the second lookup until the entry is stored.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from optbuild.builder.runstats import append_stats, run_stats
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.builder.status import Status
 from optbuild.common.atomic import write_atomic
-from optbuild.common.digest import FileHasher
+from optbuild.common.digest import FileHasher, digest_bytes
 from optbuild.common.errors import OptbuildError, StepError, describe_os_error, is_disk_full
 from optbuild.common.events import CacheEvent, DoneEvent, StartEvent, StepEvent, note, warning
 from optbuild.common.fingerprint import Fingerprint
@@ -37,6 +38,7 @@ from optbuild.process.runstep import Cancelled, StepFailed, StepRun
 from optbuild.process.spec import ArtifactSpec, ChildResult
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, StepSpec
+from optbuild.store import written
 from optbuild.store.entry import ActionEntry
 from optbuild.store.failures import FailureStore
 from optbuild.store.local import BlobGone, LocalStore
@@ -374,7 +376,7 @@ class Scheduler:
             if entry is not None:
                 try:
                     if not self.options.dry_run:  # a dry run writes nothing, build/ included
-                        self._restore(entry, dest)
+                        self._restore(spec, entry, dest)
                     return Outcome(Status.CACHED, key, entry)
                 except BlobGone as exc:
                     reasons.append(f"its cached result could not be restored ({exc})")
@@ -417,7 +419,7 @@ class Scheduler:
                                              reasons=reasons))
                 entry = self._build(spec, key, ingredients, placement)
                 status = Status.BUILT
-            self._restore(entry, dest)
+            self._restore(spec, entry, dest)
             if status == Status.BUILT and self.remote is not None and self.builder.local:  # a node pushes its own
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
@@ -430,19 +432,43 @@ class Scheduler:
             return ["not in the cache"]
         return describe_changes(last.get("ingredients") or {}, ingredients)
 
-    def _restore(self, entry: ActionEntry, dest: Path) -> None:
-        """Make ``dest`` hold the entry's outputs. Leftovers of restores killed in its folder
+    def _restore(self, spec: StepSpec, entry: ActionEntry, dest: Path) -> None:
+        """Make ``dest`` hold the entry's outputs, recorded as written by optbuild (what
+        ``clean`` deletes, ``store.written``). Leftovers of restores killed in its folder
         are swept (once a run), even when nothing needs restoring. BlobGone when a blob
-        vanished or proved corrupt: the caller rebuilds."""
+        vanished or proved corrupt: the caller rebuilds. A file optbuild did not write there
+        stops it: replacing the folder would delete it."""
+        build_dir, folder = self.project.build_dir, f"{spec.recipe}/{spec.name}"
         try:
             with self.store.lock_dest(dest):
                 if dest.parent not in self._swept:  # once per folder and run: a listdir per step adds up
                     self._swept.add(dest.parent)
                     self.store.sweep_leftovers(dest.parent)
-                if not self.store.is_materialized(entry, dest):
-                    self.store.materialize(entry, dest)
+                files = {f"{folder}/{name}": (o.digest, o.size) for name, o in entry.outputs.items()}
+                if self.store.is_materialized(entry, dest):
+                    if not written.is_recorded(build_dir, folder):  # an earlier optbuild's, or a new record
+                        written.write(build_dir, folder, files)
+                    return
+                before = written.recorded_files(build_dir, folder)
+                if foreign := written.unrecorded(build_dir, folder, before, known=self._in_cache):
+                    raise StepError(f"cannot write the outputs of {spec.id}: optbuild replaces its folder {dest} "
+                                    f"whole, but did not write {foreign[0]} there. Move that out of the build "
+                                    "folder, then build again")
+                gone = {name: f for name, f in (before or {}).items() if name not in files}
+                written.write(build_dir, folder, {**gone, **files})  # recorded first: a kill leaves no file unrecorded
+                self.store.materialize(entry, dest)
+                if gone:
+                    written.write(build_dir, folder, files)
         except OSError as exc:
             raise StepError(f"cannot write the outputs of {entry.step}: {describe_os_error(exc, dest)}") from None
+
+    def _in_cache(self, path: Path) -> bool:
+        """Whether the bytes of ``path`` are a blob of the cache: an output an earlier
+        optbuild, which kept no record, wrote."""
+        try:
+            return self.store.blob_path(self.hasher.digest(path)).is_file()
+        except OSError:
+            return False
 
     def _entry(self, dep: str) -> ActionEntry:
         """The entry of ``dep``, a step done in this run."""
@@ -498,11 +524,15 @@ class Scheduler:
 
     def _keep_failed_log(self, spec: StepSpec, log: bytes) -> str:
         """Copy a failed step's log to build/.logs/ (the scratch copy is removed); says where,
-        or, when the disk is full, why not: that must not hide the step's own error. Written
-        whole (a link planted there is replaced, never written through)."""
+        or, when the disk is full or a file optbuild did not write is in its place, why not:
+        that must not hide the step's own error. Written whole (never through a link)."""
         path = confined(self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log",
                         self.project.build_dir, f"the log of {spec.id} to")
-        try:
+        name = _log_name(spec.recipe, spec.name)
+        if os.path.lexists(path) and not written.is_intact(self.project.build_dir, name):
+            return f"the full log was not kept: optbuild did not write the {path} that is there (move it away)"
+        try:  # recorded first: a kill leaves no log unrecorded
+            written.write(self.project.build_dir, name, {name: (digest_bytes(log), len(log))})
             write_atomic(path, log)
         except OSError as exc:
             if not is_disk_full(exc):
@@ -512,9 +542,9 @@ class Scheduler:
 
     def _clean_logs(self) -> None:
         """Remove the kept logs of steps that succeeded in this run and of steps the project
-        no longer has: a log left there would speak of a failure that is gone. Only
-        ``<recipe>/<step>.log`` files in build/.logs are removed (no link is followed), and
-        a step not run this time keeps its log. What cannot be removed is left."""
+        no longer has: a log left there would speak of a failure that is gone. Only logs
+        optbuild recorded writing, still as written, are removed (``store.written``), and a
+        step not run this time keeps its log. What cannot be removed is left."""
         if self.options.dry_run:
             return
         logs = confined(self.project.build_dir / ".logs", self.project.build_dir, "the step logs to")
@@ -522,16 +552,15 @@ class Scheduler:
         try:
             if logs.is_symlink() or not logs.is_dir():
                 return
-            folders = [f for f in logs.iterdir() if f.is_dir() and not f.is_symlink()]
+            found = [(f.name, p.stem) for f in logs.iterdir() if f.is_dir() and not f.is_symlink()
+                     for p in f.glob("*.log")]
         except OSError:
             return
-        for folder in folders:
-            for path in folder.glob("*.log"):
-                sid = f"{folder.name}:{path.stem}"
-                if (sid in succeeded or sid not in self.project.steps) and not path.is_symlink():
-                    with contextlib.suppress(OSError):
-                        confined(path, logs, f"the log of {sid} to").unlink()
-                        folder.rmdir()  # the recipe's last log: its folder goes too
+        for recipe, name in found:
+            sid = f"{recipe}:{name}"
+            if sid in succeeded or sid not in self.project.steps:
+                with contextlib.suppress(OSError):
+                    written.delete(self.project.build_dir, _log_name(recipe, name), written.Deleted())
 
     def _check_inputs_unchanged(self, spec: StepSpec, ingredients: dict[str, Any]) -> None:
         """Inputs edited during the build make its result a guess: do not cache it."""
@@ -591,3 +620,8 @@ class Scheduler:
         except OSError as exc:
             raise OptbuildError(f"the steps are built and cached, but {self.project.lock_file} could not be "
                                 f"updated: {describe_os_error(exc, self.project.lock_file.parent)}") from None
+
+
+def _log_name(recipe: str, step: str) -> str:
+    """Where a failed step's log is kept, under the build folder (and the name of its record)."""
+    return f".logs/{recipe}/{step}.log"

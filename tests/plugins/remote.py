@@ -186,10 +186,11 @@ def machines(tmp_path: Path) -> Machines:
 
 
 def outputs(project: ProjectDir) -> dict[str, bytes]:
-    """Every file under build/ (outputs only: no logs, no marker), by relative path."""
+    """Every file under build/ (outputs only: no logs, no marker, none of optbuild's own
+    records in .optbuild/), by relative path."""
     build = project.root / "build"
-    return {p.relative_to(build).as_posix(): p.read_bytes()
-            for p in sorted(build.rglob("*")) if p.is_file() and ".logs" not in p.parts and p.name != MARKER}
+    return {p.relative_to(build).as_posix(): p.read_bytes() for p in sorted(build.rglob("*"))
+            if p.is_file() and not {".logs", ".optbuild"} & set(p.relative_to(build).parts) and p.name != MARKER}
 
 
 def local_store(project: ProjectDir) -> LocalStore:
