@@ -125,8 +125,8 @@ def honest_task(entry: dict[str, Any], entries: dict[str, dict[str, Any]], deps:
     implementation = f"project:{entry['ingredients']['class']}"
     files = {name: {"digest": digest, "size": (project / name).stat().st_size}
              for name, digest in entry["ingredients"]["files"].items()}
-    inputs = {f: {"step": up, "primary": entries[up]["primary"], "outputs": entries[up]["outputs"]}
-              for f, up in deps.items()}
+    inputs = {f: {"step": up, "key": entries[up]["key"], "primary": entries[up]["primary"],
+                  "outputs": entries[up]["outputs"]} for f, up in deps.items()}
     return {"key": entry["key"], "step": entry["step"], "implementation": implementation, "base_dir": "recipes",
             "files": files, "inputs": inputs, "primary_output": entry["primary"], "ingredients": entry["ingredients"],
             "preload": [], "remote": remote_url, "signed": True}
@@ -166,6 +166,18 @@ def other_upstream_output(task: dict[str, Any], digest: str, size: int) -> Forge
                   f"other bytes for upstream {upstream['step']} {name}", "the task is not what its key")
 
 
+def other_upstream_primary(task: dict[str, Any], digest: str, size: int) -> Forged | None:
+    """The step pointed at another output of its upstream (blob.bin, not data.txt): the key
+    holds the upstream's outputs, not which one is the main one (issue 30, item 7)."""
+    for field_name, upstream in sorted(task["inputs"].items()):
+        others = sorted(n for n in upstream["outputs"] if n != upstream["primary"])
+        if others:
+            inputs = {**task["inputs"], field_name: {**upstream, "primary": others[0]}}
+            return Forged({**task, "inputs": inputs}, f"{others[0]} as {upstream['step']}'s main output",
+                          "as the main output of")
+    return None
+
+
 def other_key_material(task: dict[str, Any], digest: str, size: int) -> Forged | None:
     params = task["ingredients"]["params"]
     changed = ({"path": "../data/extra.txt"} if "path" in params else {"megabytes": 0.5} if "megabytes" in params
@@ -191,5 +203,6 @@ def builtin_implementation(task: dict[str, Any], digest: str, size: int) -> Forg
 
 FORGERIES: dict[str, Forgery] = {
     "input bytes": other_input_bytes, "upstream output": other_upstream_output,
+    "upstream main output": other_upstream_primary,
     "key material": other_key_material, "kind class": other_class, "built-in kind": builtin_implementation,
 }

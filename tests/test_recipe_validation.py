@@ -93,6 +93,44 @@ def test_deeply_nested_toml_names_the_file_and_line(project, file):
     assert message.startswith(f"{project.root / file}:{line}: invalid TOML: arrays or inline tables nested too deeply")
 
 
+NOT_FINITE = "is not a finite number: a parameter enters the step's key, which holds finite numbers only"
+
+
+@pytest.mark.parametrize("number, shown", [("1e999", "inf"), ("inf", "inf"), ("-inf", "-inf"), ("nan", "nan")])
+def test_a_number_that_is_not_finite_is_refused_with_its_line(project, number, shown):
+    project.write("recipes/chain.toml", project.read("recipes/chain.toml").replace(
+        'suffix = "-mid"', f'suffix = "-mid"\nsleep = {number}'))
+    (message,) = problems(project)
+    assert message.startswith(f"{project.root / 'recipes/chain.toml'}:10: steps.mid.sleep: {shown} ")
+    assert NOT_FINITE in message
+
+
+def test_a_number_that_is_not_finite_inside_arrays_and_tables_is_refused_where_it_is(project):
+    project.write("recipes/chain.toml", "[inputs.x]\nrange = [0.0, 1e999]\n" + project.read("recipes/chain.toml"))
+    (message,) = problems(project)
+    assert message.startswith(f"{project.root / 'recipes/chain.toml'}:2: inputs.x.range.1: inf ")
+    assert NOT_FINITE in message
+
+
+def test_a_number_that_is_not_finite_set_by_an_override_is_blamed_on_it(project):
+    with pytest.raises(ProjectError) as info:
+        load_project(project.root, ["chain:mid.sleep=nan"])
+    (message,) = [str(p) for p in info.value.problems]
+    assert message.startswith(f"{project.root / 'recipes/chain.toml'}:6: steps.mid.sleep: nan ")
+    assert message.endswith("(set by -S chain:mid.sleep=nan)")
+
+
+@pytest.mark.parametrize("value, field", [("server_idle_s = inf", "build.server_idle_s"),
+                                          ("timeout_s = nan", "remote.timeout_s")])
+def test_a_number_that_is_not_finite_in_the_project_config_is_refused(project, value, field):
+    table = field.split(".")[0]
+    text = project.read("optbuild.toml").replace("[build]\njobs = 2\n", "") + f"[{table}]\n{value}\n"
+    project.write("optbuild.toml", text)
+    (message,) = problems(project)
+    line = len(text.splitlines())
+    assert message == f"{project.root / 'optbuild.toml'}:{line}: {field}: Input should be a finite number"
+
+
 def test_no_config_anywhere_says_to_create_one(tmp_path):
     with pytest.raises(ProjectError, match="no optbuild.toml") as caught:
         load_project(tmp_path)
@@ -115,6 +153,7 @@ def test_an_empty_config_means_the_defaults(tmp_path):
         (lambda t: t.replace('path = "../data/input.txt"', "path = "), "invalid TOML"),
         (lambda t: t.replace('kind = "text"', 'kind = "bogus"'), "unknown step kind 'bogus'"),
         (lambda t: t.replace('input = "mid"', 'input = "gone"'), "no step 'chain:gone'"),
+        (lambda t: t.replace('suffix = "-out"', 'suffix = "-out"\nsleep = 1e999'), "steps.out.sleep: inf "),
     ],
 )
 def test_cli_prints_a_clear_error_and_exits_nonzero_without_traceback(project, edit, expected):

@@ -382,7 +382,7 @@ class Scheduler:
                     reasons.append(f"its cached result could not be restored ({exc})")
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
-        remote_entry = self.remote.lookup(key, spec.id) if self.remote is not None else None
+        remote_entry = self.remote.lookup(key, spec.id, spec.step.primary_output) if self.remote is not None else None
         if remote_entry is not None and self.options.dry_run:  # its entry gives downstream keys
             return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
         if remote_entry is None and not self.options.retry_failed and (failed := self.failures.get(key)):

@@ -89,6 +89,7 @@ class DaskBuilder(Builder):
         self.classes: list[HostClass] = []
         self.nodes: list[Node] = []
         self._present: set[str] = set()  # blobs known to be in the remote CAS this run
+        self._entries: set[str] = set()  # keys of upstream entries known to be in the remote this run
         self._sending: dict[str, threading.Lock] = {}  # per blob: held while one thread uploads it
         self._connected = False
         self._lock = threading.Lock()
@@ -274,7 +275,9 @@ class DaskBuilder(Builder):
         for field_name, entry in request.upstream.items():
             for name, output in entry.outputs.items():
                 self._ensure(output.digest, output.size, f"{entry.step} {name}")
-            inputs[field_name] = Upstream(step=spec.deps[field_name], primary=entry.primary, outputs=entry.outputs)
+            self._ensure_entry(entry, spec.deps[field_name])
+            inputs[field_name] = Upstream(step=spec.deps[field_name], key=entry.key, primary=entry.primary,
+                                          outputs=entry.outputs)
         implementation = spec.implementation
         file, _, cls = implementation.rpartition(":")
         if file.endswith(".py"):
@@ -318,6 +321,23 @@ class DaskBuilder(Builder):
                 raise StepError(f"{exc} (the dask executor needs it there)") from None
             with self._lock:
                 self._present.add(digest)
+
+    def _ensure_entry(self, entry: ActionEntry, step: str) -> None:
+        """The remote cache holds ``entry`` (an upstream step's: its outputs and main output)
+        under its key once this returns: a node checks which output is an input's main one
+        against it. An upstream built here, or by another host whose build differs, is pushed."""
+        ex = self.context
+        assert ex.remote is not None
+        with self._lock:
+            if entry.key in self._entries:
+                return
+        if not ex.remote.holds(entry, step):
+            status = ex.remote.push(entry, ex.store, step)  # the scheduler holds the store's shared gc lock
+            if status != "uploaded":
+                raise StepError(f"the entry of {step} could not be stored in the remote cache {ex.remote.url} "
+                                f"({status}); the nodes check the main output of a step's input against it")
+        with self._lock:
+            self._entries.add(entry.key)
 
     def _failed(self, spec: StepSpec, result: TaskResult) -> None:
         """The node's report of a failure: the step's own (StepFailed, with its log), or the

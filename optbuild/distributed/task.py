@@ -20,7 +20,10 @@ trusts none of it (anyone who reaches the scheduler can send a task):
    them out in a private scratch folder (a mirror of the project's input files, one folder
    per upstream output). Every name must be a safe relative path
    (``store.entry.check_relative_path``) and every file is written through
-   ``paths.confined``: nothing lands outside the scratch folder;
+   ``paths.confined``: nothing lands outside the scratch folder. The key holds an upstream
+   step's outputs but not which of them is the main one the step reads: the node reads the
+   upstream's entry from the remote cache (signed with its key, when it has one) and refuses
+   a task whose upstream outputs or main output are not that entry's;
 4. it runs the step in its own process, as a local build does (``process.runstep``): a child
    of one of the node's fork servers, which have imported the step's tools once (``node_pool``; a fresh
    ``python -m optbuild.process.child`` where they cannot); a native crash kills that process,
@@ -171,6 +174,7 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     project.mkdir()
     with store.shared_gc_lock():  # a trim by another task waits: the blobs are linked here first
         inputs = _fetch(task, session, store, tmp, project, warnings)
+    _check_upstream(task, session)
     implementation = task.implementation
     if (named := task.project_kind) is not None:
         relative, _, cls = named.rpartition(":")
@@ -235,6 +239,26 @@ def _params(material: dict[str, Any], task: Task) -> dict[str, Any]:
         if field in params and params[field] is None:
             params[field] = upstream.step
     return params
+
+
+def _check_upstream(task: Task, session: Any) -> None:
+    """Each upstream output the step gets as its input's main one is the main output that the
+    upstream's entry in the remote cache names (signed with the node's key, when it has one),
+    and that entry names the very outputs the key holds. The key holds the upstream's outputs,
+    not which is the main one: without this a task could point the step at another of them."""
+    for field, upstream in sorted(task.inputs.items()):
+        entry = session.lookup(upstream.key, upstream.step)
+        if entry is None:
+            why = session.miss_reason(upstream.key) or "it is not there"
+            raise Refused(f"the entry of its input {field} ({upstream.step}, key {upstream.key[:12]}…) cannot be "
+                          f"read from the remote cache {session.url}: {why}; the node checks which output of "
+                          "an upstream step is its main one against that entry")
+        if entry.outputs != upstream.outputs:
+            raise Refused(f"the outputs of {upstream.step} are not those its entry {upstream.key[:12]}… "
+                          f"in the remote cache names")
+        if entry.primary != upstream.primary:
+            raise Refused(f"it takes {upstream.primary} as the main output of {upstream.step}, whose entry in "
+                          f"the remote cache names {entry.primary}")
 
 
 def _check_implementation(task: Task, material: dict[str, Any]) -> None:

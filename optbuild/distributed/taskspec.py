@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from optbuild.store.entry import OutputFile
+from optbuild.store.entry import OutputFile, check_digest
 
 PROJECT_KIND = "project:"  # implementation prefix of a project-local kind: project:<path>:<Class>
 
@@ -24,13 +24,21 @@ class BadTask(ValueError):
 
 
 class Upstream(BaseModel):
-    """An upstream step's outputs, by name, as blobs of the remote CAS."""
+    """An upstream step's outputs, by name, as blobs of the remote CAS. The key holds their
+    digests but not which is the main one: the node checks ``primary`` against the entry of
+    ``key`` in the remote cache."""
 
     model_config = ConfigDict(frozen=True)
 
     step: str
+    key: str  # the upstream step's action key: where its entry lies in the remote cache
     primary: str | None = None
     outputs: dict[str, OutputFile]
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        return check_digest(value, "key")
 
 
 class Task(BaseModel):

@@ -7,6 +7,7 @@ fixes a broken project in one pass; nothing is built when the project does not v
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 import typing
@@ -35,7 +36,8 @@ from optbuild.steps.base import Step
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan (which TOML reads) are no timeout, size or count: refused with their line
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ProjectSection(_Section):
@@ -266,6 +268,21 @@ def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError, 
     return problems
 
 
+def non_finite_problems(doc: TomlDocument, prefix: tuple, value: Any) -> list[Problem]:
+    """A problem for each infinite or NaN number in ``value`` (at ``prefix`` of ``doc``), nested
+    tables and arrays included. TOML reads ``inf``, ``nan`` and ``1e999`` (which overflows) as
+    floats, and a parameter enters the step's key as JSON, which has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        written = "nan" if math.isnan(value) else ("-" if value < 0 else "") + "inf (or a number too large for a float)"
+        return [doc.problem(prefix, f"{written} is not a finite number: a parameter enters the step's key, which "
+                                    "holds finite numbers only; write a finite value")]
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in non_finite_problems(doc, (*prefix, key), item)]
+    if isinstance(value, list):
+        return [p for index, item in enumerate(value) for p in non_finite_problems(doc, (*prefix, index), item)]
+    return []
+
+
 def _load_config(path: Path) -> tuple[ProjectConfig, TomlDocument]:
     doc = load_toml(path)
     try:
@@ -347,12 +364,19 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
         problems.append(doc.problem((*loc, "enabled"), f"expected true or false, got {enabled!r}"))
         return None
     params_raw = {k: v for k, v in raw.items() if k not in ("kind", "enabled")}
+    infinite = non_finite_problems(doc, loc, params_raw)
     if inputs and "inputs" in cls.Params.model_fields and isinstance(params_raw.get("inputs", {}), dict):
         params_raw["inputs"] = {**inputs, **params_raw.get("inputs", {})}  # the step's entries win
     try:
         params = cls.Params.model_validate(params_raw)
     except ValidationError as exc:
-        problems.extend(validation_problems(doc, loc, exc, cls.Params, top_keys=("kind", "enabled")))
+        fields = [p.field for p in infinite]
+        problems.extend(infinite)
+        problems.extend(p for p in validation_problems(doc, loc, exc, cls.Params, top_keys=("kind", "enabled"))
+                        if not any(p.field == f or (p.field or "").startswith(f"{f}.") for f in fields))
+        return None
+    if infinite:
+        problems.extend(infinite)
         return None
     step = cls(params, base_dir, root)
     return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, implementation, step, doc, enabled=enabled)
@@ -379,7 +403,9 @@ def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
     inputs: dict[str, Any] = {}
     try:
         RecipeInputs.model_validate({"inputs": data.get("inputs", {})})
-        inputs = data.get("inputs", {})
+        if not (infinite := non_finite_problems(doc, ("inputs",), data.get("inputs", {}))):
+            inputs = data.get("inputs", {})  # given to the steps, in whose keys they are
+        problems.extend(infinite)
     except ValidationError as exc:
         problems.extend(validation_problems(doc, (), exc, RecipeInputs))
     steps = data.get("steps", {})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +77,127 @@ def test_a_forged_task_is_refused_and_the_signed_entry_stays(tmp_path, file_remo
         restored = build(other)
         assert restored.ok and sorted(restored.steps("restored")) == ["farm:src", "farm:up"], restored.reporter.events
         assert (other.root / "build/farm/up/data.txt").read_text() == "hello!"
+    finally:
+        cluster.stop()
+
+
+NESTED = RECIPE.replace('suffix = "!"', 'suffix = "!"\nnested = true') + '\n[steps.down]\nkind = "join"\ninput = "up"\n'
+
+
+def test_a_task_pointing_a_step_at_another_output_of_its_upstream_is_refused(tmp_path, file_remote, monkeypatch):
+    """``up`` writes data.txt (its main output) and sub/extra.txt. A task for ``down`` with
+    its real key and key material, whose input names sub/extra.txt as up's main output (the
+    key holds up's outputs, not which is the main one): the node checks it against up's
+    entry in the remote cache, and builds, signs and uploads nothing."""
+    from distributed import Client
+
+    from optbuild.distributed.task import run_task
+
+    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
+    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
+    try:
+        section = file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING")
+        build_section = f'executor = "dask"\nscheduler = "{cluster.address}"\n'
+        proj = make_project(tmp_path / "p", build=build_section, remote=section, recipe=NESTED)
+        honest = build(proj)
+        assert honest.ok, (honest.reporter.events, cluster.logs())
+        assert (proj.root / "build/farm/down/data.txt").read_text() == "hello!"
+        key, up_key = honest.outcomes["farm:down"].key, honest.outcomes["farm:up"].key
+        signed_entry = file_remote.read(file_remote.entry_path(key))
+        _, entry = file_remote.read_entry(key)
+        _, up = file_remote.read_entry(up_key)
+        assert up["primary"] == "data.txt" and sorted(up["outputs"]) == ["data.txt", "sub/extra.txt"]
+        blobs = sorted(file_remote.fs.find(f"{file_remote.root}/cas"))
+
+        task = {"key": key, "step": "farm:down", "implementation": "project:kinds.py:Join", "base_dir": "recipes",
+                "files": {name: {"digest": digest, "size": (proj.root / name).stat().st_size}
+                          for name, digest in entry["ingredients"]["files"].items()},
+                "inputs": {"input": {"step": "farm:up", "key": up_key, "primary": "data.txt", "outputs": up["outputs"]}},
+                "primary_output": "data.txt", "ingredients": entry["ingredients"], "remote": file_remote.url,
+                "signed": True}
+        other_output = {**task, "inputs": {"input": {**task["inputs"]["input"], "primary": "sub/extra.txt"}}}
+        another_entry = {**task, "inputs": {"input": {**other_output["inputs"]["input"],
+                                                      "key": honest.outcomes["farm:src"].key}}}
+        with Client(cluster.address, timeout=10, set_as_default=False) as client:
+            for forged, why in [
+                    (other_output, ("it takes sub/extra.txt as the main output of farm:up, whose entry in the "
+                                    "remote cache names data.txt")),
+                    (another_entry, "the outputs of farm:up are not those its entry")]:
+                result = client.submit(run_task, forged, pure=False, resources={"optbuild": 1}).result(timeout=30)
+                assert result["ok"] is False and result["node"] == "cpu", result
+                assert result["error"].startswith("refused: ") and why in result["error"], result["error"]
+                assert result["error"].endswith("nothing was built or stored")
+
+        assert file_remote.read(file_remote.entry_path(key)) == signed_entry  # nothing signed, nothing replaced
+        assert sorted(file_remote.fs.find(f"{file_remote.root}/cas")) == blobs  # nothing uploaded
+    finally:
+        cluster.stop()
+
+
+def test_an_entry_naming_another_main_output_than_its_step_s_is_not_used(tmp_path, file_remote, monkeypatch):
+    """A task for ``up`` itself that names sub/extra.txt as its main output (the key does not
+    hold it): the node signs that entry, but a coordinator, which knows the step's main
+    output, does not use it, builds ``up`` again and replaces it; ``down`` reads data.txt."""
+    from distributed import Client
+
+    from optbuild.distributed.task import run_task
+
+    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
+    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
+    try:
+        section = file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING")
+        build_section = f'executor = "dask"\nscheduler = "{cluster.address}"\n'
+        proj = make_project(tmp_path / "p", build=build_section, remote=section, recipe=NESTED)
+        assert build(proj).ok
+        lock = json.loads(proj.read("optbuild.lock"))["steps"]
+        up_key, src_key = lock["farm:up"]["key"], lock["farm:src"]["key"]
+        _, up = file_remote.read_entry(up_key)
+        _, src = file_remote.read_entry(src_key)
+        task = {"key": up_key, "step": "farm:up", "implementation": "project:kinds.py:Join", "base_dir": "recipes",
+                "files": {name: {"digest": digest, "size": (proj.root / name).stat().st_size}
+                          for name, digest in up["ingredients"]["files"].items()},
+                "inputs": {"input": {"step": "farm:src", "key": src_key, "primary": "data.txt",
+                                     "outputs": src["outputs"]}},
+                "primary_output": "sub/extra.txt", "ingredients": up["ingredients"], "remote": file_remote.url,
+                "signed": True}
+        with Client(cluster.address, timeout=10, set_as_default=False) as client:
+            assert client.submit(run_task, task, pure=False, resources={"optbuild": 1}).result(timeout=30)["ok"]
+        assert file_remote.read_entry(up_key)[1]["primary"] == "sub/extra.txt"
+        file_remote.delete(file_remote.entry_path(lock["farm:down"]["key"]))  # down builds from up's entry
+
+        other = make_project(tmp_path / "other", build=build_section, remote=section, recipe=NESTED)
+        result = build(other)
+        assert result.ok, (result.reporter.events, cluster.logs())
+        assert any("entry of farm:up rejected: it names sub/extra.txt as the step's main output, where the "
+                   "step's is data.txt" in e.get("message", "") for e in result.reporter.events)
+        assert sorted(result.steps("built")) == ["farm:down", "farm:up"]
+        assert (other.root / "build/farm/down/data.txt").read_text() == "hello!"
+        assert file_remote.read_entry(up_key)[1]["primary"] == "data.txt"  # replaced
+    finally:
+        cluster.stop()
+
+
+def test_an_upstream_built_here_is_put_in_the_remote_for_the_node_to_check(tmp_path, file_remote, monkeypatch):
+    """``src`` and ``up`` were built on this host, the remote cache not used: the node checks
+    up's main output against its entry, so the coordinator puts that entry (signed) there."""
+    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
+    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
+    try:
+        section = file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING")
+        proj = make_project(tmp_path / "p", remote=section, recipe=NESTED)
+        ws = api.open_workspace(proj.root, remote=False)
+        try:
+            assert api.build(ws, ["farm:up"], reporter=Reporter()).ok
+        finally:
+            ws.close()
+        assert file_remote.keys() == []
+        proj.write("optbuild.toml", proj.read("optbuild.toml").replace(
+            "[build]\n", f'[build]\nexecutor = "dask"\nscheduler = "{cluster.address}"\n'))
+        result = build(proj)
+        assert result.ok, (result.reporter.events, cluster.logs())
+        assert result.steps("built") == ["farm:down"] and (proj.root / "build/farm/down/data.txt").read_text() == "hello!"
+        head, up = file_remote.read_entry(result.outcomes["farm:up"].key)
+        assert head and up["primary"] == "data.txt"  # signed: the node checked against it
     finally:
         cluster.stop()
 

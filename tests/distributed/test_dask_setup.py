@@ -127,7 +127,8 @@ def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:
     remote.write(remote.blob_path(digest), blob)
     entry = {"digest": digest, "size": len(blob)}
     files = {name: entry for name in (files or ["data/input.txt"])}
-    inputs = {field: {"step": "r:up", "primary": None, "outputs": {name: entry}} for field, name in (inputs or {}).items()}
+    inputs = {field: {"step": "r:up", "key": digest_bytes(b"r:up"), "primary": None, "outputs": {name: entry}}
+              for field, name in (inputs or {}).items()}
     ingredients = {"kind": "onnx", "params": {}, "tools": {}, "host": {},
                    "files": {name: digest for name in files},
                    "inputs": {field: {name: digest for name in up["outputs"]} for field, up in inputs.items()},
@@ -190,6 +191,8 @@ def test_a_node_refuses_a_task_that_is_not_what_its_key_says(tmp_path, file_remo
             "the task runs kinds.py:Shadow of the project, its key names kinds.py:Kind"),
         "a key made for another GPU": (_doc(file_remote, host={"gpu.count": 1}),
                                        "its key was made for another host (gpu.count = 1 in its key, 0 here)"),
+        "an upstream whose entry is not in the remote": (
+            doc, "the entry of its input input (r:up, key "),  # the node cannot check its main output
     }
     for what, (forged, why) in cases.items():
         result = run_on(forged, _node(file_remote))

@@ -228,6 +228,26 @@ def test_a_host_with_another_key_or_none_leaves_signed_entries_alone(machines, s
     assert s3_remote.read(s3_remote.entry_path(keys["chain:src"])) == good["chain:src"]
 
 
+UNCHECKED = "its entries are signed, but this host has no signing key, so it cannot check their signatures"
+
+
+@pytest.mark.parametrize("where", ["s3", "file"])
+def test_a_host_without_a_key_that_reads_signed_entries_says_once_that_it_cannot_check_them(
+        machines, request, monkeypatch, where):
+    remote = request.getfixturevalue(f"{where}_remote")
+    monkeypatch.setenv(KEY_ENV, FARM_KEY)
+    assert machines("farm", remote.section(signing_key_env=KEY_ENV)).build().ok
+    monkeypatch.delenv(KEY_ENV)
+    result = machines("keyless", remote.section()).build()
+    assert result.ok and step_events(result, "restored") == ALL  # used, as before: unchecked
+    told = [w for w in warnings(result.reporter.events) if UNCHECKED in w]
+    assert len(told) == 1, told  # once a build, not once an entry
+    assert "set [remote] signing_key_env in optbuild.toml to the NAME of the environment variable" in told[0]
+    assert told[0].startswith(f"remote {remote.url}")
+    audit = cli(machines("auditor", remote.section()), "cache", "audit")
+    assert audit.stderr.count(UNCHECKED) == 1, audit.stderr
+
+
 # --- (16a) --no-build names an unreachable remote as such ---------------------------------------
 def test_no_build_says_the_remote_could_not_be_reached(machines, s3_server, closed_port):
     section = f'[remote]\nurl = "s3://nowhere/cache"\nendpoint_url = "{closed_port}"\ntimeout_s = 5\n'

@@ -24,6 +24,7 @@ from optbuild.store.remote.errors import EventSink, Failed, Rejected, RemoteMiss
 from optbuild.store.remote.filesystem import RemoteStore
 from optbuild.store.remote.signing import (
     KEY_ID_HEX,
+    SIGNATURE_PREFIX,
     decode_entry,
     encode_entry,
     key_id,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 
 _SLOWEST_UPLOAD_BPS = 1 << 20  # an upload's first progress report may come only after this rate
+ANY_MAIN = object()  # lookup: whatever main output the entry names
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -90,6 +92,7 @@ class RemoteSession:
     _pool: Any = None
     _miss_reasons: dict[str, str] = field(default_factory=dict)  # key -> why the remote gave nothing
     _last_fault: str = ""
+    _told_unchecked: bool = False  # the warning that signatures go unchecked was given
 
     @property
     def url(self) -> str:
@@ -212,8 +215,10 @@ class RemoteSession:
             return self._miss_reasons.get(key)
 
     # --- reading -----------------------------------------------------------------------
-    def lookup(self, key: str, step: str = "") -> ActionEntry | None:
+    def lookup(self, key: str, step: str = "", main: str | None | object = ANY_MAIN) -> ActionEntry | None:
         """The remote entry of ``key`` if it exists and is acceptable; only the entry is read.
+        ``main``: the main output the step declares, which the entry must name (the key does
+        not hold it, so a task sent to a Dask node could have named another).
 
         None otherwise; ``miss_reason(key)`` then says why when the remote was unreachable,
         off, or sent something refused.
@@ -225,7 +230,9 @@ class RemoteSession:
             data = self._read(key, None, step)
             if self._beside(key, data):
                 data = self._read(key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
-            entry = decode_entry(data, key, self.store.signing_key)
+            entry = self._decode(data, key)
+            if main is not ANY_MAIN and entry.primary != main:
+                raise Rejected(f"it names {entry.primary} as the step's main output, where the step's is {main}")
         except FileNotFoundError:
             self._count(misses=1)
             return None
@@ -241,10 +248,41 @@ class RemoteSession:
             self._count(hits=1)
         return entry
 
+    def holds(self, entry: ActionEntry, step: str = "") -> bool:
+        """Whether the remote's entry of ``entry.key`` is one this host accepts and names the
+        same outputs and main output as ``entry`` (a Dask node checks an upstream step's main
+        output against it). Counts no hit or miss."""
+        if not self._usable():
+            return False
+        try:
+            data = self._read(entry.key, None, step)
+            if self._beside(entry.key, data):
+                data = self._read(entry.key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
+            found = decode_entry(data, entry.key, self.store.signing_key)
+        except (FileNotFoundError, Failed, Rejected):
+            return False
+        return found.outputs == entry.outputs and found.primary == entry.primary
+
     def _read(self, key: str, slot: str | None, step: str = "") -> bytes:
         """The bytes of the entry of ``key`` (in ``slot``); FileNotFoundError when there is none."""
         return self._call(f"reading the entry of {step or key[:8]}", self.store._read_entry, key, slot,
                           missing_ok=True)
+
+    def _decode(self, data: bytes, key: str) -> ActionEntry:
+        """``decode_entry`` under this host's key; a host without one that meets a signed
+        entry is told, once a session, that it uses such entries unchecked."""
+        if self.store.signing_key is None and data.startswith(SIGNATURE_PREFIX):
+            self._tell_unchecked()
+        return decode_entry(data, key, self.store.signing_key)
+
+    def _tell_unchecked(self) -> None:
+        with self._lock:
+            told, self._told_unchecked = self._told_unchecked, True
+        if not told:
+            self.warn("its entries are signed, but this host has no signing key, so it cannot check their "
+                      "signatures and uses them unchecked: set [remote] signing_key_env in optbuild.toml to "
+                      "the NAME of the environment variable that holds the key (e.g. OPTBUILD_SIGNING_KEY), "
+                      "and set that variable")
 
     def _beside(self, key: str, data: bytes) -> bool:
         """Whether this host keeps its entry of ``key`` in its own slot: the entry ``data`` is a
@@ -559,7 +597,7 @@ class RemoteSession:
         shown = key if not slot else f"{key} (beside it, signed with key {slot})"
         try:
             data = self._read(key, slot or None)
-            return decode_entry(data, key, self.store.signing_key)
+            return self._decode(data, key)
         except FileNotFoundError:  # removed since the listing
             return None
         except Failed as exc:
