@@ -7,6 +7,7 @@ import shutil
 
 from optbuild.builder.site import Builder, BuildRequest
 from optbuild.common.errors import DiskFullError, describe_os_error, is_disk_full
+from optbuild.common.events import ProgressEvent
 from optbuild.process.runstep import Cancelled, file_outputs, run_step
 from optbuild.store.entry import ActionEntry
 
@@ -27,7 +28,9 @@ class LocalBuilder(Builder):
                 raise
             raise DiskFullError(describe_os_error(exc, ctx.store.root)) from None
         try:
-            ran = run_step(request.run, scratch, ctx.pool, ctx.cancel, running=ctx.running)
+            ran = run_step(request.run, scratch, ctx.pool, ctx.cancel, running=ctx.running,
+                           on_progress=lambda message: ctx.reporter.emit(
+                               ProgressEvent(event="progress", step=request.spec.id, message=message)))
             request.guard()
             entry = file_outputs(request.run, ran, request.key, request.ingredients, ctx.store)
             ctx.store.put_action(entry)

@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"status: {info['status']}" + (f"  ({'; '.join(info['reasons'])})" if info["status"] != Status.CACHED else ""))
     if info.get("unavailable"):
         print(f"        cannot run here: {info['unavailable']}")
+    if cause := info.get("cause"):  # the upstream step behind a skipped one, with its full reason
+        error = cause["error"] or ""
+        print("        " + (error if error.startswith(cause["step"]) else f"{cause['step']} {cause['status']}: {error}"))
     print(f"key:    {info['key'] or 'unknown until upstream steps are built'}")
     ingredients = info.get("ingredients")
     if ingredients:

@@ -32,7 +32,8 @@ a stamp is read or written.
   ``sys.path`` entry (installing or upgrading a package changes site-packages), the
   interpreter, the lock file, and per step its cache entry (present or absent: a cache
   pulled later is seen), its blobs, its output folder and files;
-- what the build said (its step lines and counts) and its cache-statistics record.
+- what the build said (its step lines, the reasons it grouped, its counts) and its
+  cache-statistics record.
 
 Nothing is recorded after ``--json``, ``--retry-failed``, ``--no-build``, ``--remote`` or
 ``--no-remote``, nor when a remote cache is in use (``[remote] url``, $OPTBUILD_REMOTE):
@@ -375,6 +376,9 @@ def _record(ws, result) -> str | None:
                     products.add(os.path.join(folder, parent))
                     parent = os.path.dirname(parent)
             products.update(os.path.abspath(store.blob_path(d)) for d in entry.blob_digests())
+    from optbuild.builder.report import summary_lines
+
+    lines.extend(summary_lines(result.reporter.events))  # the reasons, grouped, as the build showed them
 
     # Inputs: older than the build's start (less the margin), or the stamp is unusable.
     # Products: older than now (less the margin), or content-checked, or unusable.

@@ -31,6 +31,13 @@ class StepEvent(TypedDict):
     time: NotRequired[float]
 
 
+class ProgressEvent(TypedDict):
+    event: Literal["progress"]
+    step: str  # a step building now
+    message: str  # what it says it is doing ("calibrating sample 12 of 32")
+    time: NotRequired[float]
+
+
 class MessageEvent(TypedDict):
     event: Literal["warning", "note"]
     message: str
@@ -56,7 +63,7 @@ class DoneEvent(TypedDict):
     time: NotRequired[float]
 
 
-Event = StartEvent | StepEvent | MessageEvent | CacheEvent | DoneEvent
+Event = StartEvent | StepEvent | ProgressEvent | MessageEvent | CacheEvent | DoneEvent
 
 
 def warning(message: str, **extra: Any) -> MessageEvent:

@@ -22,11 +22,13 @@ CONFIDENCE = 0.90  # the interval of a lead (two-sided)
 _Z = 1.6448536269514722  # the standard normal's quantile at 1 - (1 - CONFIDENCE) / 2
 
 
-def race(calls: Sequence[Callable[[], object]], runs: int, rounds: int, warmup: int = 0) -> list[list[list[int]]]:
+def race(calls: Sequence[Callable[[], object]], runs: int, rounds: int, warmup: int = 0, *,
+         on_round: Callable[[int], object] | None = None) -> list[list[list[int]]]:
     """Time each of ``calls`` ``runs`` times, in ``rounds`` rounds; per call, per round, the
     times in ns. Every call is first warmed up; in each round every call takes its turn
     (opening with one untimed call: caches and thread pools after the previous one) in an
-    order that rotates by one each round, so that no call always follows the same one."""
+    order that rotates by one each round, so that no call always follows the same one.
+    ``on_round(r)`` is told as round ``r`` (from 0) begins, outside any timing."""
     for call in calls:
         for _ in range(warmup):
             call()
@@ -35,6 +37,8 @@ def race(calls: Sequence[Callable[[], object]], runs: int, rounds: int, warmup: 
     clock = time.perf_counter_ns
     with gc_off():
         for r, size in enumerate(sizes):
+            if on_round is not None:
+                on_round(r)
             for k in range(len(calls)):
                 i = (r + k) % len(calls)
                 call, timed = calls[i], times[i][r]

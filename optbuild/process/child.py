@@ -70,6 +70,7 @@ def run(spec: ChildSpec) -> ChildResult:
         host=Fingerprint(),
         state_dir=Path(spec.state_dir) if spec.state_dir else None,
         missing={name: dict(entry) for name, entry in spec.missing.items()},
+        progress_file=Path(spec.progress) if spec.progress else None,
     )
     started = time.perf_counter()
     try:

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,21 +93,25 @@ class Running:
 
 
 def run_step(run: StepRun, scratch: Path, pool: ProcessPool, cancel: threading.Event, *,
-             running: Running | None = None, cwd: Path | None = None) -> Ran:
+             running: Running | None = None, cwd: Path | None = None,
+             on_progress: Callable[[str], None] | None = None) -> Ran:
     """Run ``run`` in a child process of ``pool``, in the empty folder ``scratch`` (its spec,
     log, result and outputs go there). StepFailed when the step failed or its process died;
-    Cancelled when ``cancel`` was set (the process is killed)."""
+    Cancelled when ``cancel`` was set (the process is killed). ``on_progress`` is handed
+    each new message the step gives while it runs (``StepContext.progress``)."""
     out_dir = scratch / "out"
     out_dir.mkdir()
     spec_path, log_path, result_path = scratch / "spec.json", scratch / "step.log", scratch / "result.json"
+    watch = None if on_progress is None else ProgressWatch(scratch / "progress", on_progress)
     spec = ChildSpec(implementation=run.implementation, step_id=run.step_id, params=run.params,
                       base_dir=str(run.base_dir), project_root=str(run.project_root), inputs=run.inputs,
                       out_dir=str(out_dir), result=str(result_path), parent_pid=os.getpid(),
-                      state_dir=None if run.state_dir is None else str(run.state_dir), missing=run.missing)
+                      state_dir=None if run.state_dir is None else str(run.state_dir), missing=run.missing,
+                      progress=None if watch is None else str(watch.path))
     spec_path.write_text(spec.to_json())
     started = time.perf_counter()
     returncode = _wait(pool.start(spec_path, log_path, run.implementation, run.preload, cancel, cwd=cwd),
-                       cancel, running)
+                       cancel, running, watch)
     duration = time.perf_counter() - started
     result = read_result(result_path, returncode, scratch)
     log = log_path.read_bytes()
@@ -115,7 +120,32 @@ def run_step(run: StepRun, scratch: Path, pool: ProcessPool, cancel: threading.E
     return Ran(out_dir, log, result.metrics, duration)
 
 
-def _wait(proc: StepProcess | None, cancel: threading.Event, running: Running | None) -> int:
+class ProgressWatch:
+    """What a running step last said it is doing: the file ``StepContext.progress`` replaces,
+    looked at (one stat) at each poll of the process; each new message goes to ``report``."""
+
+    MAX_CHARS = 200
+
+    def __init__(self, path: Path, report: Callable[[str], None]) -> None:
+        self.path = path
+        self.report = report
+        self._seen: tuple[int, int] | None = None
+
+    def poll(self) -> None:
+        try:
+            st = os.stat(self.path)
+            if (st.st_ino, st.st_mtime_ns) == self._seen:  # replaced whole: a new inode each time
+                return
+            self._seen = (st.st_ino, st.st_mtime_ns)
+            lines = self.path.read_text(errors="replace").strip().splitlines()
+        except OSError:  # none yet
+            return
+        if lines:
+            self.report(lines[0][:self.MAX_CHARS])
+
+
+def _wait(proc: StepProcess | None, cancel: threading.Event, running: Running | None,
+          watch: ProgressWatch | None = None) -> int:
     """The process's exit code; Cancelled (the process killed) once ``cancel`` is set."""
     if proc is None:
         raise Cancelled
@@ -123,6 +153,8 @@ def _wait(proc: StepProcess | None, cancel: threading.Event, running: Running | 
         running.add(proc)
     try:
         while (returncode := proc.poll(0.05)) is None:
+            if watch is not None:
+                watch.poll()
             if cancel.is_set():
                 proc.kill()
                 proc.poll(None)

@@ -51,6 +51,7 @@ class ChildSpec:
     state_dir: str | None = None  # kept across builds (calibration data caches, say)
     # inputs whose steps did not succeed: field -> {"step", "why"}
     missing: dict[str, dict[str, str]] = field(default_factory=dict)
+    progress: str | None = None  # the file the step replaces with what it is doing now
 
     def to_json(self) -> str:
         doc = _shallow(self)

@@ -9,6 +9,7 @@ recipes, and a no-op build must stay instant. Import torch/onnx/tensorrt inside 
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import typing
@@ -71,6 +72,7 @@ class StepContext:
     # a kind that takes partial inputs (``Step.partial_inputs``): the inputs whose steps did
     # not succeed, by field ("candidates.2"): {"step": "r:s", "why": "unavailable: no GPU"}
     missing: dict[str, dict[str, str]] = field(default_factory=dict)
+    progress_file: Path | None = None  # where ``progress`` writes; None: nobody watches
 
     def path(self, relative: str) -> Path:
         """Resolve a recipe-relative path (an ``InputPath`` field) to an absolute one."""
@@ -79,6 +81,19 @@ class StepContext:
     def log(self, message: str) -> None:
         """A line for the step's log (stored with its action entry)."""
         print(message, file=sys.stderr, flush=True)
+
+    def progress(self, message: str) -> None:
+        """Say what the step is doing now ("calibrating sample 12 of 32"): the build shows it
+        beside the step while it runs, so a long step is seen to move. A small file replaced
+        whole (from a forked child too), so a loop may call it once per iteration."""
+        if self.progress_file is None:
+            return
+        part = self.progress_file.with_name(f".{self.progress_file.name}.{os.getpid()}")
+        try:
+            part.write_text(message)
+            os.replace(part, self.progress_file)
+        except OSError:  # a message lost; the step goes on
+            pass
 
     def onnx_input(self, who: str) -> Path:
         """The ONNX model file of the ``input`` artifact; StepError, saying ``who`` ("calibrate")

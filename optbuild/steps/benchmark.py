@@ -279,6 +279,7 @@ class Benchmark(Step):
                                 f"{type(exc).__name__}: {first_line(exc)}") from None
             ctx.log(f"inputs: {shapes} ({samples.source}); {p.warmup} warm-up + {p.runs} timed runs, "
                     f"threads {p.threads or 'default'}")
+            ctx.progress(f"timing {p.warmup} warm-up + {p.runs} runs on {label}")
             with watch_load() as load:
                 times = time_calls(runner.timed_call(feed), p.runs, p.warmup)
             if (busy := busy_note(load)) is not None:

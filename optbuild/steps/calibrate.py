@@ -194,10 +194,13 @@ class Calibrate(fields.DataSourceStep):
 
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:
-                self._feeds = iter(samples.feeds)
+                self._feeds = enumerate(samples.feeds, 1)
 
             def get_next(self):
-                return next(self._feeds, None)
+                n, feed = next(self._feeds, (0, None))
+                if feed is not None:
+                    ctx.progress(f"calibrating sample {n} of {len(samples.feeds)}")
+                return feed
 
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                   "percentile": CalibrationMethod.Percentile}[p.method]

@@ -192,18 +192,22 @@ class Export(Step):
         p = self.params
         path = ctx.path(p.model.rpartition(":")[0])
         out = ctx.out_dir / "model.onnx"
+        ctx.progress("building the module")
         with self.load_module(ctx) as (module, inputs):
             self._check_axes(inputs)
             with torch.no_grad():
+                ctx.progress("running the module on its example inputs")
                 try:
                     expected = module(*inputs)
                 except Exception as exc:
                     raise StepError(f"{p.model}: the module fails on its own example inputs: "
                                     f"{type(exc).__name__}: {first_line(exc)}{_where(exc, path.parent)}") from None
                 started = time.perf_counter()
+                ctx.progress(f"exporting ({p.exporter})")
                 self._export(ctx, module, inputs, out)
                 ctx.metrics["export_s"] = round(time.perf_counter() - started, 3)
                 self._finish(ctx, out)
+                ctx.progress("checking the export on onnxruntime against PyTorch")
                 self._verify(ctx, out, module, inputs, expected)
 
     @contextmanager

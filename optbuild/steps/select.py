@@ -285,7 +285,8 @@ class Select(Step):
                     f"in {p.rounds} rounds, the order rotating")
             stage("racing the candidates")
             with watch_load() as load:
-                raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup)
+                raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup,
+                                  on_round=lambda r: ctx.progress(f"measuring round {r + 1} of {p.rounds}"))
             after = host_load()
             if (busy := busy_note(load)) is not None:
                 ctx.log(f"note: {busy}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import blake3
 import pytest
 from plugins.fastpath import Run, optbuild, user_cache
-from plugins.projects import CONFIG, PIPELINE, ProjectDir
+from plugins.projects import CONFIG, KINDS, PIPELINE, UNICORN, ProjectDir
 
 HEAVY = ("pydantic", "rich", "pynvml", "networkx", "torch", "onnx", "onnxruntime", "blake3", "tomllib")
 
@@ -67,6 +67,25 @@ def test_a_noop_build_settles_from_the_stamp_without_loading_the_project(built):
     assert not {"optbuild.project.recipe", "optbuild.api", "optbuild.steps", "argparse"} & set(fast.modules)
     stats = [json.loads(line) for line in (built.root / "cache" / "stats.jsonl").read_text().splitlines()]
     assert stats[-1]["fast_path"] and stats[-1]["counts"] == {"cached": 4} and stats[-1]["local"]["hits"] == 4
+
+
+def test_the_fast_path_replays_the_reasons_grouped_as_the_build_printed_them(tmp_path):
+    """An ok build with unavailable steps (--skip-unavailable): the fast path prints the same
+    lines, the reasons grouped once below the steps, as the build it replays."""
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
+    proj.write("needs.py", UNICORN)
+    proj.write("optbuild.toml", KINDS)
+    proj.write("recipes/r.toml", '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n'
+               + "".join(f'[steps.horn{i}]\nkind = "needs"\ninput = "src"\n' for i in range(2))
+               + '[steps.after]\nkind = "join"\ninput = "horn0"\n')
+    assert optbuild(proj, "build", "--skip-unavailable").returncode == 0
+    normal = optbuild(proj, "build", "--skip-unavailable")  # all cached: the answer to replay
+    fast = optbuild(proj, "build", "--skip-unavailable")
+    assert fast.fast and not normal.fast, fast.stderr
+    grouped = ("2 steps cannot run here:\n  needs a unicorn (none here)\n    2 steps: r:horn0, r:horn1\n"
+               "1 step skipped:\n  upstream r:horn0 unavailable: r:after\nok: ")
+    assert grouped in normal.stderr and grouped in fast.stderr
+    assert step_lines(fast) == step_lines(normal)
 
 
 def test_the_fast_path_is_taken_again_and_with_minus_c_from_elsewhere(built, tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from optbuild.model.race import lead
+from optbuild.model.race import lead, race
 
 
 def rounds(per_round_ms: list[float], runs: int = 4) -> list[list[int]]:
@@ -44,3 +44,13 @@ def test_throughput_compares_time_per_sample():
 def test_one_round_judges_nothing():
     with pytest.raises(ValueError, match="two rounds or more"):
         lead(rounds([10.0]), rounds([20.0]), "p50_ms")
+
+
+def test_each_round_is_announced_before_its_calls_run():
+    """``on_round`` (what select shows as "measuring round 2 of 3") comes before the round's
+    first call, never inside one: two calls, 2 timed runs a round, each opened by one untimed."""
+    calls: list[str] = []
+    said: list[tuple[int, int]] = []
+    race([lambda: calls.append("a"), lambda: calls.append("b")], runs=6, rounds=3,
+         on_round=lambda r: said.append((r, len(calls))))
+    assert said == [(0, 0), (1, 6), (2, 12)] and len(calls) == 18

@@ -390,3 +390,19 @@ def test_read_table_rejects_what_is_not_a_table(tmp_path):
                                 "tensors": {"x": [0.0]}}))
     with pytest.raises(StepError, match="malformed"):
         read_table(path, "cnn:calibrate")
+
+
+def test_calibration_says_which_sample_it_is_on(tmp_path, mlp):
+    """What the build shows beside a running calibrate step: the sample it is on, of how
+    many (the last message: the last sample)."""
+    from optbuild.steps.base import Artifact, StepContext
+
+    np.savez(tmp_path / "calib.npz", x=data(12))
+    step = Calibrate(CalibrateParams.model_validate({"input": "model", "data": "calib.npz"}), tmp_path, tmp_path)
+    (tmp_path / "out").mkdir()
+    ctx = StepContext(step_id="t:calibrate", base_dir=tmp_path, project_root=tmp_path, out_dir=tmp_path / "out",
+                      inputs={"input": Artifact(step="t:model", dir=mlp.parent, files={mlp.name: mlp}, primary=mlp)},
+                      host=Fingerprint(), progress_file=tmp_path / "progress")
+    step.run(ctx)
+    assert (tmp_path / "progress").read_text() == "calibrating sample 12 of 12"
+    assert sorted(p.name for p in tmp_path.iterdir() if "progress" in p.name) == ["progress"]  # no part left

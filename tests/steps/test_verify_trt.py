@@ -282,7 +282,8 @@ def test_skip_unavailable_defaults_to_the_config_and_the_flags_override_it(unico
     assert not proj.build(skip_unavailable=False).ok  # the API's argument beats the config
     run = proj.cli("build")
     assert run.returncode == 0, run.stderr
-    assert "  unavailable r:horn\n      r:horn cannot run here: needs a unicorn (none here)\n" in run.stderr
+    assert "  unavailable r:horn\n" in run.stderr
+    assert "1 step cannot run here:\n  needs a unicorn (none here)\n    1 step: r:horn\n" in run.stderr
     assert "ok: 1 cached, 1 unavailable" in run.stderr  # the summary counts them
     assert proj.cli("build", "--no-skip-unavailable").returncode == 1
     assert proj.cli("plan").returncode == 0
@@ -328,10 +329,13 @@ def test_example_engine_verify_steps_are_unavailable_and_the_build_is_green(tmp_
                                       "engine (here: ")
     done = first.events[-1]
     assert done["ok"] is True and done["counts"]["unavailable"] == 3
-    again = examples.cli("build", *verifies)  # plain output: each one listed with its reason
+    again = examples.cli("build", *verifies)  # plain output: each one listed, their reason once
     assert again.returncode == 0
     for sid in verifies:
-        assert f"  unavailable {sid}\n      {sid} cannot run here: needs an NVIDIA GPU" in again.stderr
+        assert f"  unavailable {sid}\n" in again.stderr
+    assert again.stderr.count("needs an NVIDIA GPU to run the TensorRT-RTX engine") == 1
+    covered = next(line for line in again.stderr.splitlines() if line.startswith("    3 steps: "))
+    assert sorted(covered.removeprefix("    3 steps: ").split(", ")) == sorted(verifies)
     assert "3 unavailable" in again.stderr.splitlines()[-1]
     assert examples.cli("build", "--no-skip-unavailable", *verifies).returncode == 1
 
