@@ -1,17 +1,24 @@
 """Fault figures: does the cache survive kills, races, corruption, a hostile remote, forged
-build-farm tasks and the build server?
+build-farm tasks and the build server; does `clean` keep a user's files, and does a killed
+`deploy` leave Triton serving something consistent?
 
     python benchmarks/faults.py [--kills 100] [--builders 4 --runs 25] [--rounds 3] [--edits 6]
-                                [--forgeries 10] [--rewirings 8] [--only CATEGORY...]
-                                [--quick] [--json]
+                                [--forgeries 10] [--rewirings 8] [--cleans 20] [--deploys 30]
+                                [--only CATEGORY...] [--quick] [--json]
 
 Every category runs in throw-away projects (the fast test kinds of tests/fixtures/kinds.py
 plus a `blob` kind writing a few MB in chunks, so that kills land mid-write) and prints:
 tries, builds that failed when they should not have, invariant violations, data lost
-(outputs that came out wrong after a build that said it succeeded: must be 0) and time.
+(outputs that came out wrong after a build that said it succeeded, a user's file that
+`clean` deleted, a model served with another version's config after a deploy that said ok:
+must be 0), wrong outputs undetectable without signing (a column of their own, see 7) and
+time.
 
   1. kills: `optbuild build` SIGKILLed (the CLI alone, or its whole process group) after a
-     random delay, sometimes after an input edit or a wiped cache / build folder; then the
+     random delay within the time the same build takes (measured first: each build about to
+     be killed runs whole in a twin project copied from the same state), sometimes after an
+     input edit or a wiped cache / build folder; the row says how many kills landed while the
+     build ran. Then the
      cache must verify, every build/ folder must be its old or its new tree (never torn),
      optbuild.lock must parse, and a follow-up build must finish within a timeout (no stale
      lock), give what a clean build in a fresh project gives and leave no scratch behind;
@@ -33,22 +40,42 @@ tries, builds that failed when they should not have, invariant violations, data 
   6. dask-forged: a `dask scheduler` and two `optbuild worker` nodes on 127.0.0.1 (the signed
      file:// remote on their command line, the signing key in their own environment); after an
      honest build on them, forged tasks go straight to the scheduler: a real step's key and
-     key material with other input bytes or other upstream outputs, other key material under
-     the real key, another class of the kind's file, a built-in kind's implementation. A try
-     loses data if the node builds it, or the remote changes at all, or a key holder with an
-     empty cache then restores anything but the honest outputs;
+     key material with other input bytes or other upstream outputs, another output of its
+     upstream as the main one, other key material under the real key, another class of the
+     kind's file, a built-in kind's implementation. A try loses data if the node builds it,
+     or the remote changes at all, or a key holder with an empty cache then restores anything
+     but the honest outputs;
   7. rewired: on a file:// remote, signed and then unsigned, one output of an entry is
      pointed at another blob of the remote (every other try with the size it records made to
      match, so that the entry names an intact blob, only not its own); `optbuild cache audit`
      must not say all intact (a violation), and a fresh host's build must give what a clean
-     local build gives (else data lost). One exception, counted apart and never as data lost:
-     an unsigned entry rewired to an intact blob of the size it records is, by design, a true
-     entry to anyone without a key (docs/remote-cache.md): the row says how many such restores
-     there were;
+     local build gives (else data lost). One exception, in a column of its own ("wrong,
+     undetectable without signing"), not data lost: an unsigned entry rewired to an intact
+     blob of the size it records is, by design, a true entry to anyone without a key
+     (docs/remote-cache.md); a try counts there only when the rewired output holds exactly
+     the blob it was pointed at and nothing but it and the steps built from it differs;
   8. server: the kills and stale bytecode categories again with the build server on
      (OPTBUILD_SERVER=1; ENV keeps it off elsewhere), then `optbuild server stop` in each of
      their projects. Whatever the run leaves running (a server, a fork server, a Dask node:
-     each carries FAULTS_SUITE_RUN in its environment) is killed by pid at the end, and said.
+     each carries FAULTS_SUITE_RUN in its environment) is killed by pid at the end, and said;
+  9. clean: in a project per try (a second recipe `Work`, the cache shared), foreign files
+     are planted in step folders, a nested output folder, recipe folders, a folder named like
+     a recipe, folders a crafted optbuild.lock names as steps (`.ssh:y`, `Documents:x`),
+     under .logs, named like outputs and logs in folders optbuild did not write, beside the
+     build folder, or in a build folder the user made before optbuild ran; then builds,
+     cleans and cleans SIGKILLed within a clean's measured time. A foreign file deleted or
+     changed is data lost; a build or clean that refuses, naming a foreign item, is meant;
+     after the last clean, a file optbuild wrote left in a folder holding nothing foreign is
+     a violation (beside foreign files it is counted);
+ 10. deploy: a Triton repository built by `optbuild deploy --to --keep 3`, each try a
+     publish of a new model, a publish with nothing changed or a `--rollback`, SIGKILLed
+     (process group) at a random delay within that command's measured time, or the moment a
+     version folder appears or goes (the switch); then what Triton serves (the version
+     config.pbtxt pins with a `specific` version_policy, else the highest numeric folder)
+     must be whole, as its optbuild.json records, with the configuration it was published
+     with (else a violation), and the same command run again must end consistent (said ok
+     and still inconsistent: data lost), serve the model the deploy step built, and leave no
+     hidden leftovers.
 
 Exits 1 if any data was lost. Checks that fail today are reported, never a crash.
 """
@@ -197,6 +224,13 @@ class Run:
         return (telling or lines)[0 if telling else -1].strip()[:240]
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def make_project(root: Path, remote: str = "", cache_dir: str = "cache") -> Path:
     """A project with the fault pipeline (6 steps, 5 MB of outputs), inputs VARIANTS[0]."""
     root.mkdir(parents=True)
@@ -248,6 +282,15 @@ def kill_group(pgid: int, wait: float = 10.0) -> None:
         except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.02)
+
+
+def sigkill(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group, reap it (a zombie still counts as in its group), and
+    wait until the rest of the group is gone."""
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kill_group(proc.pid)
 
 
 def _gone(pgid: int, wait: float) -> bool:
@@ -314,6 +357,7 @@ class Figures:
     failed: int = 0  # builds that failed when they should not have
     violations: int = 0  # invariants broken (corrupt cache, torn folder, scratch left, traceback...)
     data_lost: int = 0  # wrong outputs after a build that said it succeeded
+    undetectable: int = 0  # wrong outputs no host without the signing key can tell (rewired unsigned)
     seconds: float = 0.0
     extra: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -413,6 +457,46 @@ def check_build(fig: Figures, root: Path, expected: dict[str, str], label: str, 
 
 
 # --- 1. kills ------------------------------------------------------------------------------
+class Twin:
+    """A second project with the same pipeline, where each build about to be killed first runs
+    whole from the same state (inputs, cache, build folder and lock file copied by `cp -a`,
+    hard links kept): the reference build whose duration the kill's delay is drawn within, so
+    that kills land while the build runs (a guessed duration let 3 of 10 come after it)."""
+
+    STATE = ("data", "cache", "optbuild.lock")  # and build/, emptied and refilled
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.twin = make_project(root.with_name(root.name + "-twin"))
+        self.measure()  # warmed up as ``root`` is (its build server started, where one is on)
+
+    def measure(self) -> float | None:
+        """Seconds the build about to run in ``root`` takes, or None when it failed here."""
+        for name in self.STATE:
+            _remove(self.twin / name)
+        present = [str(self.root / name) for name in self.STATE if (self.root / name).exists()]
+        subprocess.run(["cp", "-a", "--", *present, str(self.twin)], check=True)
+        build, mine = self.twin / "build", self.twin / "build" / ".optbuild" / "server"
+        if not (self.root / "build").exists():  # wiped: so is the twin's (its build server stops, as root's)
+            _remove(build)
+        elif build.is_dir():  # emptied, not removed: a build server stops when its build folder goes
+            for item in [*build.glob("*"), *build.glob(".*"), *build.glob(".optbuild/*")]:
+                if item not in (build / ".optbuild", mine):
+                    _remove(item)
+        if (self.root / "build").exists():
+            subprocess.run(["cp", "-a", "--", f"{self.root / 'build'}/.", str(build)], check=True)
+        # timed as a kill's delay is: from when Popen returns (the process started) to its exit
+        proc = subprocess.Popen([sys.executable, "-m", "optbuild", "build", "--no-remote"], cwd=self.twin, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        started = time.perf_counter()
+        try:
+            code = proc.wait(timeout=BUILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            sigkill(proc)
+            return None
+        return time.perf_counter() - started if code == 0 else None
+
+
 def suite_kills(tmp: Path, refs: References, kills: int, rng: random.Random, name: str = "kills") -> Figures:
     fig = Figures(name)
     started = time.perf_counter()
@@ -422,12 +506,7 @@ def suite_kills(tmp: Path, refs: References, kills: int, rng: random.Random, nam
         fig.failed += 1
         fig.note(f"first build failed: {first.tail()}")
         return fig
-    shutil.rmtree(root / "cache")  # a full build again, timed as the kills' builds run: through the
-    full = optbuild(root, "build", "--no-remote").seconds  # build server where it is on (the first starts it)
-    noop = optbuild(root, "build", "--no-remote").seconds
-    # kill within the time the build about to run takes (a no-op one is over in `noop`)
-    typical = {"edit": full, "drop-entries": full * 0.7, "wipe-cache": full,
-               "wipe-build": noop * 1.5, "none": noop * 1.2}
+    twin = Twin(root)  # where each build about to be killed first runs whole, timed
     current = VARIANTS[0]
     for i in range(kills):
         before = by_step(build_digests(root))
@@ -445,7 +524,10 @@ def suite_kills(tmp: Path, refs: References, kills: int, rng: random.Random, nam
             shutil.rmtree(root / "build", ignore_errors=True)
         fig.count(f"before kill: {action}")
         whole_group = rng.random() < 0.3
-        delay = rng.uniform(0, typical[action])
+        measured = twin.measure()
+        if measured is None:
+            fig.count("reference builds that failed (the first build's time used)")
+        delay = rng.uniform(0, measured or first.seconds)
         proc = subprocess.Popen([sys.executable, "-m", "optbuild", "build", "--no-remote"], cwd=root, env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         time.sleep(delay)
@@ -1156,10 +1238,11 @@ def _forge(fig: Figures, top: Path, remote: Path, farm: Farm, refs: References, 
 
 
 # --- 7. rewired unsigned entries ------------------------------------------------------------
-def _rewire(remote: Path, key: str, rng: random.Random, resize: bool) -> str:
+def _rewire(remote: Path, key: str, rng: random.Random, resize: bool) -> tuple[str, str, Path]:
     """Point one output of the entry ``key`` at another blob of the remote; ``resize``: its
     size made to match, so that the entry names an intact blob, only not its own (on an
-    unsigned remote nothing says so), else the size it recorded kept (a blob of another size)."""
+    unsigned remote nothing says so), else the size it recorded kept (a blob of another size).
+    Returns what was done, the output's name and the blob it now names."""
     path = entry_path(remote, key)
     raw = path.read_bytes()
     signature, body = raw.split(b"\n", 1) if raw.startswith(b"optbuild-hmac-sha256 ") else (None, raw)
@@ -1170,7 +1253,8 @@ def _rewire(remote: Path, key: str, rng: random.Random, resize: bool) -> str:
     size = blob.stat().st_size
     data["outputs"][name] = {**own, "digest": blob.parent.name + blob.name, "size": size if resize else own["size"]}
     put(path, (signature + b"\n" if signature else b"") + json.dumps(data).encode())  # its signature kept
-    return f"{name} rewired to a blob of {size} bytes, " + ("its size too" if resize else f"size {own['size']} kept")
+    what = f"{name} rewired to a blob of {size} bytes, " + ("its size too" if resize else f"size {own['size']} kept")
+    return what, name, blob
 
 
 def _audit_said_intact(fig: Figures, root: Path, label: str, env: dict | None) -> None:
@@ -1181,6 +1265,27 @@ def _audit_said_intact(fig: Figures, root: Path, label: str, env: dict | None) -
         fig.note(f"{label}: cache audit says all intact")
     if "(identical outputs, or a rewired entry)" in audit.stdout:
         fig.count("audit noted a blob several steps name")
+
+
+def _downstream(step: str) -> set[str]:
+    """``step`` and every step of PIPELINE built from it, directly or not."""
+    deps = deps_of(PIPELINE, "faults")
+    found = {step}
+    while more := {sid for sid, ups in deps.items() if sid not in found and found & set(ups.values())}:
+        found |= more
+    return found
+
+
+def _served_the_rewired_blob(root: Path, step: str, output: str, blob: Path, expected: dict[str, str]) -> bool:
+    """Whether the build's only departures from a clean build are the rewired output, holding
+    exactly the blob its entry was pointed at, and what steps downstream built from it: the
+    wrong output an unsigned entry cannot be caught serving. Anything else stays data lost."""
+    got = build_digests(root)
+    wrong = {k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k)}
+    rewired = f"{step.replace(':', '/')}/{output}"
+    later = {s.replace(":", "/") + "/" for s in _downstream(step) - {step}}
+    return (rewired in wrong and (root / "build" / rewired).read_bytes() == blob.read_bytes()
+            and all(k == rewired or k.startswith(tuple(later)) for k in wrong))
 
 
 def suite_rewired(tmp: Path, refs: References, tries: int, rng: random.Random, signed: bool) -> Figures:
@@ -1204,15 +1309,18 @@ def suite_rewired(tmp: Path, refs: References, tries: int, rng: random.Random, s
         sid = order[n % len(order)]
         original = entry_path(remote, keys[sid]).read_bytes()
         resize = n % 2 == 0
-        label = f"{sid}: {_rewire(remote, keys[sid], rng, resize=resize)}"
+        what, output, blob = _rewire(remote, keys[sid], rng, resize=resize)
+        label = f"{sid}: {what}"
         fig.tries += 1
         fresh = make_project(top / f"fresh-{n}", remote=toml)
         lost_before = fig.data_lost
         _audit_said_intact(fig, fresh, label, env)
         check_build(fig, fresh, expected, label, env=env, verify=False)
-        if resize and not signed and fig.data_lost > lost_before:  # what no host without a key can tell
-            fig.data_lost = lost_before
-            fig.count("unsigned entries rewired to an intact blob of their size, restored (by design)")
+        if (resize and not signed and fig.data_lost > lost_before
+                and _served_the_rewired_blob(fresh, sid, output, blob, expected)):
+            fig.data_lost = lost_before  # counted in a column of its own: no host without a key can tell
+            fig.undetectable += 1
+            fig.note(f"{label}: restored as the blob it names (wrong, undetectable without signing)")
         put(entry_path(remote, keys[sid]), original)
         shutil.rmtree(fresh, ignore_errors=True)
     fig.seconds = time.perf_counter() - started
@@ -1268,23 +1376,348 @@ def reap() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+# --- 9. clean -------------------------------------------------------------------------------
+WORK_RECIPE = '[steps.note]\nkind = "text"\npath = "../data/extra.txt"\n'
+STEPS = ("src", "side", "a", "big1", "big2", "c")
+Planted = dict[str, str]  # path under the project -> sha256 of the user's bytes there
+
+
+def clean_project(root: Path) -> Path:
+    """The fault pipeline plus a recipe `Work` (the name of a user's folder in issue 30), its
+    cache shared by every try's project beside it (so that builds restore, in a second)."""
+    make_project(root, cache_dir="../cache")
+    toml = root / "optbuild.toml"
+    toml.write_text(toml.read_text().replace("[project]\n", "[project]\nallow_outside = true\n", 1))
+    (root / "recipes" / "Work.toml").write_text(WORK_RECIPE)
+    return root
+
+
+def _put_foreign(root: Path, planted: Planted, rel: str, rng: random.Random) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = f"{rel}: a user's own words, {rng.randrange(1 << 30)}\n"
+    path.write_text(text)
+    planted[rel] = hashlib.sha256(text.encode()).hexdigest()
+
+
+def _craft_lock(root: Path) -> None:
+    """optbuild.lock names steps whose folders are a user's (issue 30: `Documents:x`, `.ssh:y`)."""
+    path = root / "optbuild.lock"
+    data = json.loads(path.read_text())
+    record = next(iter(data["steps"].values()))
+    data["steps"].update({"Documents:x": record, ".ssh:y": record})
+    path.write_text(json.dumps(data))
+
+
+USER_NAMES = ("notes.txt", "results.csv", ".draft.swp", ".optbuild-folder")  # the last: optbuild's marker's name
+FOREIGN: dict[str, Callable[[random.Random], list[str]]] = {
+    "in a step folder": lambda rng: [f"build/faults/{rng.choice(STEPS)}/{rng.choice(USER_NAMES)}"],
+    "in a nested output folder": lambda rng: ["build/faults/c/sub/mine.txt"],
+    "in a recipe folder": lambda rng: [f"build/{rng.choice(['faults', 'Work'])}/README.md"],
+    "named like an output": lambda rng: ["build/faults/retired/data.txt", "build/faults/retired/blob.bin",
+                                         "build/.logs/faults/big1.log"],
+    "in a folder named like a recipe": lambda rng: ["build/Work/thesis.txt", "build/Work/Drafts/ch1.txt"],
+    "in folders the lock names": lambda rng: ["build/.ssh/id_rsa", "build/Documents/x/letter.txt"],
+    "under .logs": lambda rng: ["build/.logs/mine.txt"],
+    "around the build folder": lambda rng: ["notes.txt", "faults/a/data.txt", ".optbuild/keep.txt",
+                                            "build.bak/data.txt"],
+}
+SEQUENCES = [("clean",), ("build", "clean"), ("kill-clean", "clean"), ("build", "kill-clean", "clean"),
+             ("clean", "build", "clean")]
+
+
+def foreign_changed(root: Path, planted: Planted) -> list[str]:
+    """The planted files that are gone or no longer hold the user's bytes."""
+    def sha(path: Path) -> str | None:
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+    return sorted(rel for rel, digest in planted.items() if sha(root / rel) != digest)
+
+
+def left_after_clean(root: Path, planted: Planted) -> tuple[list[str], int]:
+    """What optbuild wrote that a finished clean left under build/: (items whose folder holds
+    no foreign file, which clean should have removed; files kept in folders that do)."""
+    build = root / "build"
+    foreign = {root / rel for rel in planted}
+    holders = {parent for path in foreign for parent in path.parents}
+    left, beside = [], 0
+    for dirpath, dirnames, filenames in os.walk(build):
+        here = Path(dirpath)
+        for name in filenames:
+            if here / name in foreign:
+                continue
+            if here in holders:
+                beside += 1
+            else:
+                left.append((here / name).relative_to(root).as_posix())
+        if not dirnames and not filenames and here not in holders:
+            left.append(here.relative_to(root).as_posix() + "/")
+    return left, beside
+
+
+def _clean_step(fig: Figures, root: Path, planted: Planted, step: str, label: str, clean_s: float,
+                rng: random.Random, adopted: bool) -> Run | None:
+    """One command of a try (a build, a clean, or a clean SIGKILLed within its measured
+    time); its failures judged: a refusal that names a foreign item is what is meant."""
+    if step == "kill-clean":
+        proc = subprocess.Popen([sys.executable, "-m", "optbuild", "clean"], cwd=root, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(rng.uniform(0, clean_s))
+        fig.count("kills that landed mid-clean" if proc.poll() is None else "kills that came after the clean ended")
+        sigkill(proc)
+        return None
+    if step == "build":
+        set_input(root, rng.choice(VARIANTS))
+    run = optbuild(root, step, *(("--no-remote",) if step == "build" else ()))
+    said = run.stdout + run.stderr
+    named = any(rel in said for rel in planted) or (adopted and str(root / "build") in said)
+    if run.returncode not in (0, None) and not run.traceback and named and (step == "build" or adopted):
+        fig.count(f"{step}s refused, naming a foreign item")
+    elif step == "build" and adopted and run.returncode == 0:
+        fig.violations += 1
+        fig.note(f"{label}: the build adopted a non-empty build folder it did not make")
+    else:
+        failed_run(fig, f"{label}: {step}", run)
+    return run
+
+
+def _clean_try(fig: Figures, root: Path, rng: random.Random, clean_s: float, n: int) -> None:
+    """Plant foreign files, run a sequence of builds and cleans, and check after each command
+    that none was deleted or changed, and after the last clean that nothing optbuild wrote
+    is left but beside them."""
+    planted: Planted = {}
+    adopted = rng.random() < 0.2  # a build folder the user made, before optbuild ever ran
+    if adopted:
+        kinds = ["a build folder optbuild did not make"]
+        for rel in ("build/Work/thesis.txt", "build/faults/notes.txt"):
+            _put_foreign(root, planted, rel, rng)
+    else:
+        first = optbuild(root, "build", "--no-remote")
+        if failed_run(fig, f"try {n}: first build", first):
+            return
+        kinds = rng.sample(sorted(FOREIGN), rng.randint(1, 4))
+        for kind in kinds:
+            for rel in FOREIGN[kind](rng):
+                _put_foreign(root, planted, rel, rng)
+        if "in folders the lock names" in kinds:
+            _craft_lock(root)
+    sequence = rng.choice(SEQUENCES)
+    label = f"try {n} ({', '.join(kinds)}; {' -> '.join(sequence)})"
+    fig.tries += 1
+    for kind in kinds:
+        fig.count(f"foreign: {kind}")
+    last = None
+    for step in sequence:
+        run = _clean_step(fig, root, planted, step, label, clean_s, rng, adopted)
+        last = run if step == "clean" else last
+        if changed := foreign_changed(root, planted):
+            fig.data_lost += 1
+            fig.note(f"{label}: after {step}, foreign files deleted or changed: {changed[:4]}")
+            return
+    if last is None or last.returncode != 0:
+        return
+    left, beside = left_after_clean(root, planted)
+    fig.count("optbuild files left beside foreign files", beside)
+    if left:
+        fig.violations += 1
+        fig.note(f"{label}: clean left what optbuild wrote, in folders holding nothing foreign: {left[:4]}")
+
+
+def suite_clean(tmp: Path, tries: int, rng: random.Random) -> Figures:
+    fig = Figures("clean")
+    started = time.perf_counter()
+    top = tmp / "clean"
+    top.mkdir()
+    probe = clean_project(top / "probe")  # fills the shared cache, and times a clean
+    if failed_run(fig, "first build", optbuild(probe, "build", "--no-remote")):
+        return fig
+    clean_s = optbuild(probe, "clean").seconds
+    for n in range(1, tries + 1):
+        _clean_try(fig, clean_project(top / f"p{n}"), rng, clean_s, n)
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
+# --- 10. deploy -----------------------------------------------------------------------------
+DEPLOY_RECIPE = '[steps.src]\nkind = "onnx"\npath = "net.onnx"\n\n[steps.serve]\nkind = "deploy"\ninput = "src"\n'
+PINNED = re.compile(r"version_policy\s*\{\s*specific\s*\{\s*versions:\s*(\d+)\s*\}\s*\}\s*")
+DEPLOY_LEFTOVERS = (".optbuild-tmp-", ".optbuild-old-")  # what a killed publish leaves, the next one sweeps
+
+
+def tiny_onnx(path: Path, width: int) -> None:
+    """y = Relu(x), x of shape [batch, width]: each width a model (and a config.pbtxt) of its own."""
+    from onnx import TensorProto, helper, save
+
+    dims: list[str | int] = ["batch", width]
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def _files(folder: Path) -> dict[str, str]:
+    """relpath -> optbuild's digest of every file under ``folder`` (optbuild.json aside)."""
+    from optbuild.common.digest import hash_file
+
+    return {p.relative_to(folder).as_posix(): hash_file(p)[0] for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "optbuild.json"}
+
+
+def served(model_dir: Path) -> tuple[Path | None, list[str]]:
+    """The version folder Triton serves from ``model_dir`` (the one config.pbtxt pins with a
+    `specific` version_policy, else the highest numeric folder: Triton's default, latest 1) and
+    why what it serves is inconsistent: that folder incomplete (its files not those its
+    optbuild.json records) or config.pbtxt, its version_policy aside, not the configuration
+    that version was published with."""
+    config = model_dir / "config.pbtxt"
+    live = config.read_text() if config.is_file() else None
+    numbers = sorted(int(p.name) for p in model_dir.iterdir() if p.name.isascii() and p.name.isdigit() and p.is_dir())
+    pin = PINNED.search(live or "")
+    number = int(pin.group(1)) if pin else (numbers[-1] if numbers else None)
+    if number is None or number not in numbers:
+        return None, [f"{model_dir.name}: serves no version (pinned {number}, folders {numbers})"]
+    folder = model_dir / str(number)
+    try:
+        record = json.loads((folder / "optbuild.json").read_text())
+    except (OSError, ValueError) as exc:
+        return folder, [f"{model_dir.name}/{number}: its optbuild.json cannot be read ({exc})"]
+    found = []
+    if _files(folder) != record.get("files"):
+        found.append(f"{model_dir.name}/{number}: its files are not those its optbuild.json records")
+    if live is None or PINNED.sub("", live).strip() != str(record.get("config")).strip():
+        found.append(f"{model_dir.name}: config.pbtxt is not the one version {number} was published with")
+    return folder, found
+
+
+def _wait_for_switch(proc: subprocess.Popen, model_dir: Path, deadline: float) -> None:
+    """Return the moment the model's version folders change (one appeared, or went): just
+    after that rename, before whatever was to follow it (config.pbtxt's); or when the command
+    ended first."""
+    def numbered() -> set[str]:
+        with suppress(OSError):
+            return {n for n in os.listdir(model_dir) if n.isdigit()}
+        return set()
+    before = numbered()
+    while proc.poll() is None and time.perf_counter() < deadline and numbered() == before:
+        pass
+
+
+def _deploy_killed(fig: Figures, root: Path, args: tuple[str, ...], model_dir: Path, at_switch: bool,
+                   measured: float, rng: random.Random) -> str:
+    """Run ``optbuild deploy args``, SIGKILLed (its process group) at the switch or at a random
+    delay within the command's measured duration; what the served state was after the kill."""
+    proc = subprocess.Popen([sys.executable, "-m", "optbuild", "deploy", *args], cwd=root, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    if at_switch:
+        _wait_for_switch(proc, model_dir, time.perf_counter() + 3 * measured + 10)
+    else:
+        time.sleep(rng.uniform(0, measured))
+    ended = proc.poll() is not None
+    sigkill(proc)
+    fig.count(f"kills {'at the switch' if at_switch else 'at a random delay'}"
+              + (" that came after the command ended" if ended else ", mid-command"))
+    return "ended" if ended else "killed"
+
+
+def _judge_rerun(fig: Figures, root: Path, label: str, action: str, run: Run, model_dir: Path,
+                 inconsistent_before: bool) -> None:
+    """The same command again: it must end with a consistent served state (repairing one a
+    kill left), serve the deploy step's model after a publish, and leave nothing behind."""
+    folder, problems = served(model_dir)
+    if run.traceback:
+        fig.violations += 1
+        fig.note(f"{label}: rerun: traceback: {run.tail()}")
+    nothing_left = action == "rollback" and run.returncode == 2 and "nothing to roll back to" in run.stderr
+    if run.returncode != 0 and not (nothing_left and not inconsistent_before):
+        fig.failed += 1
+        fig.note(f"{label}: rerun: exit {run.returncode}: {run.tail()}")
+        fig.keep(label, run)
+    if problems and run.returncode == 0:
+        fig.data_lost += 1  # the command said ok, and Triton serves a mix
+        fig.note(f"{label}: rerun said ok ({run.stdout.strip()[:120]!r}), still inconsistent: {problems}")
+    elif problems:
+        fig.violations += 1
+        fig.note(f"{label}: rerun did not repair it: {problems}")
+    elif inconsistent_before:
+        fig.count("inconsistencies a rerun repaired")
+    if action == "publish" and run.returncode == 0 and folder is not None:
+        built = next((root / "build" / "net" / "serve" / "net").glob("[0-9]*"), None)
+        if built is None or _files(folder) != _files(built):
+            fig.data_lost += 1
+            fig.note(f"{label}: rerun said ok, but {folder.name} is not the model the deploy step built")
+    if left := [p.name for p in model_dir.iterdir() if p.name.startswith(DEPLOY_LEFTOVERS)]:
+        fig.violations += 1
+        fig.note(f"{label}: rerun left {left[:3]}")
+
+
+def suite_deploy(tmp: Path, tries: int, rng: random.Random) -> Figures:
+    fig = Figures("deploy")
+    started = time.perf_counter()
+    root = tmp / "deploy" / "p"
+    (root / "recipes").mkdir(parents=True)
+    (root / "optbuild.toml").write_text('[project]\nrecipes = ["recipes/*.toml"]\n[build]\njobs = 1\n')
+    (root / "recipes" / "net.toml").write_text(DEPLOY_RECIPE)
+    repo = tmp / "deploy" / "models"
+    model_dir = repo / "net"
+    publish = ("--to", str(repo), "--keep", "3")
+    rollback = (*publish, "--rollback", "net")
+    widths = iter(rng.sample(range(2, 4000), tries + 3))
+    measured: dict[str, float] = {}
+    for action, args in (("first", publish), ("publish", publish), ("unchanged", publish), ("rollback", rollback)):
+        if action != "unchanged":
+            tiny_onnx(root / "recipes" / "net.onnx", next(widths))
+        run = optbuild(root, "deploy", *args)  # timed: each kill lands within its command's time
+        if failed_run(fig, f"measuring {action}", run):
+            return fig
+        measured[action] = run.seconds
+    for n in range(1, tries + 1):
+        numbers = [p.name for p in model_dir.iterdir() if p.name.isdigit()]
+        action = rng.choices(["publish", "rollback", "unchanged"], [50, 35, 15])[0]
+        action = "publish" if action == "rollback" and len(numbers) < 2 else action
+        if action == "publish":
+            tiny_onnx(root / "recipes" / "net.onnx", next(widths))
+        args = rollback if action == "rollback" else publish
+        at_switch = action != "unchanged" and rng.random() < 0.5
+        label = f"try {n}: {action} killed {'at the switch' if at_switch else 'at a random delay'}"
+        fig.tries += 1
+        _deploy_killed(fig, root, args, model_dir, at_switch, measured[action], rng)
+        _folder, problems = served(model_dir)
+        if problems:  # what Triton would load now, until someone reruns the command
+            fig.violations += 1
+            fig.note(f"{label}: inconsistent after the kill: {problems}")
+        _judge_rerun(fig, root, label, action, optbuild(root, "deploy", *args), model_dir, bool(problems))
+    fig.seconds = time.perf_counter() - started
+    return fig
+
+
 # --- report --------------------------------------------------------------------------------
+UNDETECTABLE = ("* wrong, undetectable without signing: outputs restored from unsigned remote entries that\n"
+                "  were pointed at another intact blob of the size they record. No host without the\n"
+                "  signing key can tell them from true entries (docs/remote-cache.md), so they are not\n"
+                "  counted as data lost, but they are wrong: sign the remote to catch them (rewired signed).")
+
+
+def _row(f: Figures) -> str:
+    return (f"{f.name:<18} {f.tries:>6} {f.failed:>7} {f.violations:>11} {f.data_lost:>10} "
+            f"{f.undetectable:>14} {f.seconds:>8.1f}")
+
+
 def table(figures: list[Figures]) -> str:
-    head = f"{'category':<18} {'tries':>6} {'failed':>7} {'violations':>11} {'data lost':>10} {'time s':>8}"
-    rows = [head, "-" * len(head)]
-    for f in figures:
-        rows.append(f"{f.name:<18} {f.tries:>6} {f.failed:>7} {f.violations:>11} {f.data_lost:>10} {f.seconds:>8.1f}")
+    head = (f"{'category':<18} {'tries':>6} {'failed':>7} {'violations':>11} {'data lost':>10} "
+            f"{'undetectable*':>14} {'time s':>8}")
     total = Figures("total", sum(f.tries for f in figures), sum(f.failed for f in figures),
                     sum(f.violations for f in figures), sum(f.data_lost for f in figures),
-                    sum(f.seconds for f in figures))
-    rows += ["-" * len(head), (f"{total.name:<18} {total.tries:>6} {total.failed:>7} {total.violations:>11} "
-                               f"{total.data_lost:>10} {total.seconds:>8.1f}")]
-    return "\n".join(rows)
+                    sum(f.undetectable for f in figures), sum(f.seconds for f in figures))
+    rule = "-" * len(head)
+    return "\n".join([head, rule, *map(_row, figures), rule, _row(total), UNDETECTABLE])
 
 
 def describe(fig: Figures) -> str:
     lines = [(f"[{fig.name}] tries {fig.tries}, failed {fig.failed}, violations {fig.violations}, "
-              f"data lost {fig.data_lost} (must be 0), {fig.seconds:.1f} s")]
+              f"data lost {fig.data_lost} (must be 0), wrong, undetectable without signing "
+              f"{fig.undetectable}, {fig.seconds:.1f} s")]
     lines += [f"    {name}: {n}" for name, n in sorted(fig.extra.items())]
     lines += [f"    - {note}" for note in fig.notes]
     if VERBOSE:
@@ -1304,7 +1737,8 @@ def guarded(fig_name: str, body: Callable[[], Figures]) -> Figures:
         return fig
 
 
-CATEGORIES = ["kills", "concurrent", "corruptions", "hostile", "bytecode", "dask-forged", "rewired", "server"]
+CATEGORIES = ["kills", "concurrent", "corruptions", "hostile", "bytecode", "dask-forged", "rewired", "server",
+              "clean", "deploy"]
 
 
 def main() -> int:
@@ -1317,10 +1751,13 @@ def main() -> int:
     parser.add_argument("--edits", type=int, default=6, help="same-second helper edits (stale bytecode)")
     parser.add_argument("--forgeries", type=int, default=10, help="forged tasks sent to the Dask scheduler")
     parser.add_argument("--rewirings", type=int, default=8, help="unsigned remote entries rewired")
+    parser.add_argument("--cleans", type=int, default=20, help="projects with foreign files built and cleaned")
+    parser.add_argument("--deploys", type=int, default=30, help="publishes and rollbacks killed")
     parser.add_argument("--only", nargs="*", choices=CATEGORIES)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--quick", action="store_true",
-                        help="10 kills, 2 x 5 builders, one round, 3 edits, 5 forgeries, 3 rewirings")
+                        help="10 kills, 2 x 5 builders, one round, 3 edits, 5 forgeries, 3 rewirings, "
+                             "8 cleans, 8 deploys")
     parser.add_argument("--json", action="store_true", help="figures as JSON on stdout")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (to look at failures)")
     parser.add_argument("--verbose", action="store_true", help="show the stderr of the first bad runs")
@@ -1328,7 +1765,7 @@ def main() -> int:
     corruptions, hostile = list(CORRUPTIONS), [*HOSTILE_PLAIN, *HOSTILE_SIGNED]
     if args.quick:  # every kind of corruption and forgery, a sample of the hostile entries (0.5 s per CLI start)
         args.kills, args.builders, args.runs, args.rounds, args.edits = 10, 2, 5, 1, 3
-        args.forgeries, args.rewirings = len(FORGERIES), 3
+        args.forgeries, args.rewirings, args.cleans, args.deploys = len(FORGERIES), 3, 8, 8
     QUIET, VERBOSE = args.json, args.verbose
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     rng = random.Random(seed)
@@ -1370,6 +1807,10 @@ def main() -> int:
         category("server", f"8. the build server on: {args.edits} same-second edits",
                  lambda: with_server(tmp, lambda at: suite_bytecode(at, args.edits, rng, "bytecode +server")),
                  "bytecode +server")
+        category("clean", f"9. clean: {args.cleans} projects with foreign files planted, built, cleaned, killed",
+                 lambda: suite_clean(tmp, args.cleans, rng))
+        category("deploy", f"10. deploy: {args.deploys} publishes and rollbacks killed, then rerun",
+                 lambda: suite_deploy(tmp, args.deploys, rng))
     finally:
         reap()
         if args.keep:
@@ -1386,7 +1827,7 @@ def main() -> int:
     else:
         print()
         print(table(figures))
-        print("data lost: " + ("0" if lost == 0 else f"{lost}  <-- outputs came out wrong"))
+        print("data lost: " + ("0" if lost == 0 else f"{lost}  <-- see the categories above"))
     return 1 if lost else 0
 
 
