@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 SUBCOMMANDS = {
     "build": "build and cache the selected steps",
     "plan": "dry run: what would build, and why",
-    "graph": "print the step graph (DOT or Mermaid)",
+    "graph": "print the step graph (DOT or Mermaid), or draw it (PNG or SVG, with graphviz)",
     "explain": "a step's key ingredients and provenance",
     "diff": "what differs per step from the lock file at a git revision, or another lock file",
     "clean": "remove build outputs (and the cache with --cache)",
@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "worker": "a build node for the dask executor: a Dask worker offering this host's fingerprint",
     "server": "the project's build server: status, stop",
     "deploy": "publish deploy steps into a Triton model repository, switched atomically; --rollback",
+    "completion": "print a shell completion script (bash, zsh, fish): targets, step kinds, flags",
 }
 
 
@@ -131,6 +132,10 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
     from optbuild.cli import noop
 
     arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["__complete"]:  # a shell's TAB (optbuild.cli.completion): no parser, no project load
+        from optbuild.cli import completion
+
+        return completion.words(arguments[1:])
     serve_root = None  # a project whose build server to start once this build has ended
     if fast_path:
         noop.mark_start(arguments)

@@ -10,7 +10,8 @@ import typing
 from functools import cache
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, GetCoreSchemaHandler
+from pydantic_core import CoreSchema
 
 
 class _Marker:
@@ -51,11 +52,35 @@ InputPath = Annotated[str, INPUT_PATH]
 CallableRef = Annotated[str, AfterValidator(_check_callable), CALLABLE_REF]
 
 
+def strict_scalars(schema: Any) -> Any:
+    """``schema`` (a pydantic core schema) with its int, float and bool parts strict: a recipe's
+    ``runs = "50"``, ``runs = 50.0`` or ``flag = "yes"`` is an error, not coerced. Only these:
+    pydantic's global strict mode would also refuse a string for a Path and a list for a tuple,
+    which TOML cannot write otherwise; nor a table's keys, which TOML writes as strings
+    (``dynamic_axes = {image = {0 = "batch"}}``). A strict float still takes an int."""
+    if isinstance(schema, dict):
+        if schema.get("type") in ("int", "float", "bool"):
+            schema["strict"] = True
+        for name, value in schema.items():
+            if not (schema.get("type") == "dict" and name == "keys_schema"):
+                strict_scalars(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            strict_scalars(value)
+    return schema
+
+
 class RecipeTable(BaseModel):
-    """A table a recipe writes: unknown keys are errors, values are immutable. The docstring
-    under a field is its description, which optbuild.steps.manual reads from the source."""
+    """A table a recipe writes: unknown keys are errors, values are immutable, and numbers and
+    booleans are taken only as written (``strict_scalars``). The docstring under a field is
+    its description, which optbuild.steps.manual reads from the source."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler) -> CoreSchema:
+        # each table's own fields; a nested table (a definition referenced by name) does its own
+        return strict_scalars(handler(source))
 
 
 def _has_marker(annotation: Any, marker: _Marker) -> bool:

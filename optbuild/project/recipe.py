@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, field_validator
+from pydantic_core import CoreSchema
 
 from optbuild.common import callables
 from optbuild.common.errors import Problem, ProjectError
 from optbuild.common.paths import folder_problem, name_problem
 from optbuild.common.projectroot import CONFIG_NAME, project_root
+from optbuild.common.recipetable import strict_scalars
 from optbuild.model.inputdecl import InputDecls
 from optbuild.project import matrix, template
 from optbuild.project.overrides import (
@@ -38,6 +40,11 @@ from optbuild.steps.base import Step
 class _Section(BaseModel):
     # inf and nan (which TOML reads) are no timeout, size or count: refused with their line
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler) -> CoreSchema:
+        # jobs = "4" or keep_going = "yes" is an error, as in a recipe
+        return strict_scalars(handler(source))
 
 
 class ProjectSection(_Section):
@@ -245,13 +252,70 @@ def unknown_key(key: str, known: list[str], expected: str | None = None) -> str:
     return f"unknown key ({expected})" if expected else "unknown key"
 
 
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false"}
+_ALSO_EXPECTED = {"list_type": "a list", "string_type": "a string", "dict_type": "a table", "model_type": "a table"}
+
+
+def _union_member(model: type[BaseModel], loc: tuple) -> bool:
+    """Whether ``loc``'s last part names a member of a union field (pydantic's
+    ``keep_io_types.bool``): no key the recipe wrote."""
+    table = _table_model(model, loc[:-2]) if len(loc) >= 2 else None
+    field_info = table.model_fields.get(str(loc[-2])) if table is not None else None
+    if field_info is None:
+        return False
+    members = [a for a in typing.get_args(field_info.annotation) if a is not type(None)]
+    return typing.get_origin(field_info.annotation) in (typing.Union, types.UnionType) and len(members) > 1
+
+
+def _merge_unions(errors: list[dict], model: type[BaseModel]) -> list[dict]:
+    """The errors of a union field's members as one error at the field, where each says what
+    the member expects (``bool | list[str]`` given "yes": "expected true or false or a list,
+    got the string 'yes'"); other errors as they are."""
+    merged: dict[tuple, dict] = {}
+    out = []
+    for error in errors:
+        expected = _EXPECTED.get(error["type"]) or _ALSO_EXPECTED.get(error["type"])
+        if expected is None or not _union_member(model, error["loc"]):
+            out.append(error)
+            continue
+        loc = error["loc"][:-1]
+        if loc not in merged:
+            merged[loc] = {**error, "loc": loc, "type": "union_type", "expected": []}
+            out.append(merged[loc])
+        merged[loc]["expected"].append(expected)
+    for error in merged.values():
+        error["msg"] = f"expected {' or '.join(error['expected'])}, got {_written(error['input'])}"
+    return out
+
+
+def _written(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    return repr(value) if isinstance(value, (int, float)) else f"a {type(value).__name__}"
+
+
+def wrong_type(kind: str, value: Any) -> str:
+    """Why ``value`` is not of the strict type ``kind`` (pydantic's error type), and the fix:
+    a recipe's numbers and booleans are taken as written, never converted."""
+    message = f"expected {_EXPECTED[kind]}, got {_written(value)}"
+    if isinstance(value, str) and kind != "bool_type":
+        return f"{message}: write the number without quotes"
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return f"{message}: write {value.lower()} without quotes"
+    if kind == "int_type" and isinstance(value, float) and value.is_integer():
+        return f"{message}: write {int(value)}"
+    return message
+
+
 def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError, model: type[BaseModel],
                         top_keys: tuple[str, ...] = ()) -> list[Problem]:
     """``exc`` (from validating ``model`` at ``prefix`` of ``doc``) as located problems, in
     the recipe's words. ``top_keys``: keys valid beside ``model``'s fields at its top level
     (a step's ``kind``), offered when an unknown key is near one."""
     problems = []
-    for error in exc.errors():
+    for error in _merge_unions(exc.errors(), model):
         loc = (*prefix, *error["loc"])
         message = error["msg"]
         if error["type"] == "extra_forbidden":
@@ -264,6 +328,8 @@ def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError, 
             message = "required key is missing"
         elif error["type"] == "value_error":  # our validators' words, without pydantic's prefix
             message = str(error["ctx"]["error"])
+        elif error["type"] in _EXPECTED:
+            message = wrong_type(error["type"], error["input"])
         problems.append(doc.problem(loc, message))
     return problems
 
