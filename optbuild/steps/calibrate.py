@@ -38,12 +38,19 @@ no range: they are left out of the table, and logged. Shape inference finds them
 size 0), or minmax at run time ([inf, -inf]: no value seen); the histogram methods would
 make up ranges for them, such as [0, 0].
 
+Constant node tensors are not calibrated (logged): they are weights, not activations, which
+quantize makes initializers and scales from their values. The ``-inf`` fill of
+``masked_fill(mask == 0, -inf)`` is such a Constant; it failed calibration as a tensor with no
+finite value.
+
 A tensor whose range has an infinite end is not taken for a broken model when it also holds
 finite values: an additive attention mask adds -inf (or a large negative constant that
 overflows to it) to the scores it hides, by design. Such a tensor is run once more over the
 samples, and its infinite end replaced by the end of its finite values (logged: quantized,
-the masked scores saturate there; exclude the node from quantization if verify says that
-hurts). NaN, or no finite value at all, is still an error.
+the masked scores saturate there, and a Softmax gives them weight; the log names the nodes
+that read the tensor, to keep float with quantize's ``nodes_to_exclude`` if verify says that
+hurts; quantize does so itself where the infinity comes from a constant fill). NaN, or no
+finite value at all, is still an error.
 
 Hardware: ranges come from float32 CPU kernels; CPUs with other vector units may differ in
 the last bits, which does not matter for a range, so the key holds no host field.
@@ -66,6 +73,7 @@ from pydantic import Field, model_validator
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
+from optbuild.model.onnxgraph import all_nodes, constants_to_initializers
 from optbuild.model.samples import DataArg, non_default
 from optbuild.steps import fields
 from optbuild.steps.base import ONNX_TOOLS, StepContext, StepParams
@@ -143,7 +151,9 @@ class CalibrateParams(StepParams):
 class Calibrate(fields.DataSourceStep):
     """Activation ranges of an ONNX model over calibration data, as a portable calibration.json."""
 
-    version = "2"  # 2: an infinite end of a range is bounded by the finite values (failed before)
+    # 2: an infinite end of a range is bounded by the finite values (failed before); 3: Constant
+    # node tensors are not calibrated (a -inf fill failed before)
+    version = "3"
     Params = CalibrateParams
     preload = ONNX_TOOLS
     primary_output = TABLE_FILE
@@ -207,7 +217,7 @@ class Calibrate(fields.DataSourceStep):
         with tempfile.TemporaryDirectory(prefix="optbuild-calib-") as tmp:
             try:
                 calibrator = create_calibrator(
-                    ctx.private_copy(model), p.op_types or None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                    _constants_as_initializers(ctx, model), p.op_types or None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                     calibrate_method=method, extra_options=self._ort_options())
                 calibrator.collect_data(Reader())
                 ranges = calibrator.compute_data()
@@ -251,6 +261,24 @@ class Calibrate(fields.DataSourceStep):
         (ctx.out_dir / TABLE_FILE).write_text(json.dumps(table, indent=1, allow_nan=False) + "\n")
         ctx.metrics.update(method=p.method, samples=len(samples), tensors=len(tensors), empty_tensors=empty)
         ctx.log(f"{len(tensors)} tensor ranges from {len(samples)} samples")
+
+
+def _constants_as_initializers(ctx: StepContext, model: Path) -> Path:
+    """A private copy of ``model`` whose Constant node tensors are initializers, which
+    onnxruntime's calibrators leave out. quantize makes them initializers too and quantizes
+    them as weights, from their values: a range would never be read, and the -inf fill of
+    ``masked_fill(mask == 0, -inf)`` failed calibration as a tensor with no finite value."""
+    import onnx
+
+    copy = ctx.private_copy(model)
+    proto = onnx.load(str(copy), load_external_data=False)
+    moved = constants_to_initializers(proto.graph, nested=True)
+    if moved:
+        ctx.log(f"{moved} Constant node tensor(s) left out of calibration: they are weights, not "
+                f"activations (quantize makes them initializers and takes their scales from their values)")
+        copy.unlink()  # a hard link to the upstream file: write a new file, never through it
+        onnx.save(proto, str(copy))
+    return copy
 
 
 def _empty_tensors(ctx: StepContext, model: Path) -> set[str]:
@@ -334,10 +362,12 @@ def _bounded(ctx: StepContext, model: Path, unbounded: dict[str, tuple[float, fl
         if symmetric:
             end = max(abs(bounded[0]), abs(bounded[1]))
             bounded = [-end, end]
+        readers = [n.name for n in all_nodes(proto.graph) if name in n.input and n.name]
         ctx.log(f"tensor {name!r}: range [{lo}, {hi}] holds infinity (an additive attention mask's "
                 f"-inf?); its finite values give [{bounded[0]:.6g}, {bounded[1]:.6g}], kept in the table "
-                "(quantized, the infinite values saturate there: exclude its node from quantization "
-                "if verify fails)")
+                f"(quantized, the infinite values saturate there, and a Softmax then gives the masked "
+                f"places weight: if verify fails, keep the nodes that read it float, nodes_to_exclude = "
+                f"{readers!r} on the quantize step)")
         tensors[name] = bounded
     return tensors
 

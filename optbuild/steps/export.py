@@ -7,7 +7,10 @@ imported module rebuilds the export.
 
 The exported model is checked before it is accepted: onnx.checker, then onnxruntime (CPU)
 against PyTorch on the example inputs and, when there are dynamic axes, once more with
-every dynamic input axis one larger, so a size baked into the graph fails here.
+every dynamic input axis one larger, so a size baked into the graph fails here. With
+``output_names`` set, the export must have exactly those outputs: both exporters keep tensors
+forward() returns beyond the names under names of their own ('input.400', 'onnx::Shape_736'),
+which would flow into every later step and deploy, so that fails, naming them and the fix.
 
 Exporter choice, measured with torch 2.13.0 (CPU), onnxscript 0.7.2 and the example models:
 - "torchscript" (``dynamo=False``, the default here): deprecated upstream (it warns) but
@@ -87,7 +90,9 @@ class ExportParams(StepParams):
     names. Needed to name inputs in dynamic_axes."""
     output_names: list[str] = Field([], examples=[["logits"]])
     """Names of the graph outputs, in the order forward() returns them. Empty: the exporter's
-    own names."""
+    own names. Set, it names every output: a forward() that returns more tensors (a detector's
+    feature maps in eval mode) or fewer fails, naming the extras; return only what you want
+    from a wrapper module, or name them all."""
     dynamic_axes: dict[str, dict[int, str]] = Field(
         {}, examples=[{"image": {0: "batch"}, "logits": {0: "batch"}}])
     """Axes whose size may vary at run time: input or output name -> {axis: symbolic name}. Axes
@@ -156,8 +161,9 @@ class Export(Step):
 
     # 2: stack traces stripped from dynamo exports; second-size dynamic check; 3: the
     # TorchScript exporter runs with nn.MultiheadAttention's fast path off (builds that failed
-    # on it, and were remembered as failed, build again)
-    version = "3"
+    # on it, and were remembered as failed, build again); 4: outputs output_names does not name
+    # are refused (exports that kept them are checked again)
+    version = "4"
     Params = ExportParams
     preload = TORCH_TOOLS
     tools = ("torch", "onnx")
@@ -368,6 +374,7 @@ class Export(Step):
                             "(over 2 GiB?): not supported")
         if p.exporter == "dynamo" and (_strip_stack_traces(model) | self._name_output_axes(ctx, model)):
             onnx.save(model, str(out))
+        self._refuse_unnamed_outputs(model)
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         if opset != p.opset:
             raise StepError(f"{p.exporter} exported opset {opset} for {p.model}, not the requested {p.opset}")
@@ -377,6 +384,30 @@ class Export(Step):
             raise StepError(f"the export of {p.model} fails onnx.checker: {first_line(exc)}") from None
         ctx.metrics.update(exporter=p.exporter, opset=opset, nodes=len(model.graph.node),
                            bytes=out.stat().st_size)
+
+    def _refuse_unnamed_outputs(self, model: Any) -> None:
+        """With output_names set, the export has exactly those outputs. Both exporters name the
+        first outputs and keep the rest under names of their own ('input.400', 'onnx::Shape_736'),
+        and dynamo drops names beyond the outputs: extras would flow into every later step and
+        into deploy unnoticed (a detector in eval mode returns its feature maps too)."""
+        p = self.params
+        outputs = list(model.graph.output)
+        if not p.output_names or len(outputs) == len(p.output_names):
+            return
+        if len(outputs) < len(p.output_names):
+            raise StepError(f"output_names names {len(p.output_names)} outputs but {p.model}'s forward() "
+                            f"returns {len(outputs)} tensors: {p.output_names[len(outputs):]} name nothing; "
+                            f"remove them from output_names")
+        extras = outputs[len(p.output_names):]
+        listed = ", ".join(f"{o.name!r} {_shape(o)}" for o in extras[:8]) + (", ..." if len(extras) > 8 else "")
+        raise StepError(
+            f"{p.model}'s forward() returns {len(outputs)} tensors but output_names names "
+            f"{len(p.output_names)} {p.output_names}: the export would also have {len(extras)} output(s) "
+            f"you did not ask for, {listed}, and pass them to every later step and to deploy. Name every "
+            f"output in output_names (in the order forward() returns them), or make forward() return only "
+            f"what you want: return from the callable a wrapper module whose forward() returns, e.g., "
+            f"self.model(x)[0] (a detector in eval mode often returns its feature maps besides its "
+            f"predictions; some have an export switch, as ultralytics' model.model[-1].export = True)")
 
     def _name_output_axes(self, ctx: StepContext, model: Any) -> bool:
         """dynamo names output dims itself: give them the names of dynamic_axes."""
@@ -551,6 +582,15 @@ def _strip_stack_traces(model: Any) -> bool:
             node.metadata_props.extend(kept)
             changed = True
     return changed
+
+
+def _shape(info: Any) -> str:
+    """'[1, 64, 'batch']' of a graph input or output, '[?]' where the export declares no shape."""
+    if not info.type.tensor_type.HasField("shape"):
+        return "[?]"
+    dims = info.type.tensor_type.shape.dim
+    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else repr(d.dim_param or "?")
+                           for d in dims) + "]"
 
 
 def _where(exc: BaseException, directory: Path) -> str:

@@ -11,7 +11,10 @@
     (``TensorsData`` via ``calibration_cache_path``), so changing only this step's params
     re-runs this step, never the calibration. Quantize the model that was calibrated: the
     table is matched to the graph by tensor name. onnxruntime does not quantize subgraphs
-    in this mode.
+    in this mode. Nodes that read a float weight holding an infinity (the -inf fill of
+    ``masked_fill(mask == 0, -inf)``, an additive mask) and the nodes that read what they make
+    (the Softmax) stay float (log, metric ``infinite_fill_nodes``): quantized, the masked scores
+    would saturate to a finite value and the Softmax give the masked places weight.
 ``mode = "fp16"``
     float32 tensors and weights to float16 (onnxconverter-common's float16 converter), with
     ``keep_io_types``: true (the default) keeps every float input and output float32, so the
@@ -28,6 +31,10 @@
     onnxruntime (CPU): each node named in a type error is kept in float32 (as
     ``node_block_list`` would) and the model converted again, at most
     ``FP16_AUTO_BLOCKS`` (32) times. The log and the metric ``fp16_blocked_nodes`` name them.
+    A graph output that nodes also read (a feature map returned and read on) would reach its
+    readers as the converter's float32 border Cast: with ``keep_io_types = true`` such an output
+    is made by an Identity from the float16 tensor its readers read (metric
+    ``fp16_outputs_read_inside``).
 
 Before INT8 quantization, weights held by Constant nodes (paddle2onnx exports) become
 initializers in a private copy: onnxruntime quantizes initializers only ("Expected <w> to
@@ -239,7 +246,8 @@ class QuantizeParams(StepParams):
         allowed = {"static": _STATIC_ONLY + _INT8_ONLY, "dynamic": _INT8_ONLY, "fp16": _FP16_ONLY}[self.mode]
         foreign = [n for n in non_default(self, (*_STATIC_ONLY, *_INT8_ONLY, *_FP16_ONLY)) if n not in allowed]
         if foreign:
-            raise ValueError(f"{', '.join(map(repr, foreign))} do not apply to mode {self.mode!r}")
+            raise ValueError(f"{', '.join(map(repr, foreign))} {'does' if len(foreign) == 1 else 'do'} not apply "
+                             f"to mode {self.mode!r}")
         if self.mode == "static" and self.calibration is None:
             raise ValueError("mode 'static' needs calibration = '<calibrate step>' (its activation ranges)")
         if self.nodes_to_quantize and set(self.nodes_to_quantize) & set(self.nodes_to_exclude):
@@ -268,6 +276,10 @@ class Quantize(Step):
         #    makes anything new, so only its entries (and remembered failures) are disowned.
         if params.report or params.exclude_until is not None:
             self.version = "5"
+        # 6: static keeps the nodes around an infinite fill float (their results, and failures
+        #    remembered, change); fp16 makes an output read inside the graph loadable.
+        if params.mode in ("static", "fp16"):
+            self.version = "6"
 
     def tool_names(self) -> tuple[str, ...]:
         if self.params.mode == "fp16":
@@ -383,6 +395,8 @@ class Quantize(Step):
         if moved:
             ctx.log(f"{moved} Constant node tensors made initializers (onnxruntime quantizes "
                     f"initializer weights only)")
+        masking = infinite_fill_nodes(model.graph) if table is not None else []
+        if moved or masking:
             source.unlink()  # a hard link to the upstream file: write a new file, never through it
             onnx.save(model, str(source))
         self._warn_outlier_weights(ctx, model, common["reduce_range"])
@@ -409,8 +423,14 @@ class Quantize(Step):
                             f"{version(ort_distribution())})")
         extra["ActivationSymmetric"] = p.symmetric_activations
         method, tensors = table
+        if masking:
+            ctx.log(f"kept float: {', '.join(masking)}, which read or make a tensor filled with infinity "
+                    f"(masked_fill(mask == 0, -inf)): quantized, the -inf would saturate to the range's "
+                    f"finite end and a Softmax would give the masked places weight")
+        ctx.metrics["infinite_fill_nodes"] = masking
 
         def static(exclude: list[str]) -> None:
+            exclude = list(dict.fromkeys([*exclude, *masking]))
             with tempfile.TemporaryDirectory(prefix="optbuild-quant-") as tmp:
                 cache = Path(tmp) / "ranges.json"
                 _write_ort_cache(cache, method, tensors)
@@ -649,6 +669,28 @@ def x86_without_vnni(host: Fingerprint) -> bool:
 # --- graph walks -------------------------------------------------------------------------------
 _QUANTIZED_CONTRIB = ("QGemm", "QAttention", "QEmbedLayerNormalization", "DynamicQuantizeLSTM",
                       "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+
+
+def infinite_fill_nodes(graph: Any) -> list[str]:
+    """Names of the nodes of ``graph`` that read a float initializer holding an infinity (the
+    -inf fill of masked_fill, or an additive mask), then of the nodes that read what those
+    make; an unnamed one is named '<op>_<index>' here, as nodes_to_exclude needs a name. Static
+    INT8 keeps them float: the fill has no finite scale (quantized as a weight, it gave NaN
+    scales), and the masked scores, quantized, saturate to the finite end of their range,
+    where a Softmax weighs them."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
+    filled = {t.name for t in graph.initializer if t.data_type in floats
+              and t.data_location != TensorProto.EXTERNAL and not np.isfinite(numpy_helper.to_array(t)).all()}
+    makers = [n for n in graph.node if filled & set(n.input)]
+    made = {o for n in makers for o in n.output}
+    readers = [n for n in graph.node if made & set(n.input)]
+    for index, node in enumerate(graph.node):
+        if not node.name and (node in makers or node in readers):
+            node.name = f"{node.op_type}_{index}"
+    return list(dict.fromkeys(n.name for n in (*makers, *readers)))
 
 
 def _integer_op(op: str) -> bool:

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.common.errors import StepError
-from optbuild.model.onnxgraph import all_nodes, drop_value_info, rename_uses, sort_topologically, subgraphs
+from optbuild.model.onnxgraph import (
+    all_nodes,
+    drop_value_info,
+    outer_reads,
+    rename_uses,
+    sort_topologically,
+    subgraphs,
+)
 
 if TYPE_CHECKING:
     from optbuild.steps.base import StepContext
@@ -36,6 +43,11 @@ def to_float16(ctx: StepContext, model: Any, out: Path, *, keep_io_types: bool |
                             f"(it has {io_names})")
         if not_float := [n for n in keep_io_types if n not in floats]:
             raise StepError(f"keep_io_types: {not_float} are not float32 tensors")
+    if keep_io_types is True and (read := split_read_outputs(model.graph)):
+        ctx.metrics["fp16_outputs_read_inside"] = read
+        ctx.log(f"fp16: output(s) {', '.join(read)} also read inside the graph: their readers read "
+                f"the float16 tensor, an Identity makes the float32 output (the converter's border "
+                f"Cast alone leaves them reading float32)")
     dropped = drop_value_info(model.graph)
     ctx.metrics["value_info_dropped"] = dropped
     if dropped:
@@ -77,6 +89,27 @@ def _convert(ctx: StepContext, model: Any, blocked: list[str], keep_io_types: bo
         _keep_float32(converted, keep_io_types)
     sort_topologically(converted.graph)  # the converter sorts the main graph only
     return converted
+
+
+def split_read_outputs(graph: Any) -> list[str]:
+    """Graph outputs that nodes of ``graph`` also read, each now made by an Identity from a
+    tensor ``<name>/inner`` that its readers read instead. With ``keep_io_types = true`` the
+    converter Casts such an output back to float32 at the border, and its readers, converted to
+    float16, then read float32: onnxruntime refuses the model ('Type parameter (T) of Optype
+    (Conv) bound to different types'). Returns the outputs split."""
+    from onnx import helper
+
+    read = {i for n in graph.node for i in n.input} | {r for n in graph.node for sub in subgraphs(n)
+                                                       for r in outer_reads(sub)}
+    made = {o for n in graph.node for o in n.output}
+    split = [o.name for o in graph.output if o.name in read and o.name in made]
+    for name in split:
+        inner = f"{name}/inner"
+        rename_uses(graph, name, inner)
+        for node in graph.node:
+            node.output[:] = [inner if o == name else o for o in node.output]
+        graph.node.append(helper.make_node("Identity", [inner], [name], name=f"{name}/output"))
+    return split
 
 
 def mistyped_nodes(graph: Any) -> list[str]:

@@ -163,7 +163,7 @@ def test_an_empty_tensor_is_left_out_of_the_table(tmp_path, capsys, method, opti
     np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).standard_normal((8, 1, 4, 4)).astype(np.float32))
     table = calibrate(tmp_path, make_resize(tmp_path / "resize.onnx"), data="calib.npz", method=method, **options)
     assert "roi" not in table["tensors"] and {"x", "up", "y"} <= set(table["tensors"])
-    assert "left out of the table: 1 tensor(s) with no elements, so no range: roi" in capsys.readouterr().err
+    assert "2 Constant node tensor(s) left out of calibration" in capsys.readouterr().err  # roi, scales
 
 
 def test_a_tensor_empty_on_every_sample_is_left_out_and_an_infinite_one_still_fails(tmp_path):
@@ -224,6 +224,62 @@ def test_an_additive_masks_infinity_is_bounded_by_the_finite_values(tmp_path, ca
                                                         else [-np.abs(scores).max(), np.abs(scores).max()])
     log = capsys.readouterr().err
     assert "tensor 'masked': range [-inf, " in log and "holds infinity (an additive attention mask's -inf?)" in log
+
+
+def masked_fill_attention(path: Path) -> Path:
+    """A tiny attention block exported by torch: masked_fill(mask == 0, -inf) becomes a Where
+    that reads a Constant holding -inf only."""
+    torch = pytest.importorskip("torch")
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(8, 8) for _ in range(3))
+
+        def forward(self, x, mask):
+            scores = self.q(x) @ self.k(x).transpose(-1, -2) / 8 ** 0.5
+            scores = scores.masked_fill(mask[:, None, :] == 0, float("-inf"))
+            return torch.softmax(scores, -1) @ self.v(x)
+
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 6, 8), torch.ones(2, 6)
+    torch.onnx.export(Attention().eval(), (x, mask), str(path), dynamo=False, opset_version=OPSET,
+                      input_names=["x", "mask"], output_names=["y"], dynamic_axes={"x": {0: "b"}, "mask": {0: "b"}})
+    return path
+
+
+def attention_feeds(n: int, seed: int) -> dict[str, np.ndarray]:
+    mask = np.ones((n, 6), np.float32)
+    mask[:, 4:] = 0  # the last two places hidden
+    return {"x": np.random.default_rng(seed).standard_normal((n, 6, 8)).astype(np.float32), "mask": mask}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_masked_fill_constant_is_no_calibration_range_and_static_int8_works(tmp_path, capsys):
+    """Before: "tensor '/Constant_3_output_0' has a non-finite range [-inf, -inf] and no finite
+    value: the model produces only infinity on the calibration data". With the Constant left out
+    but the masked scores quantized, the masked places got weight (cosine 0.989)."""
+    import onnxruntime as ort
+    from plugins.steps import run_step
+
+    from optbuild.steps.quantize import Quantize
+
+    model = masked_fill_attention(tmp_path / "attention.onnx")
+    constants = {n.output[0] for n in onnx.load(str(model)).graph.node if n.op_type == "Constant"}
+    np.savez(tmp_path / "calib.npz", **attention_feeds(16, 0))
+    table = calibrate(tmp_path, model, data="calib.npz")
+    assert constants and not constants & set(table["tensors"])
+    log = capsys.readouterr().err
+    assert f"{len(constants)} Constant node tensor(s) left out of calibration" in log
+    assert "nodes_to_exclude = ['/Softmax'] on the quantize step" in log  # the -inf scores' reader
+    _, ctx = run_step(Quantize, {"input": "model", "calibration": "calibrate", "mode": "static"},
+                      {"input": model, "calibration": tmp_path / "out" / "calibrate" / "calibration.json"},
+                      tmp_path, "quantize")
+    assert ctx.metrics["infinite_fill_nodes"] == ["/Where", "/Softmax"]  # kept float: the mask stays -inf
+    feeds = attention_feeds(4, 9)
+    want, got = (ort.InferenceSession(str(m), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+                 for m in (model, ctx.out_dir / "model.onnx"))
+    assert float(np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got)) > 0.999
 
 
 @pytest.mark.parametrize("method", ["entropy", "percentile"])

@@ -189,6 +189,74 @@ def build():
     assert hidden.shape == (4, 7, 8) and pooled.shape == (4, 8)
 
 
+EXTRA_OUTPUTS = """\
+import torch
+
+class Head(torch.nn.Module):
+    \"\"\"A detector in eval mode: its predictions, and its feature maps besides.\"\"\"
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.head = torch.nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        features = self.stem(x)
+        return self.head(features), [features, features * 2]
+
+def build():
+    torch.manual_seed(0)
+    return Head(), (torch.randn(2, 3, 8, 8),)
+
+def predictions_only():
+    module, inputs = build()
+
+    class Only(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = module
+
+        def forward(self, x):
+            return self.model(x)[0]
+
+    return Only(), inputs
+"""
+
+
+@pytest.mark.parametrize("exporter, opset", [("torchscript", 17), ("dynamo", 18)])
+def test_outputs_output_names_does_not_name_are_refused_with_the_fix(tmp_path, exporter, opset):
+    """Before: 3 outputs exported for the one name, the extras under the exporter's names."""
+    write_model(tmp_path, EXTRA_OUTPUTS)
+    params = {"model": "net.py:build", "input_names": ["x"], "output_names": ["boxes"],
+              "exporter": exporter, "opset": opset}
+    with pytest.raises(StepError) as error:
+        export(tmp_path, params)
+    message = str(error.value)
+    assert message.startswith("net.py:build's forward() returns 3 tensors but output_names names 1 "
+                              "['boxes']: the export would also have 2 output(s) you did not ask for, '")
+    assert "[2, 4, 8, 8]" in message
+    assert "Name every output in output_names" in message and "self.model(x)[0]" in message
+
+    ctx = export(tmp_path, {**params, "output_names": ["boxes", "features", "doubled"]}, out="named")
+    assert [o.name for o in onnx_outputs(ctx)] == ["boxes", "features", "doubled"]
+    ctx = export(tmp_path, {**params, "model": "net.py:predictions_only"}, out="wrapped")
+    assert [o.name for o in onnx_outputs(ctx)] == ["boxes"]
+
+
+def test_output_names_beyond_the_outputs_are_refused(tmp_path):
+    """dynamo dropped the extra name silently."""
+    write_model(tmp_path, EXTRA_OUTPUTS)
+    with pytest.raises(StepError, match=r"output_names names 4 outputs but net.py:build's forward\(\) returns "
+                                        r"3 tensors: \['spare'\] name nothing; remove them from output_names"):
+        export(tmp_path, {"model": "net.py:build", "input_names": ["x"], "exporter": "dynamo", "opset": 18,
+                          "output_names": ["boxes", "features", "doubled", "spare"]})
+
+
+def onnx_outputs(ctx) -> list:
+    import onnx
+
+    return list(onnx.load(str(ctx.out_dir / "model.onnx")).graph.output)
+
+
 FRAMES = """\
 import torch
 

@@ -128,6 +128,37 @@ def test_unknown_node_names_are_errors_not_silently_ignored(tmp_path, mlp):
         quantize(tmp_path, mlp, mode="dynamic", nodes_to_exclude=["fc3"])
 
 
+def make_additive_mask(path: Path) -> Path:
+    """x -> MatMul -> Add(mask) -> Softmax -> y, nodes unnamed, the mask a weight holding -inf
+    in its last two places (the additive form of an attention mask)."""
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32), "w")
+    mask = numpy_helper.from_array(np.array([0, 0, -np.inf, -np.inf], np.float32), "mask")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"]), helper.make_node("Add", ["scores", "mask"], ["masked"]),
+         helper.make_node("Softmax", ["masked"], ["y"], axis=-1)],
+        "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w, mask])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_static_keeps_the_nodes_around_an_infinite_fill_float(tmp_path, capsys):
+    """Before: the -inf mask was quantized as the Add's weight (a NaN scale) and every output
+    came out 0.25, masked places included; the check ran it without a word."""
+    path = make_additive_mask(tmp_path / "mask.onnx")
+    x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    calibrate(tmp_path, path, data="calib.npz")
+    x = x[:1]
+    model, ctx = quantize(tmp_path, path, calibration=tmp_path / "out" / "calibrate" / "calibration.json",
+                          mode="static")
+    assert ctx.metrics["infinite_fill_nodes"] == ["Add_1", "Softmax_2"]  # unnamed: named to be excluded
+    assert "kept float: Add_1, Softmax_2, which read or make a tensor filled with infinity" in capsys.readouterr().err
+    got, want = run(model, {"x": x})[0], run(path, {"x": x})[0]
+    assert np.all(got[:, 2:] == 0)  # the masked places stay masked
+    np.testing.assert_allclose(got, want, atol=0.02)
+
+
 # --- dynamic ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("weight_type, per_channel", [("int8", False), ("uint8", True)])
 def test_dynamic(tmp_path, mlp, weight_type, per_channel):
@@ -242,6 +273,36 @@ def test_fp16_keeps_the_casts_the_converter_types_wrong_in_float32(tmp_path, cap
     assert output_types(model)["/model.22/Mul"] == TensorProto.FLOAT16  # the rest is float16
 
 
+def make_output_read_inside(path: Path) -> Path:
+    """x -> Conv -> feat (a graph output) -> Conv -> y: a feature map both returned and read on,
+    as a detector's neck returns its levels. Before, keep_io_types = true Cast feat back to float32
+    at the border and the second Conv, float16, read that: onnxruntime refused the model ('Type
+    parameter (T) of Optype (Conv) bound to different types')."""
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["feat"], name="conv1", pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["feat", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])],
+        "neck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 4, 8, 8]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+        [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.standard_normal((2, 4, 3, 3)).astype(np.float32), "w2")])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_fp16_output_read_inside_the_graph_loads_and_matches(tmp_path, capsys):
+    pytest.importorskip("onnxconverter_common")
+    path = make_output_read_inside(tmp_path / "neck.onnx")
+    model, ctx = quantize(tmp_path, path, mode="fp16", keep_io_types=True)
+    assert ctx.metrics["fp16_outputs_read_inside"] == ["feat"]
+    assert "output(s) feat also read inside the graph" in capsys.readouterr().err
+    assert elem_types(model) == {"x": TensorProto.FLOAT, "feat": TensorProto.FLOAT, "y": TensorProto.FLOAT}
+    assert output_types(model)["conv2"] == TensorProto.FLOAT16  # the reader stays float16
+    x = {"x": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    for got, want in zip(run(model, x), run(path, x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+
+
 def test_fp16_names_to_keep_must_exist(tmp_path, mlp):
     pytest.importorskip("onnxconverter_common")
     with pytest.raises(StepError, match=r"keep_io_types: the model has no input or output \['logits'\]"):
@@ -251,11 +312,11 @@ def test_fp16_names_to_keep_must_exist(tmp_path, mlp):
 # --- parameters -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("params, words", [
     ({"mode": "static"}, "mode 'static' needs calibration"),
-    ({"mode": "dynamic", "calibration": "calibrate"}, "'calibration' do not apply to mode 'dynamic'"),
-    ({"mode": "dynamic", "activation_type": "int8"}, "'activation_type' do not apply to mode 'dynamic'"),
-    ({"mode": "fp16", "per_channel": True}, "'per_channel' do not apply to mode 'fp16'"),
-    ({"mode": "static", "calibration": "c", "keep_io_types": False}, "'keep_io_types' do not apply"),
-    ({"mode": "dynamic", "op_block_list": ["Softmax"]}, "'op_block_list' do not apply"),
+    ({"mode": "dynamic", "calibration": "calibrate"}, "'calibration' does not apply to mode 'dynamic'"),
+    ({"mode": "dynamic", "activation_type": "int8"}, "'activation_type' does not apply to mode 'dynamic'"),
+    ({"mode": "fp16", "per_channel": True}, "'per_channel' does not apply to mode 'fp16'"),
+    ({"mode": "static", "calibration": "c", "keep_io_types": False}, "'keep_io_types' does not apply"),
+    ({"mode": "dynamic", "op_block_list": ["Softmax"]}, "'op_block_list' does not apply"),
     ({"mode": "int4"}, "'dynamic', 'static' or 'fp16'"),
     ({"mode": "dynamic", "weight_type": "int4"}, "'int8' or 'uint8'"),
     ({"mode": "dynamic", "extra_options": {"Bogus": True}}, "unknown extra option 'Bogus'"),

@@ -109,7 +109,10 @@ def test_only_steps_that_search_or_report_are_built_again_after_the_search_chang
     from optbuild.steps.quantize import Quantize, QuantizeParams
 
     def version(**params) -> str:
-        return Quantize(QuantizeParams(input="m", mode="static", calibration="c", **params), tmp_path, tmp_path).version
+        return Quantize(QuantizeParams(input="m", mode="dynamic", **params), tmp_path, tmp_path).version
 
     assert version() == Quantize.version == "4"
     assert version(report=True) == version(exclude_until={"min_cosine": 0.99}) == "5"
+    static = QuantizeParams(input="m", mode="static", calibration="c", report=True)
+    fp16 = QuantizeParams(input="m", mode="fp16")  # 6: infinite fills kept float, outputs read inside
+    assert Quantize(static, tmp_path, tmp_path).version == Quantize(fp16, tmp_path, tmp_path).version == "6"

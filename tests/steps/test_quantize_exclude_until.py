@@ -86,7 +86,7 @@ def test_exclude_until_is_checked_where_the_recipe_is_read():
                          ({}, "min_cosine"), ({"min_cosine": 0.99, "max_exclude": 4}, "max_exclude")):
         with pytest.raises(ValidationError, match=field):
             QuantizeParams.model_validate(base | {"exclude_until": wrong})
-    with pytest.raises(ValidationError, match="'exclude_until' do not apply to mode 'fp16'"):
+    with pytest.raises(ValidationError, match="'exclude_until' does not apply to mode 'fp16'"):
         QuantizeParams.model_validate({"input": "model", "mode": "fp16", "exclude_until": {"min_cosine": 0.99}})
 
 
