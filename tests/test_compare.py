@@ -40,7 +40,7 @@ def test_the_per_feed_check_and_the_figures_share_their_metrics():
     rng = np.random.default_rng(0)
     refs = [rng.standard_normal((2, 5)).astype(np.float32) for _ in range(3)]
     cands = [r + rng.normal(0, 1e-3, r.shape).astype(np.float32) for r in refs]
-    figures = compare.output_figures(refs, cands, top1_applies=True)
+    figures = compare.output_figures(refs, cands, top1_axis=-1)
     per_feed = [compare.compare_outputs(["y"], [r], [c]) for r, c in zip(refs, cands)]
     assert figures["max_abs"] == max(c.max_abs for c in per_feed)
     scale = max(float(np.abs(r).max()) for r in refs)
@@ -48,11 +48,11 @@ def test_the_per_feed_check_and_the_figures_share_their_metrics():
     assert figures["cosine_min"] <= figures["cosine"] <= 1.0
     assert figures["top1"] == pytest.approx(np.mean([np.argmax(r, -1) == np.argmax(c, -1)
                                                      for r, c in zip(refs, cands)]))
-    assert compare.output_figures(refs, cands, top1_applies=False)["top1"] is None
+    assert compare.output_figures(refs, cands, top1_axis=None)["top1"] is None
 
 
 def test_figures_of_mismatched_shapes_fail_a_shape_check():
-    figures = {"y": compare.output_figures([np.zeros((1, 2))], [np.zeros((1, 3))], top1_applies=False)}
+    figures = {"y": compare.output_figures([np.zeros((1, 2))], [np.zeros((1, 3))], top1_axis=None)}
     assert figures["y"]["shape_mismatch"] == "sample 0: (1, 3) vs (1, 2)"
     checks = compare.threshold_checks(figures, {"max_abs": 1.0}, [])
     assert checks == [{"output": "y", "metric": "shape", "value": "sample 0: (1, 3) vs (1, 2)", "op": "==",
@@ -114,7 +114,7 @@ def test_slice_figures_are_relative_to_the_slice():
     ref = np.concatenate([np.full((1, 2, 3), 300.0), np.linspace(0.1, 0.9, 12).reshape(1, 4, 3)], axis=1)
     cand = ref.copy()
     cand[:, 2:] += 0.01
-    figures = compare.output_figures([ref], [cand], False, name="out", slices=(1, [(0, 2), (2, 6)]))
+    figures = compare.output_figures([ref], [cand], None, name="out", slices=(1, [(0, 2), (2, 6)]))
     assert list(figures["slices"]) == ["out[:, 0:2, :]", "out[:, 2:6, :]"]
     small = figures["slices"]["out[:, 2:6, :]"]
     assert small["max_rel"] == pytest.approx(0.01 / 0.9) and figures["max_rel"] == pytest.approx(0.01 / 300)
@@ -125,18 +125,37 @@ def test_slice_figures_are_relative_to_the_slice():
 
 def test_degenerate_references_and_collapsed_candidates():
     varying = np.linspace(0.0, 0.5, 10, dtype=np.float32)
-    assert compare.output_figures([np.zeros(10)], [varying], False)["degenerate"] == "constant 0"
-    assert compare.output_figures([np.array([np.nan, np.inf])], [varying[:2]], False)["degenerate"] == \
+    assert compare.output_figures([np.zeros(10)], [varying], None)["degenerate"] == "constant 0"
+    assert compare.output_figures([np.array([np.nan, np.inf])], [varying[:2]], None)["degenerate"] == \
         "no finite value"
-    assert compare.output_figures([np.ones(1)], [np.ones(1)], False)["degenerate"] is None  # one value tells nothing
-    collapsed = compare.output_figures([varying], [np.zeros(10, np.float32)], False)["collapsed"]
+    assert compare.output_figures([np.ones(1)], [np.ones(1)], None)["degenerate"] is None  # one value tells nothing
+    collapsed = compare.output_figures([varying], [np.zeros(10, np.float32)], None)["collapsed"]
     assert collapsed == "constant 0 where the reference spans [0, 0.5]"
-    # a spread within the candidate type's rounding is not lost information: float16 of 1 + 1e-5 k
+    # a spread under FLAT_REL of the reference's scale is not lost information: float16 of 1 + 1e-5 k,
+    # a float32 constant 2 against 2 varying in its 7th significant digit (issue #33)
     fine = (1 + 1e-5 * np.arange(10)).astype(np.float32)
-    assert compare.output_figures([fine], [fine.astype(np.float16)], False)["collapsed"] is None
+    assert compare.output_figures([fine], [fine.astype(np.float16)], None)["collapsed"] is None
+    seventh = np.float32(2) + np.array([-1.5e-6, 1.5e-6, 0.5e-6], np.float32)
+    assert compare.output_figures([seventh], [np.full(3, 2, np.float32)], None)["collapsed"] is None
 
 
 def test_importing_it_loads_no_numpy():
     code = "import sys, optbuild.model.compare, optbuild.steps.verify; print('numpy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_top1_per_token_and_per_pixel_and_a_reference_of_one_class():
+    rng = np.random.default_rng(0)
+    tokens = rng.standard_normal((2, 5, 7))  # [batch, seq, vocab]
+    moved = tokens.copy()
+    moved[0, 0, (tokens[0, 0].argmax() + 1) % 7] += 100  # one token of ten predicts another
+    assert compare.top1([tokens], [moved], axis=-1) == pytest.approx(0.9)
+    pixels = rng.standard_normal((1, 3, 4, 4))  # [batch, classes, H, W]
+    flipped = pixels.copy()
+    flipped[0, :, 0, :] = -flipped[0, :, 0, :] - 10 * (flipped[0, :, 0, :] == flipped[0, :, 0, :].max(axis=0))
+    assert compare.top1([pixels], [flipped], axis=1) == pytest.approx(12 / 16)
+    same = [np.array([[0.0, 1.0, 0.5]])] * 8
+    assert compare.one_class(same, -1) == 1
+    assert compare.one_class(same[:7], -1) is None  # 7 positions may agree by chance
+    assert compare.output_figures(same, same, None)["flat"].startswith("changes by at most 0 from sample to sample")

@@ -317,6 +317,9 @@ class Scheduler:
             if not self.builder.local:
                 event["node"] = outcome.entry.built_on  # the Dask worker that built it
         self.reporter.emit(event)
+        if outcome.entry is not None and outcome.status.ok:  # a step's warnings (StepContext.warn), cached too
+            for message in outcome.entry.metrics.get("warnings") or []:
+                self.reporter.emit(warning(f"{sid}: {message}", step=sid))
         return outcome
 
     def _kill_steps(self) -> None:

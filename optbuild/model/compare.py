@@ -60,18 +60,40 @@ def cosine(a: Any, b: Any) -> float:
     return float(np.dot(a, b) / (na * nb))
 
 
-def top1(reference: list[Any], candidate: list[Any]) -> float | None:
-    """Share of positions (every index but the last axis, over all samples) whose argmax over
-    the last axis agrees: top-1 agreement of class scores. None when there are no positions."""
+def top1(reference: list[Any], candidate: list[Any], axis: int = -1) -> float | None:
+    """Share of positions (every index but ``axis``, over all samples) whose argmax over
+    ``axis`` agrees: top-1 agreement of class scores (per token of [batch, seq, vocab], per
+    pixel of [batch, classes, H, W] with axis 1). None when there are no positions."""
     import numpy as np
 
     agree = total = 0
     for r, c in zip(reference, candidate):
-        a = np.argmax(np.asarray(r).reshape(-1, r.shape[-1]), axis=-1)
-        b = np.argmax(np.asarray(c).reshape(-1, c.shape[-1]), axis=-1)
+        a, b = _argmax(r, axis), _argmax(c, axis)
         agree += int(np.sum(a == b))
         total += a.size
     return agree / total if total else None
+
+
+def _argmax(array: Any, axis: int) -> Any:
+    """The argmax over ``axis`` at every other index, flat."""
+    import numpy as np
+
+    moved = np.moveaxis(np.asarray(array), axis, -1)
+    return np.argmax(moved.reshape(-1, moved.shape[-1]), axis=-1)
+
+
+# Fewer positions (rows, tokens, pixels over all samples) than this may all get one class by chance.
+ONE_CLASS_POSITIONS = 8
+
+
+def one_class(reference: list[Any], axis: int) -> int | None:
+    """The class a reference's argmax over ``axis`` gives at every position of every sample,
+    when it is one and there are ONE_CLASS_POSITIONS positions or more (a classifier that says
+    the same for any input: comparing with it shows little); None otherwise."""
+    import numpy as np
+
+    found = np.concatenate([_argmax(r, axis) for r in reference]) if reference else np.array([])
+    return int(found[0]) if found.size >= ONE_CLASS_POSITIONS and bool(np.all(found == found[0])) else None
 
 
 # --- one feed, every output: pass or fail ---------------------------------------------------
@@ -153,6 +175,11 @@ SCALE_GAP = 16
 # More runs than this along the axis: small and large indices interleave (noise, not a
 # concatenation of a few quantities), and the output is judged whole.
 MAX_RUNS = 8
+# A reference whose values span less than this fraction of its largest magnitude (over the
+# elements, for the collapse check; from sample to sample, for the flat warning) is taken as not
+# varying: a candidate constant there is within this max_rel of it (a reference varying in its
+# 7th significant digit is float rounding), and the thresholds judge it.
+FLAT_REL = 1e-4
 
 
 def split_axis(shape: tuple[int, ...]) -> int | None:
@@ -201,7 +228,8 @@ def _part_figures(reference: list[Any], candidate: list[Any]) -> dict[str, Any]:
     """max_abs, max_rel, cosine, cosine_min of one output or part of it (arrays per sample);
     ``degenerate``: what the reference is when it is constant (comparing with it shows
     nothing); ``collapsed``: what the candidate is when it is constant where the reference
-    varies by more than float rounding of the candidate's type (it lost what the part holds)."""
+    spans more than FLAT_REL of its largest magnitude (it lost what the part holds; a smaller
+    span is rounding, within that max_rel of a constant)."""
     import numpy as np
 
     refs = [np.asarray(a, dtype=np.float64).ravel() for a in reference]
@@ -217,23 +245,43 @@ def _part_figures(reference: list[Any], candidate: list[Any]) -> dict[str, Any]:
     figures["degenerate"] = constant(ref)
     figures["collapsed"] = None
     finite = ref[np.isfinite(ref)]
-    dtype = np.asarray(candidate[0]).dtype
-    eps = float(np.finfo(dtype).eps) if np.issubdtype(dtype, np.floating) else 0.0
     varies = figures["degenerate"] is None and finite.size and (
-        np.ptp(finite) > ROUNDING_EPS * eps * float(np.abs(finite).max()))
+        np.ptp(finite) > FLAT_REL * float(np.abs(finite).max()))
     if varies and (flat := constant(cand)) is not None:
         figures["collapsed"] = f"{flat} where the reference spans [{finite.min():.4g}, {finite.max():.4g}]"
     return figures
 
 
-def output_figures(reference: list[Any], candidate: list[Any], top1_applies: bool, name: str = "output",
+def _flat(reference: list[Any]) -> str | None:
+    """What a float reference is when it barely depends on its input: its largest change from
+    sample to sample under FLAT_REL of its largest magnitude (with such a reference any
+    candidate passes); None when it varies, or with fewer than 2 samples of one shape."""
+    import numpy as np
+
+    arrays = [np.asarray(a, dtype=np.float64) for a in reference]
+    if (len(arrays) < 2 or any(a.shape != arrays[0].shape for a in arrays)
+            or not np.issubdtype(np.asarray(reference[0]).dtype, np.floating)):
+        return None
+    stack = np.stack(arrays)
+    finite = np.isfinite(stack).all(axis=0)
+    if not finite.any():
+        return None
+    values = stack[:, finite]
+    spread, scale = float(np.ptp(values, axis=0).max()), float(np.abs(values).max())
+    if spread > FLAT_REL * scale:
+        return None
+    return f"changes by at most {spread:.3g} from sample to sample (its values reach {scale:.4g})"
+
+
+def output_figures(reference: list[Any], candidate: list[Any], top1_axis: int | None, name: str = "output",
                    slices: tuple[int, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
     """Figures of one output ``name`` over all samples (arrays per sample): shape, dtype,
     max_abs, max_rel and cosine over all samples concatenated, the worst sample's cosine
-    (cosine_min), degenerate and collapsed (see _part_figures), top1 where ``top1_applies``
-    (its last axis holds class scores), and with ``slices`` (axis, runs [start, stop) along
-    it; more than one run; the last taken to each sample's end) the same figures, top1 aside,
-    of each part under ``slices``, keyed by slice_name. Samples of different shapes give ``shape_mismatch`` instead."""
+    (cosine_min), degenerate and collapsed (see _part_figures), flat (see _flat), and with
+    ``top1_axis`` (the axis that holds class scores) top1 and one_class (see one_class);
+    with ``slices`` (axis, runs [start, stop) along it; more than one run; the last taken to
+    each sample's end) the same figures, top1 aside, of each part under ``slices``, keyed by
+    slice_name. Samples of different shapes give ``shape_mismatch`` instead."""
     import numpy as np
 
     shapes = [(tuple(r.shape), tuple(c.shape)) for r, c in zip(reference, candidate)]
@@ -244,7 +292,10 @@ def output_figures(reference: list[Any], candidate: list[Any], top1_applies: boo
         figures["shape_mismatch"] = f"sample {i}: {c} vs {r}"
         return figures
     figures |= _part_figures(reference, candidate)
-    figures["top1"] = top1(reference, candidate) if top1_applies else None
+    figures["flat"] = None if figures["degenerate"] else _flat(reference)
+    figures["top1"] = None if top1_axis is None else top1(reference, candidate, top1_axis)
+    figures["top1_axis"] = top1_axis
+    figures["one_class"] = None if top1_axis is None else one_class(reference, top1_axis)
     if slices is not None and len(slices[1]) > 1:
         axis, runs = slices
         rank = len(shapes[0][0])
@@ -303,39 +354,76 @@ def softmax_axes(model: Path) -> dict[str, int]:
 
 
 def linear_heads(model: Path) -> set[str]:
-    """The graph outputs that a linear layer computes, as a classifier's head does: a Gemm, a
-    MatMul, or an Add of a MatMul's result and a bias (through Identity, Cast and Q/DQ
-    nodes). An activation (BERT's pooler ends in Tanh), a normalisation or a pooling is not
-    one; nor is anything of an ORT-format model."""
+    """The graph outputs that a Gemm or MatMul (+ bias) computes: ``linear_axes`` -1."""
+    return {name for name, axis in linear_axes(model).items() if axis == -1}
+
+
+def linear_axes(model: Path) -> dict[str, int]:
+    """The graph outputs that a linear layer computes, as a classifier's head does, and the
+    axis its features are on: -1 for a Gemm, a MatMul, or an Add of a MatMul's result and a
+    bias; 1 for a 1x1 Conv (a per-pixel linear layer: a segmentation head), also behind a
+    Resize (upsampled to the input's size) or an Add of such Convs; read through Identity, Cast
+    and Q/DQ nodes. An activation (BERT's pooler ends in Tanh), a normalisation, a pooling or a
+    wider Conv is not one; nor is anything of an ORT-format model."""
     heads, producer, _ = _heads(model)
-    found = set()
+    found = {}
     for name, node in heads.items():
-        if node.op_type == "Add":
+        while node is not None and node.op_type in ("Resize", "Upsample"):
+            node = _through(producer.get(node.input[0]), producer)
+        if node is not None and node.op_type == "Add":
             node = next((n for i in node.input if (n := _through(producer.get(i), producer)) is not None
-                         and n.op_type in _LINEAR), node)
+                         and (n.op_type in _LINEAR or _pointwise_conv(n, producer))), node)
+        if node is None:
+            continue
         if node.op_type in _LINEAR:
-            found.add(name)
+            found[name] = -1
+        elif _pointwise_conv(node, producer):
+            found[name] = 1
     return found
 
 
-def argmax_applies(array: Any) -> bool:
-    """Whether an argmax over the last axis can be taken at all: float, 2 or more entries."""
+def _pointwise_conv(node: Any, producer: dict[str, Any]) -> bool:
+    """A Conv whose kernel_shape is 1 on every spatial axis (torch writes kernel_shape)."""
+    if node.op_type != "Conv":
+        return False
+    kernel = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape"), None)
+    return kernel is not None and all(k == 1 for k in kernel)
+
+
+def argmax_applies(array: Any, axis: int = -1) -> bool:
+    """Whether an argmax over ``axis`` can be taken at all: float, 2 or more entries there."""
     import numpy as np
 
-    return np.issubdtype(array.dtype, np.floating) and array.ndim >= 1 and array.shape[-1] >= 2
+    return (np.issubdtype(array.dtype, np.floating) and array.ndim >= 1 and -array.ndim <= axis < array.ndim
+            and array.shape[axis] >= 2)
+
+
+def class_axis(array: Any, softmax_axis: int | None, linear_axis: int | None) -> int | None:
+    """The axis of an output (``array``, one sample) that holds class scores, so that its argmax
+    means something; None where none does. The last axis when a Softmax / LogSoftmax over it
+    (``softmax_axis``, from ``softmax_axes``) or a linear layer (``linear_axis`` -1, from
+    ``linear_axes``) computes [batch, classes] or [batch, seq, vocab] (rank 2 or 3: a
+    classifier's or a language model's logits); axis 1 of a [batch, classes, H, W] map that a
+    Softmax over axis 1 or a 1x1 Conv (``linear_axis`` 1) computes (a segmentation head). A
+    pixel map [N, 1, H, W], a recurrent state, an embedding (a pooler's Tanh), a feature map of
+    a wider Conv has axes too, and no classes."""
+    rank = array.ndim
+    if softmax_axis is not None:
+        axis = softmax_axis % rank if rank else None
+        found = axis if axis == rank - 1 or (rank == 4 and axis == 1) else None
+    elif linear_axis == -1 and rank in (2, 3):
+        found = rank - 1
+    elif linear_axis == 1 and rank == 4:
+        found = 1
+    else:
+        found = None
+    return found if found is not None and argmax_applies(array, found) else None
 
 
 def class_scores(array: Any, softmax_axis: int | None, linear: bool) -> bool:
-    """Whether the last axis of an output (``array``, one sample) holds class scores, so that
-    its argmax means something: a Softmax / LogSoftmax over that axis computed it
-    (``softmax_axis``, from ``softmax_axes``), or it is [batch, classes] (rank 2) and a linear
-    layer computed it (``linear``, from ``linear_heads``): a classifier's logits. A pixel map,
-    a recurrent state or an embedding (a pooler's Tanh) has a last axis too, and no classes."""
-    if not argmax_applies(array):
-        return False
-    if softmax_axis is not None:
-        return softmax_axis in (-1, array.ndim - 1)
-    return array.ndim == 2 and linear
+    """Whether the last axis of an output holds class scores (``class_axis``, ``linear``: a
+    Gemm / MatMul computes it)."""
+    return class_axis(array, softmax_axis, -1 if linear else None) == array.ndim - 1
 
 
 # --- thresholds ------------------------------------------------------------------------------
@@ -451,6 +539,7 @@ def table(report: dict[str, Any]) -> str:
                  f"{report['runtime']['reference']}, candidate {lat['candidate']:.3f} ms on "
                  f"{report['runtime']['candidate']}")
     lines += [f"note: {note}" for note in report.get("notes", [])]
+    lines += [f"warning: {warning}" for warning in report.get("warnings", [])]
     failed = [c for c in report["checks"] if not c["ok"]]
     total = len(report["checks"])
     if failed:
@@ -484,7 +573,8 @@ def _fmt_threshold(metric: str, value: Any) -> str:
         return str(value).lower()
     if isinstance(value, str):
         return value
-    return f"{value * 100:g}%" if metric == "top1" else f"{value:g}"
+    # as written: ``:g`` would print min_cosine = 0.9999999 as 1 (a check seen to fail against 1)
+    return f"{value * 100:.15g}%" if metric == "top1" else repr(value)
 
 
 def _model(entry: dict[str, str]) -> str:

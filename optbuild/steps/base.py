@@ -82,6 +82,12 @@ class StepContext:
         """A line for the step's log (stored with its action entry)."""
         print(message, file=sys.stderr, flush=True)
 
+    def warn(self, message: str) -> None:
+        """A warning for the build's output (and --json), not only the step's log: kept in the
+        metrics under "warnings", so a cached result repeats it each build until its cause goes."""
+        self.log(f"warning: {message}")
+        self.metrics.setdefault("warnings", []).append(message)
+
     def progress(self, message: str) -> None:
         """Say what the step is doing now ("calibrating sample 12 of 32"): the build shows it
         beside the step while it runs, so a long step is seen to move. A small file replaced

@@ -18,17 +18,24 @@ Figures, per output, over all samples (optbuild.model.compare, as the other step
              an element-wise ratio; the same measure the export and simplify checks use).
 ``cosine``   cosine similarity of all the output's values, samples concatenated;
              ``cosine_min`` (reported, not checked) is the worst single sample's.
-``top1``     share of positions (every index but the last axis) whose argmax over the last
-             axis agrees: top-1 agreement of class scores. Computed, and checked against
-             ``min_top1``, only where the last axis holds class scores: on ``top1_outputs``,
-             or by default, as the reference's ONNX graph says (read through Identity, Cast
-             and Q/DQ nodes), on the float outputs with a last axis of 2 or more that a
-             Softmax or LogSoftmax over that axis computes, or that are [batch, classes],
-             rank 2, computed by a linear layer (Gemm, MatMul, MatMul + Add: a classifier's
-             logits). Anything else (a pixel map [N, 1, H, W], a recurrent state [2, N, 128],
-             rank-3 box regressions or logits without a Softmax, an embedding such as BERT's
-             pooler [N, 256] behind a Tanh, any output of an ORT-format reference) gets no
-             top-1 unless named.
+``top1``     share of positions (every index but the class axis) whose argmax over the class
+             axis agrees: top-1 agreement of class scores, per row of [batch, classes], per
+             token of [batch, seq, vocab], per pixel of [batch, classes, H, W]. Computed, and
+             checked against ``min_top1``, only where an output holds class scores: on
+             ``top1_outputs`` (the axis the rule below finds, else the last), or by default, as
+             the reference's ONNX graph says (read through Identity, Cast and Q/DQ nodes), on
+             the float outputs with 2 or more classes where
+             - a Softmax or LogSoftmax computes it over its last axis (the classes), or over
+               axis 1 of a rank-4 output ([batch, classes, H, W]);
+             - a linear layer (Gemm, MatMul, MatMul + Add) computes a rank-2 [batch, classes]
+               or rank-3 [batch, seq, vocab] output: a classifier's or a language model's
+               logits, classes on the last axis;
+             - a 1x1 Conv (a per-pixel linear layer; also behind a Resize, or an Add of such
+               Convs) computes a rank-4 output: a segmentation head, classes on axis 1.
+             Anything else (a pixel map [N, 1, H, W], a recurrent state [2, N, 128], box
+             regressions, a wider Conv's feature map, an embedding such as BERT's pooler
+             [N, 256] behind a Tanh, any output of an ORT-format reference) gets no top-1 unless
+             named. report.json records the axis (``top1_axis``).
 
 Parts of an output (``slices``). One output may concatenate quantities of different ranges: a
 detector's [1, 4 + 80, anchors] holds box coordinates (0..320) and scores (0..1). Its whole-
@@ -50,7 +57,16 @@ Always checked, whatever the thresholds:
              1 and top-1 100% for anything), so the comparison shows nothing. The fix: real
              weights, or samples that make it vary.
 ``candidate``  an output or part that the candidate holds constant where the reference varies
-             (by more than float rounding of the candidate's type) fails: it lost what it held.
+             (spans more than 1e-4 of its largest magnitude: a reference varying in its 7th
+             significant digit is float rounding, and a constant is within max_rel 1e-4 of it)
+             fails: it lost what it held.
+
+Warnings (in the build's output and --json, report.json's ``warnings``, report.txt; the step
+passes): a threshold that cannot be applied (``min_top1`` where no output holds class scores),
+and a reference that barely depends on its input: the same class at every position of every
+sample (``one_class``, over 8 positions or more), or values that change by at most 1e-4 of their largest magnitude from
+sample to sample (``flat``; a randomly initialised net often does). Against such a reference
+every candidate passes, so the verdict shows little.
 
 A task metric (``metric = "file.py:fn"``, optbuild.model.usermetric) adds the user's figures
 and its verdict: ``fn(reference, candidate, names)`` returns {"figure": number, ...,
@@ -58,7 +74,7 @@ and its verdict: ``fn(reference, candidate, names)`` returns {"figure": number, 
 
 Thresholds (``max_abs``, ``max_rel``, ``min_cosine``, ``min_top1``) apply to every compared
 output and part (``min_top1`` to class scores only: where no output holds any it is not applied,
-with a note, so that one template serves a classifier and an encoder); at least one of them, or
+with a warning, so that one template serves a classifier and an encoder); at least one of them, or
 ``metric``, must be set. The artifact is
 ``report.json`` (figures, thresholds,
 checks, latencies) and ``report.txt`` (the same as a table). They name the models compared
@@ -129,8 +145,10 @@ if typing.TYPE_CHECKING:
 
 # 2: models named by file and digest, not by step; 3: what ran each side; 4: slices, degenerate
 # and collapsed outputs, the user metric; 5: notes (a threshold that did not apply); 6: levels,
-# onnxruntime's graph optimization level of each side, and a note for a level that crashed
-REPORT_VERSION = 6
+# onnxruntime's graph optimization level of each side, and a note for a level that crashed; 7:
+# warnings (a threshold that did not apply, a reference that ignores its input), top-1 per token
+# and per pixel (top1_axis, one_class), flat
+REPORT_VERSION = 7
 
 
 class SliceDecl(RecipeTable):
@@ -194,19 +212,22 @@ class VerifyParams(StepParams):
     """Fail when the cosine similarity of an output's values (all samples concatenated) is below
     this (-1 to 1). Not set: not checked."""
     min_top1: float | None = Field(None, ge=0, le=1, examples=[0.95])
-    """Fail when the share of positions whose argmax over the last axis agrees (top-1 agreement,
-    0 to 1) is below this, on the outputs that hold class scores (see top1_outputs). Where none
-    does (a template's min_top1 reaching an encoder), it is not applied and the report says so;
-    as the only threshold there, the step fails. Not set: not checked."""
+    """Fail when the share of positions whose argmax over the class axis agrees (top-1 agreement,
+    0 to 1: per row, per token of [batch, seq, vocab], per pixel of [batch, classes, H, W]) is
+    below this, on the outputs that hold class scores (see top1_outputs). Where none does (a
+    template's min_top1 reaching an encoder), it is not applied and the build warns; as the only
+    threshold there, the step fails. Not set: not checked."""
     top1_outputs: list[str] = Field([], examples=[["logits"]])
-    """The outputs whose last axis holds class scores: top-1 is computed and min_top1 checked on
-    these (needs min_top1; within outputs when that is set; each a float output with a last axis
-    of 2 or more). Empty: as the reference's ONNX graph says (through Identity, Cast, Q/DQ),
-    the compared float outputs with a last axis of 2 or more that a Softmax or LogSoftmax over
-    that axis computes, or that have rank 2, [batch, classes], and come from a linear layer
-    (Gemm, MatMul, MatMul + Add: logits); others (pixel maps, recurrent states, boxes, rank-3
-    logits without a Softmax, embeddings such as BERT's pooler behind its Tanh, the outputs of
-    an ORT-format reference) get no top-1 unless named here."""
+    """The outputs that hold class scores: top-1 is computed and min_top1 checked on these (needs
+    min_top1; within outputs when that is set; each a float output with 2 or more classes; over
+    the axis the rule below finds, else the last). Empty: as the reference's ONNX graph says
+    (through Identity, Cast, Q/DQ), the compared float outputs that a Softmax or LogSoftmax over
+    the last axis (or axis 1 of a rank-4 output) computes; rank-2 [batch, classes] and rank-3
+    [batch, seq, vocab] outputs of a linear layer (Gemm, MatMul, MatMul + Add: logits, classes
+    last); rank-4 [batch, classes, H, W] outputs of a 1x1 Conv (also behind a Resize: a
+    segmentation head, classes on axis 1). Others (pixel maps, recurrent states, boxes, a wider
+    Conv's feature maps, embeddings such as BERT's pooler behind its Tanh, the outputs of an
+    ORT-format reference) get no top-1 unless named here."""
     slices: Annotated[dict[str, SliceDecl] | None, KEYED_WHEN_SET] = Field(None, examples=[{"output0": {"axis": 1, "at": [4]}}])
     """Output name -> where to cut it into parts judged on their own, for an output that
     concatenates quantities of different ranges (a detector's box coordinates and scores). Not
@@ -259,8 +280,9 @@ class Verify(DataSourceStep):
     Params = VerifyParams
     preload = ONNX_TOOLS
     # 2: reports name no steps; top-1 only on class scores; 3: any backend; 4: slices, degenerate
-    # references and collapsed candidates fail, rank-2 top-1 only on a linear layer's output
-    version = "4"
+    # references and collapsed candidates fail, rank-2 top-1 only on a linear layer's output; 5: top-1
+    # per token and per pixel, the collapse check relative to the reference's scale, warnings
+    version = "5"
     primary_output = "report.json"
 
     # What runs the reference and the candidate, as their steps say (see bind): the backend
@@ -331,6 +353,8 @@ class Verify(DataSourceStep):
         figures, user, passed = report["outputs"], report["metric"], report["passed"]
         text = compare.table(report)
         ctx.log(text)
+        for warning in report["warnings"]:
+            ctx.warn(warning)
         for n in names_compared:
             for metric in ("max_abs", "max_rel", "cosine", "top1"):
                 if figures[n].get(metric) is not None:
@@ -416,27 +440,18 @@ class Verify(DataSourceStep):
 
         stage("comparing the outputs")
         first = {n: results["reference"][n][0] for n in names}
-        notes: list[str] = []
-        if p.top1_outputs:
-            top1_names = p.top1_outputs
-            for n in top1_names:
-                if n not in names:
-                    raise StepError(f"top1_outputs: no compared output {n!r} (compared: {names})")
-                if not compare.argmax_applies(first[n]):
-                    raise StepError(f"top1 does not apply to output {n!r} ({first[n].dtype} "
-                                    f"{list(first[n].shape)}): it needs a float output with a last axis "
-                                    "of 2 or more")
-        else:
-            axes, linear = compare.softmax_axes(ref_art.primary), compare.linear_heads(ref_art.primary)
-            top1_names = [n for n in names if compare.class_scores(first[n], axes.get(n), n in linear)]
-            if p.min_top1 is not None and not top1_names:
-                notes.append(self._top1_not_applied(names, first))
+        warnings: list[str] = []
+        top1_axes = self._top1_axes(ref_art.primary, names, first)
+        if p.min_top1 is not None and not top1_axes:
+            warnings.append(self._top1_not_applied(names, first))
         if unknown := sorted(set(p.slices or {}) - set(names)):
             raise StepError(f"slices: no compared output {unknown[0]!r} (compared: {names})")
-        figures = {n: compare.output_figures(results["reference"][n], results["candidate"][n], n in top1_names,
+        figures = {n: compare.output_figures(results["reference"][n], results["candidate"][n], top1_axes.get(n),
                                              name=n, slices=self._slices(n, results["reference"][n],
-                                                                         guess=n not in top1_names))
+                                                                         guess=n not in top1_axes))
                    for n in names}
+        warnings += _reference_warnings(figures, len(samples))
+        top1_names = list(top1_axes)
         thresholds = {"max_abs": p.max_abs, "max_rel": p.max_rel, "min_cosine": p.min_cosine, "min_top1": p.min_top1}
         checks = compare.threshold_checks(figures, thresholds, top1_names, samples=len(samples))
         user = None
@@ -461,19 +476,39 @@ class Verify(DataSourceStep):
             "latency_ms": {k: round(v, 4) for k, v in latency.items()},
             "runtime": labels,
             "passed": all(c["ok"] for c in checks),
-            "notes": notes,
+            "notes": [],
+            "warnings": warnings,
         }
 
+    def _top1_axes(self, reference: Path, names: list[str], first: dict[str, Any]) -> dict[str, int]:
+        """Compared output -> the axis that holds its class scores: top1_outputs' (the axis the
+        graph says, else the last), else those compare.class_axis finds in the reference's graph."""
+        axes, linear = compare.softmax_axes(reference), compare.linear_axes(reference)
+        found = {n: axis for n in names if (axis := compare.class_axis(first[n], axes.get(n), linear.get(n))) is not None}
+        if not self.params.top1_outputs:
+            return found
+        named = {}
+        for n in self.params.top1_outputs:
+            if n not in names:
+                raise StepError(f"top1_outputs: no compared output {n!r} (compared: {names})")
+            named[n] = found.get(n, -1)
+            if not compare.argmax_applies(first[n], named[n]):
+                raise StepError(f"top1 does not apply to output {n!r} ({first[n].dtype} "
+                                f"{list(first[n].shape)}): it needs a float output with a last axis "
+                                "of 2 or more")
+        return named
+
     def _top1_not_applied(self, names: list[str], first: dict[str, Any]) -> str:
-        """The note for min_top1 where no compared output holds class scores: a template's
+        """The warning for min_top1 where no compared output holds class scores: a template's
         min_top1 over a classifier and an encoder applies to the classifier only (a table cannot
         unset it per model). With no other threshold nothing would be checked: a StepError."""
         p = self.params
         shapes = ", ".join(f"{n} {first[n].dtype} {list(first[n].shape)}" for n in names)
-        why = (f"no compared output holds class scores on its last axis ({shapes}): by default only a float "
-               "output that a Softmax / LogSoftmax over its last axis computes, or a [batch, classes] one of rank "
-               "2 that a linear layer (Gemm, MatMul, MatMul + Add) computes, does, as the reference's ONNX graph "
-               "says; name the outputs whose last axis is the classes in top1_outputs")
+        why = (f"no compared output holds class scores on an axis ({shapes}): by default only a float output that a "
+               "Softmax / LogSoftmax computes over its last axis (or axis 1 of [batch, classes, H, W]), a "
+               "[batch, classes] or [batch, seq, vocab] one that a linear layer (Gemm, MatMul, MatMul + Add) "
+               "computes, or a [batch, classes, H, W] one that a 1x1 Conv computes, does, as the reference's "
+               "ONNX graph says; name the outputs whose last axis is the classes in top1_outputs")
         if all(t is None for t in (p.max_abs, p.max_rel, p.min_cosine, p.metric)):
             raise StepError(f"min_top1 is the only threshold, and it applies nowhere: {why}")
         return f"min_top1 not applied: {why}"
@@ -500,3 +535,22 @@ class Verify(DataSourceStep):
                 or any(r.shape != shape for r in reference)):  # parts of samples of other shapes: not guessed
             return None
         return axis, compare.scale_runs(reference, axis)
+
+
+def _reference_warnings(figures: dict[str, dict[str, Any]], samples: int) -> list[str]:
+    """A warning per output whose reference barely depends on its input (the same class at every
+    position, or values that hardly change from sample to sample): every candidate passes
+    against such a reference, so the verdict shows little."""
+    found = []
+    for name, f in figures.items():
+        if f.get("one_class") is not None:
+            what = f"gives class {f['one_class']} at every position of all {samples} samples"
+        elif f.get("flat"):
+            what = f["flat"]
+        else:
+            continue
+        found.append(f"the reference's {name} barely depends on its input: it {what}, so any candidate close to "
+                     "a constant passes. Give the reference trained weights (a randomly initialised model often "
+                     "ignores its input: re-estimate its BatchNorm statistics on a few batches), or samples "
+                     "that make it vary (data)")
+    return found

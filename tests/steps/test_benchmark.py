@@ -82,7 +82,7 @@ def test_a_built_benchmark_measures_and_hands_on_the_model(tmp_path):
     assert report["level"] == "all" and report["runtime"].endswith(", optimization level all")
     assert report["notes"] == []
     checked = json.loads((proj.root / "build/r/verify/report.json").read_text())
-    assert checked["levels"] == {"reference": "all", "candidate": "all"} and checked["version"] == 6
+    assert checked["levels"] == {"reference": "all", "candidate": "all"} and checked["version"] == 7
     assert "on onnxruntime " in (proj.root / "build/r/verify/report.txt").read_text()
     assert ", optimization level all, candidate" in (proj.root / "build/r/verify/report.txt").read_text()
     assert (report["runs"], report["warmup"], report["threads"]) == (3, 1, 1)

@@ -3,8 +3,9 @@
 Issue #9's survey printed top-1 for DBNet's pixel map [N, 1, H, W] and silero-vad's recurrent
 state [2, N, 128]; issue #24's, for BERT's pooler embedding [N, 256]. The rule (verify.py's
 docstring): outputs named in top1_outputs, else float outputs with a last axis of 2 or more that
-a Softmax / LogSoftmax over that axis computes, or that are [batch, classes] computed by a
-linear layer. The corpus tests run the real models (slow: fetched once, cached).
+a Softmax / LogSoftmax over that axis computes, or that are [batch, classes] or [batch, seq,
+vocab] computed by a linear layer; axis 1 of a [batch, classes, H, W] map that a Softmax over
+axis 1 or a 1x1 Conv computes (tests/steps/test_verify_classes.py). The corpus tests run the real models (slow: fetched once, cached).
 
 Two verify steps over byte-identical models share one key (the key holds content, not step
 names), so a report restored for one must not name the other.
@@ -28,7 +29,7 @@ from plugins.steps import run_step
 from plugins.thirdparty_models import corpus_model
 
 from optbuild.common.errors import StepError
-from optbuild.model.compare import class_scores, linear_heads, softmax_axes
+from optbuild.model.compare import class_axis, class_scores, linear_heads, softmax_axes
 from optbuild.steps.verify import Verify
 
 
@@ -85,10 +86,14 @@ def test_class_scores_rule():
     assert class_scores(floats((4, 10), np.float16), -1, linear=False)
     assert class_scores(floats((1, 40, 6625), np.float32), -1, linear=False)  # PP-OCR rec: softmax over the charset
     assert class_scores(floats((1, 40, 6625), np.float32), 2, linear=False)
-    assert not class_scores(floats((1, 40, 6625), np.float32), None, linear=True)  # rank 3, no Softmax: not guessed
+    assert class_scores(floats((1, 40, 6625), np.float32), None, linear=True)  # a language model's [batch, seq, vocab]
     assert not class_scores(floats((1, 1, 64, 64), np.float32), None, linear=False)  # DBNet's pixel map
     assert not class_scores(floats((2, 1, 128), np.float32), None, linear=False)  # silero-vad's state
-    assert not class_scores(floats((1, 19, 64, 64), np.float32), 1, linear=False)  # softmax over channels
+    assert not class_scores(floats((1, 19, 64, 64), np.float32), 1, linear=False)  # softmax over channels: axis 1
+    assert class_axis(floats((1, 19, 64, 64), np.float32), 1, None) == 1  # a segmentation map, per pixel
+    assert class_axis(floats((1, 19, 64, 64), np.float32), None, 1) == 1  # a 1x1 Conv's classes
+    assert class_axis(floats((1, 1, 64, 64), np.float32), None, 1) is None  # one channel: a pixel map
+    assert class_axis(floats((1, 19, 64, 64), np.float32), None, -1) is None  # rank 4 from a MatMul: not guessed
     assert not class_scores(floats((4, 1), np.float32), -1, linear=False)  # one entry: nothing to pick
     assert not class_scores(np.zeros((4, 10), np.int64), None, linear=True)  # ids, not scores
     assert not class_scores(floats((10,), np.float32), None, linear=True)
@@ -128,20 +133,21 @@ def test_top1_outputs_names_what_the_rule_leaves_out(tmp_path):
     assert figures["state"]["top1"] == 1.0 and figures["probs"]["top1"] is None  # named: only these
 
 
-def test_min_top1_applies_where_outputs_hold_class_scores_and_notes_where_none_does(tmp_path):
+def test_min_top1_applies_where_outputs_hold_class_scores_and_warns_where_none_does(tmp_path):
     """A template's min_top1 over a classifier and an encoder: a table cannot unset it for the
-    encoder, so there it is not applied, and the report says why; alone it would check nothing."""
+    encoder, so there it is not applied, and a warning in the build's output says why; alone it
+    would check nothing."""
     model = three_heads(tmp_path / "m.onnx")
     report = verify(tmp_path, model, model, min_top1=0.9, min_cosine=0.99, outputs=["pixel_map", "state"])
     assert report["json"]["passed"] is True
     assert not [c for c in report["json"]["checks"] if c["metric"] == "top1"]
-    note = ("min_top1 not applied: no compared output holds class scores on its last axis "
-            "(pixel_map float32 [1, 1, 4, 4], state float32 [2, 1, 16])")
-    assert report["json"]["notes"][0].startswith(note)
-    assert f"note: {note}" in report["text"]
-    assert "name the outputs whose last axis is the classes in top1_outputs" in report["json"]["notes"][0]
+    warning = ("min_top1 not applied: no compared output holds class scores on an axis "
+               "(pixel_map float32 [1, 1, 4, 4], state float32 [2, 1, 16])")
+    assert report["json"]["warnings"][0].startswith(warning)
+    assert f"warning: {warning}" in report["text"]
+    assert "name the outputs whose last axis is the classes in top1_outputs" in report["json"]["warnings"][0]
     with pytest.raises(StepError, match=r"^min_top1 is the only threshold, and it applies nowhere: no compared "
-                                        r"output holds class scores on its last axis \(pixel_map float32"):
+                                        r"output holds class scores on an axis \(pixel_map float32"):
         verify(tmp_path, model, model, name="v3", min_top1=0.9, outputs=["pixel_map", "state"])
 
 
