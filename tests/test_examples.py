@@ -12,6 +12,8 @@ pytestmark = pytest.mark.slow
 
 # The example recipes as they were written out by hand, step by step (455 lines), before
 # they became one template with matrix steps (#12 item 5): they must give the same steps.
+# Their engine_ort says level = "all" where it said "extended": the engine's default and the
+# template's since the level below ran conv nets slower than their input (#33 item 6).
 HANDWRITTEN = REPO / "tests/fixtures/examples_handwritten"
 PRECISIONS = ("fp32", "fp16", "int8")
 

@@ -40,6 +40,17 @@ def test_every_parameter_is_described_with_valid_toml_examples(name):
     assert manual.summary(manual.step_class(name)), f"{name}: its class has no docstring"
 
 
+def test_a_kinds_notes_print_between_its_summary_and_its_parameters():
+    """The class docstring after its summary line says what the parameters cannot: how to
+    choose onnxruntime's level, how select breaks a tie (a worked example)."""
+    for name, said in (("engine/onnxruntime", "- `all`, the default: also layouts"),
+                       ("select", "A worked example: `candidates = ")):
+        text = manual.kind_reference(name)
+        summary = manual.summary(manual.step_class(name))
+        assert text.index(summary) < text.index(said) < text.index("```toml")  # the parameters follow it
+        assert max(len(line) for line in manual.notes(manual.step_class(name)).splitlines()) <= manual.WIDTH
+
+
 def test_kinds_lists_every_kind_and_backend_with_its_summary():
     proc = kinds()
     assert proc.returncode == 0, proc.stderr

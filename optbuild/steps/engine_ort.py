@@ -1,23 +1,27 @@
 """kind = "engine", backend = "onnxruntime": an offline-optimized model for onnxruntime.
 
-onnxruntime applies its graph optimizations at ``level`` ("basic": constant folding and
-redundant-node removal, pure ONNX; "extended": provider-specific fusions into
-com.microsoft ops; "all": also layout changes, e.g. NCHWc convolutions on x86) for the
-execution ``provider``, and saves the result as ONNX (``format = "onnx"``, model.onnx) or
-in ORT format (``format = "ort"``, model.ort, loadable by minimal onnxruntime builds). A
-session loading it then skips that work.
+onnxruntime applies its graph optimizations at ``level`` for the execution ``provider`` and
+saves the result as ONNX (``format = "onnx"``, model.onnx) or in ORT format (``format =
+"ort"``, model.ort, loadable by minimal onnxruntime builds). A session loading it then skips
+that work. The default is "all", the level onnxruntime opens any model at: a lower one saves a
+graph without the CPU's NCHWc convolution layouts, and since verify, benchmark and select open
+an engine at its own level (as a server must, to run what was verified), it ran conv nets at
+0.30-0.72x of the plain model they open at "all" (issue 33). What each level does to which
+models: ``OrtEngine``'s docstring, which the reference (docs/steps.md) prints.
 
-Before it is kept, the result must load in onnxruntime (with the step's providers) and, at
-level "basic" in ONNX format (plain ONNX), pass onnx.checker's full check, even with
-``check = 0``; higher levels write onnxruntime's own operators, e.g. LayerNormalization in
-the default domain below opset 17, which onnx.checker rejects and onnxruntime runs. With
-the CPU provider it is then compared with the input model on ``check`` seeded random inputs
-(per output, max error relative to the input's <= ``tolerance``, or absolute <= ``atol``).
+Before it is kept, the result must load in onnxruntime (with the step's providers, at the
+step's level, as verify and benchmark open it) and, at level "basic" in ONNX format (plain
+ONNX), pass onnx.checker's full check, even with ``check = 0``; higher levels write
+onnxruntime's own operators, e.g. LayerNormalization in the default domain below opset 17,
+which onnx.checker rejects and onnxruntime runs. With the CPU provider it is then compared
+with the input model on ``check`` seeded random inputs (per output, max error relative to the
+input's <= ``tolerance``, or absolute <= ``atol``).
 
 ``engine.json`` beside it names the backend and the provider ({"backend": "onnxruntime",
 "provider": "CUDAExecutionProvider", "level": ..., "format": ...}): verify and benchmark run
-the model on that provider (optbuild.backends.onnxruntime), so a model optimized for CUDA is
-checked and timed on CUDA, and ``select`` hands the file on with it.
+the model on that provider at that level (optbuild.backends.onnxruntime,
+optbuild.model.runmodels.start_level), so a model optimized for CUDA is checked and timed on
+CUDA, and ``select`` hands the file on with it.
 
 Key: params, the input model's content, the onnxruntime version and distribution (host
 fields, read from package metadata). "extended" and "all" also take cpu.arch and cpu.flags:
@@ -62,11 +66,13 @@ class OrtEngineParams(StepParams):
     backend: Literal["onnxruntime"] = Field(examples=["onnxruntime"])
     """Selects this engine: an onnxruntime model optimized offline."""
     input: StepRef = input_field("optimized (e.g. a simplify or quantize step).")
-    level: Literal["basic", "extended", "all"] = Field("extended", examples=["all"])
+    level: Literal["basic", "extended", "all"] = Field("all", examples=["extended"])
     """onnxruntime's graph optimization level: 'basic' (constant folding, redundant nodes
-    removed; plain ONNX), 'extended' (provider-specific fusions into com.microsoft ops) or 'all'
-    (also layout changes such as NCHWc convolutions on x86). 'extended' and 'all' depend on the
-    CPU: its arch and flags enter the key."""
+    removed; plain ONNX), 'extended' (also provider-specific fusions into com.microsoft ops) or
+    'all' (also layout changes such as NCHWc convolutions on x86: the level onnxruntime opens a
+    plain model at). Verify, benchmark and select open the engine at this level. 'extended' and
+    'all' depend on the CPU: its arch and flags enter the key. See 'Levels' above for what each
+    does to which models."""
     format: Literal["onnx", "ort"] = Field("onnx", examples=["ort"])
     """'onnx' writes model.onnx; 'ort' writes model.ort, the ORT format that minimal onnxruntime
     builds load."""
@@ -102,7 +108,37 @@ class OrtEngineParams(StepParams):
 
 
 class OrtEngine(Step):
-    """An onnxruntime model optimized offline (graph level, ONNX or ORT format), checked."""
+    """An onnxruntime model optimized offline (graph level, ONNX or ORT format), checked.
+
+    Levels: verify, benchmark and select open the engine at its level (engine.json's
+    "level"), as a server must to run what was verified, while they open a plain ONNX model at
+    'all', onnxruntime's default. An engine below 'all' is therefore opened with less done to
+    it than the model it came from: on the CPU, conv nets lose the NCHWc layouts.
+
+    - `basic`: constant folding, redundant nodes removed, Conv+BatchNorm folded: plain ONNX
+      that onnx.checker passes, the same on every CPU. Conv nets: about 0.7x the speed of the
+      plain model (no fusions, no layouts). Transformers, MLPs: within 15 % of the others.
+    - `extended`: also fusions into com.microsoft ops: Conv+activation (FusedConv), GELU,
+      LayerNormalization, attention. Conv nets: 0.30-0.72x the speed of the plain model (no
+      layouts). Transformers, MLPs: the fusions that matter to them.
+    - `all`, the default: also layouts, NCHWc convolutions and pooling on x86
+      (com.microsoft.nchwc, blocked by the CPU's vector width) and NHWC uint8 convolutions.
+      Conv nets: the speed of the plain model, its optimization done once, ahead.
+      Transformers, MLPs: the graph of 'extended' (the layouts touch no MatMul).
+
+    Measured on x86 CPUs with onnxruntime 1.31, one thread: a 5-layer conv net, and a 2-layer
+    encoder at 64 tokens (which ran at 'basic' in 0.87x the time of 'all'): where the levels
+    are close, benchmark both and let select choose.
+
+    On CUDA, ROCm and DirectML the fusions are the provider's, and 'all' adds layouts only to
+    the nodes left to the CPU. 'extended' and 'all' write onnxruntime's own operators
+    (onnx.checker may refuse them), and 'all' writes ops for this CPU's vector width: the key
+    holds cpu.arch and cpu.flags, and the model is for CPUs like this one. Use 'basic' for a
+    model another tool must read, and a lower level for a model that crashes onnxruntime at
+    'all' (verify and benchmark say at which level it ran). Triton's onnxruntime backend
+    opens a model at 'all' unless its config.pbtxt says `optimization { graph { level: 1 } }`
+    (extended) or `level: -1` (basic).
+    """
 
     Params = OrtEngineParams
     preload = ONNX_TOOLS
@@ -160,8 +196,8 @@ class OrtEngine(Step):
             except Exception as exc:
                 raise StepError(f"the level-basic model onnxruntime wrote of {label} fails onnx.checker's "
                                 f"full check: {first_line(exc)}") from None
-        try:
-            return session(out, provider=self.params.provider)
+        try:  # at the step's level, as verify and benchmark open it (runmodels.start_level)
+            return session(out, level, provider=self.params.provider)
         except Exception as exc:
             raise StepError(f"onnxruntime cannot load the level-{level} model it wrote of {label}: "
                             f"{first_line(exc)}") from None

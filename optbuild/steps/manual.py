@@ -71,6 +71,13 @@ def summary(cls: type[Step]) -> str:
     return (inspect.getdoc(cls) or "").split("\n", 1)[0].strip()
 
 
+def notes(cls: type[Step]) -> str:
+    """The class docstring after its first line: what a user must know beyond the parameters
+    (how to choose a level, how a tie is broken), printed as written, between the summary and
+    the parameters."""
+    return (inspect.getdoc(cls) or "").partition("\n")[2].strip()
+
+
 def overview(names: list[str]) -> str:
     """A Markdown table of ``names`` (registry names): kind, backend, what it does."""
     rows = ["| kind | backend | what it does |", "|---|---|---|"]
@@ -90,7 +97,8 @@ def kind_reference(name: str, local: dict[str, str] | None = None) -> str:
     params = cls.Params
     hints = typing.get_type_hints(params, include_extras=True)
     selector = f'kind = "{kind}"' + (f'\nbackend = "{backend}"' if backend else "")
-    lines = [f"## {name}", "", summary(cls), "", "```toml", "[steps.NAME]", selector, "```", ""]
+    lines = [f"## {name}", "", summary(cls), ""] + ([notes(cls), ""] if notes(cls) else [])
+    lines += ["```toml", "[steps.NAME]", selector, "```", ""]
     for field_name, field in params.model_fields.items():
         if field_name == "backend" and backend:
             continue  # shown with kind above

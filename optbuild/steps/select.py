@@ -121,7 +121,40 @@ class SelectParams(StepParams):
 
 
 class Select(Step):
-    """The best candidate that meets the constraints, measured together, and a report of the choice."""
+    """The best candidate that meets the constraints, measured together, and a report of the choice.
+
+    The tie rule, measuring together: the fastest by the objective wins unless its lead over
+    another candidate could be noise, that is unless the 90 % interval of the lead, from the
+    ratio of their times in each round, reaches below 1 + `min_lead`. Those candidates are tied
+    with it. Among the tied, only those measured within `min_lead` of the fastest count as
+    equal; the tie goes to the smallest of them (smaller by more than 5 %), else to the one
+    listed first in `candidates`. Where the fastest is alone within `min_lead`, it wins.
+
+    A worked example: `candidates = ["bench_fp32", "bench_int8", "bench_ov"]`, `runs = 5`,
+    `rounds = 5` (one timed run per candidate a round), `min_lead = 0.03`, objective p50_ms.
+
+    | ms in round | 1 | 2 | 3 | 4 | 5 | p50 | model |
+    |---|---|---|---|---|---|---|---|
+    | bench_fp32 | 10.0 | 10.4 | 9.9 | 10.6 | 10.1 | 10.1 ms | 42.0 MiB |
+    | bench_int8 | 10.2 | 10.1 | 10.3 | 10.9 | 10.4 | 10.3 ms | 10.7 MiB |
+    | bench_ov | 12.6 | 12.9 | 12.4 | 13.3 | 12.7 | 12.7 ms | 42.1 MiB |
+
+    1. The fastest is bench_fp32 (10.1 ms).
+    2. Its lead over bench_int8 is 10.3 / 10.1 = 1.02x; the ratios of the rounds (1.02, 0.97,
+       1.04, 1.03, 1.03) give the interval 0.99-1.04x (Student's t over their logs). It
+       reaches below 1.03: tied. Over bench_ov: 1.26x, interval 1.25-1.26x: not tied.
+    3. bench_int8 was measured within 3 % of the fastest (1.02 <= 1.03): the two are equal.
+    4. bench_int8's model is the smaller by more than 5 %: it is chosen, "tied within the noise
+       with bench_fp32, broken by the smaller model". bench_ov's row says "the winner is 1.23x
+       faster (interval 1.21-1.26x)".
+
+    Had bench_int8's model been 42.0 MiB too (within 5 %, as an onnxruntime engine of the
+    fp32 model is), the tie would go to bench_fp32, listed first ("the one listed first").
+    Had bench_int8 run 15.0, 8.3, 19.0, 15.0, 16.0 ms instead, the lead would be 1.49x with
+    the interval 1.01-1.90x: a tie (round 2 says bench_int8 could be the faster), but it was
+    measured more than 3 % slower, so bench_fp32 is chosen ("the faster as measured"). With
+    `measure = "cached"`, only equal figures tie.
+    """
 
     Params = SelectParams
     primary_output = None  # the winner's main file; known once bound (see bind)
