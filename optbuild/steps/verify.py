@@ -549,7 +549,7 @@ def _reference_warnings(figures: dict[str, dict[str, Any]], samples: int) -> lis
             what = f["flat"]
         else:
             continue
-        found.append(f"the reference's {name} barely depends on its input: it {what}, so any candidate close to "
+        found.append(f"the reference's output {name!r} barely depends on its input: it {what}, so any candidate close to "
                      "a constant passes. Give the reference trained weights (a randomly initialised model often "
                      "ignores its input: re-estimate its BatchNorm statistics on a few batches), or samples "
                      "that make it vary (data)")

@@ -133,7 +133,7 @@ def test_a_constant_candidate_within_rounding_of_the_reference_passes(tmp_path):
     assert figures["max_rel"] <= 1e-5 and figures["collapsed"] is None
     assert report["passed"]
     # and the reference itself is flagged: it hardly changes with its input
-    assert any("the reference's y barely depends on its input" in w for w in metrics["warnings"])
+    assert any("the reference's output 'y' barely depends on its input" in w for w in metrics["warnings"])
 
 
 def test_a_reference_that_ignores_its_input_warns(tmp_path):
@@ -183,7 +183,7 @@ def test_verify_warnings_reach_the_build_output_and_json_built_or_cached(tmp_pat
     built = proj.cli("build", "--json")
     assert built.returncode == 0, built.stderr
     [event] = [e for e in built.events if e.get("event") == "warning"]
-    assert event["step"] == "r:verify" and "the reference's logits barely depends on its input" in event["message"]
+    assert event["step"] == "r:verify" and "the reference's output 'logits' barely depends on its input" in event["message"]
     cached = proj.cli("build")
     assert cached.returncode == 0, cached.stderr
-    assert "warning: r:verify: the reference's logits barely depends on its input" in cached.stdout + cached.stderr
+    assert "warning: r:verify: the reference's output 'logits' barely depends on its input" in cached.stdout + cached.stderr
