@@ -9,8 +9,10 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daskfarm import make_project, start_cluster
@@ -32,19 +34,34 @@ def build(proj) -> api.BuildResult:
         ws.close()
 
 
-def test_a_forged_task_is_refused_and_the_signed_entry_stays(tmp_path, file_remote, monkeypatch):
-    """A task with a real step's key and key material but other input bytes, or other key
-    material under the real key, sent straight to the scheduler: the node builds, signs and
-    uploads nothing, and a key holder restores the honest output."""
+@contextmanager
+def signed_farm(tmp_path: Path, file_remote, monkeypatch) -> Iterator[tuple[Any, str, str]]:
+    """A one-node cluster whose node signs with the farm's key, this host holding the same key:
+    (the cluster, the project's [remote] section, its [build] section sending steps there)."""
+    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
+    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
+    try:
+        yield (cluster, file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING"),
+               f'executor = "dask"\nscheduler = "{cluster.address}"\n')
+    finally:
+        cluster.stop()
+
+
+def submit(cluster, task: dict) -> dict:
+    """What the node answers to ``task`` sent straight to the scheduler, as any client could."""
     from distributed import Client
 
     from optbuild.distributed.task import run_task
 
-    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
-    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
-    try:
-        section = file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING")
-        build_section = f'executor = "dask"\nscheduler = "{cluster.address}"\n'
+    with Client(cluster.address, timeout=10, set_as_default=False) as client:
+        return client.submit(run_task, task, pure=False, resources={"optbuild": 1}).result(timeout=30)
+
+
+def test_a_forged_task_is_refused_and_the_signed_entry_stays(tmp_path, file_remote, monkeypatch):
+    """A task with a real step's key and key material but other input bytes, or other key
+    material under the real key, sent straight to the scheduler: the node builds, signs and
+    uploads nothing, and a key holder restores the honest output."""
+    with signed_farm(tmp_path, file_remote, monkeypatch) as (cluster, section, build_section):
         proj = make_project(tmp_path / "p", build=build_section, remote=section, recipe=RECIPE)
         honest = build(proj)
         assert honest.ok, (honest.reporter.events, cluster.logs())
@@ -63,12 +80,11 @@ def test_a_forged_task_is_refused_and_the_signed_entry_stays(tmp_path, file_remo
         other_bytes = {**task, "files": {**task["files"], "data/input.txt": {"digest": digest_bytes(forged_bytes),
                                                                              "size": len(forged_bytes)}}}
         other_material = {**task, "ingredients": {**task["ingredients"], "params": {"path": "../data/forged.txt"}}}
-        with Client(cluster.address, timeout=10, set_as_default=False) as client:
-            for forged, why in [(other_bytes, "input file data/input.txt changed"),
-                                (other_material, "its key is not that of its key material")]:
-                result = client.submit(run_task, forged, pure=False, resources={"optbuild": 1}).result(timeout=30)
-                assert result["ok"] is False and result["node"] == "cpu", result
-                assert result["error"].startswith("refused: the task is not what its key") and why in result["error"]
+        for forged, why in [(other_bytes, "input file data/input.txt changed"),
+                            (other_material, "its key is not that of its key material")]:
+            result = submit(cluster, forged)
+            assert result["ok"] is False and result["node"] == "cpu", result
+            assert result["error"].startswith("refused: the task is not what its key") and why in result["error"]
 
         assert file_remote.read(file_remote.entry_path(key)) == signed_entry  # nothing signed, nothing replaced
         assert file_remote.keys() == sorted(o.key for o in honest.outcomes.values())
@@ -77,8 +93,6 @@ def test_a_forged_task_is_refused_and_the_signed_entry_stays(tmp_path, file_remo
         restored = build(other)
         assert restored.ok and sorted(restored.steps("restored")) == ["farm:src", "farm:up"], restored.reporter.events
         assert (other.root / "build/farm/up/data.txt").read_text() == "hello!"
-    finally:
-        cluster.stop()
 
 
 NESTED = RECIPE.replace('suffix = "!"', 'suffix = "!"\nnested = true') + '\n[steps.down]\nkind = "join"\ninput = "up"\n'
@@ -89,15 +103,7 @@ def test_a_task_pointing_a_step_at_another_output_of_its_upstream_is_refused(tmp
     its real key and key material, whose input names sub/extra.txt as up's main output (the
     key holds up's outputs, not which is the main one): the node checks it against up's
     entry in the remote cache, and builds, signs and uploads nothing."""
-    from distributed import Client
-
-    from optbuild.distributed.task import run_task
-
-    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
-    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
-    try:
-        section = file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING")
-        build_section = f'executor = "dask"\nscheduler = "{cluster.address}"\n'
+    with signed_farm(tmp_path, file_remote, monkeypatch) as (cluster, section, build_section):
         proj = make_project(tmp_path / "p", build=build_section, remote=section, recipe=NESTED)
         honest = build(proj)
         assert honest.ok, (honest.reporter.events, cluster.logs())
@@ -118,35 +124,24 @@ def test_a_task_pointing_a_step_at_another_output_of_its_upstream_is_refused(tmp
         other_output = {**task, "inputs": {"input": {**task["inputs"]["input"], "primary": "sub/extra.txt"}}}
         another_entry = {**task, "inputs": {"input": {**other_output["inputs"]["input"],
                                                       "key": honest.outcomes["farm:src"].key}}}
-        with Client(cluster.address, timeout=10, set_as_default=False) as client:
-            for forged, why in [
-                    (other_output, ("it takes sub/extra.txt as the main output of farm:up, whose entry in the "
-                                    "remote cache names data.txt")),
-                    (another_entry, "the outputs of farm:up are not those its entry")]:
-                result = client.submit(run_task, forged, pure=False, resources={"optbuild": 1}).result(timeout=30)
-                assert result["ok"] is False and result["node"] == "cpu", result
-                assert result["error"].startswith("refused: ") and why in result["error"], result["error"]
-                assert result["error"].endswith("nothing was built or stored")
+        for forged, why in [
+                (other_output, ("it takes sub/extra.txt as the main output of farm:up, whose entry in the "
+                                "remote cache names data.txt")),
+                (another_entry, "the outputs of farm:up are not those its entry")]:
+            result = submit(cluster, forged)
+            assert result["ok"] is False and result["node"] == "cpu", result
+            assert result["error"].startswith("refused: ") and why in result["error"], result["error"]
+            assert result["error"].endswith("nothing was built or stored")
 
         assert file_remote.read(file_remote.entry_path(key)) == signed_entry  # nothing signed, nothing replaced
         assert sorted(file_remote.fs.find(f"{file_remote.root}/cas")) == blobs  # nothing uploaded
-    finally:
-        cluster.stop()
 
 
 def test_an_entry_naming_another_main_output_than_its_step_s_is_not_used(tmp_path, file_remote, monkeypatch):
     """A task for ``up`` itself that names sub/extra.txt as its main output (the key does not
     hold it): the node signs that entry, but a coordinator, which knows the step's main
     output, does not use it, builds ``up`` again and replaces it; ``down`` reads data.txt."""
-    from distributed import Client
-
-    from optbuild.distributed.task import run_task
-
-    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
-    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
-    try:
-        section = file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING")
-        build_section = f'executor = "dask"\nscheduler = "{cluster.address}"\n'
+    with signed_farm(tmp_path, file_remote, monkeypatch) as (cluster, section, build_section):
         proj = make_project(tmp_path / "p", build=build_section, remote=section, recipe=NESTED)
         assert build(proj).ok
         lock = json.loads(proj.read("optbuild.lock"))["steps"]
@@ -160,8 +155,7 @@ def test_an_entry_naming_another_main_output_than_its_step_s_is_not_used(tmp_pat
                                      "outputs": src["outputs"]}},
                 "primary_output": "sub/extra.txt", "ingredients": up["ingredients"], "remote": file_remote.url,
                 "signed": True}
-        with Client(cluster.address, timeout=10, set_as_default=False) as client:
-            assert client.submit(run_task, task, pure=False, resources={"optbuild": 1}).result(timeout=30)["ok"]
+        assert submit(cluster, task)["ok"]
         assert file_remote.read_entry(up_key)[1]["primary"] == "sub/extra.txt"
         file_remote.delete(file_remote.entry_path(lock["farm:down"]["key"]))  # down builds from up's entry
 
@@ -173,17 +167,12 @@ def test_an_entry_naming_another_main_output_than_its_step_s_is_not_used(tmp_pat
         assert sorted(result.steps("built")) == ["farm:down", "farm:up"]
         assert (other.root / "build/farm/down/data.txt").read_text() == "hello!"
         assert file_remote.read_entry(up_key)[1]["primary"] == "data.txt"  # replaced
-    finally:
-        cluster.stop()
 
 
 def test_an_upstream_built_here_is_put_in_the_remote_for_the_node_to_check(tmp_path, file_remote, monkeypatch):
     """``src`` and ``up`` were built on this host, the remote cache not used: the node checks
     up's main output against its entry, so the coordinator puts that entry (signed) there."""
-    monkeypatch.setenv("OPTBUILD_TEST_SIGNING", "farm-secret")
-    cluster = start_cluster(tmp_path / "farm", {"cpu": 1}, file_remote, env={"OPTBUILD_SIGNING_KEY": "farm-secret"})
-    try:
-        section = file_remote.section(signing_key_env="OPTBUILD_TEST_SIGNING")
+    with signed_farm(tmp_path, file_remote, monkeypatch) as (cluster, section, build_section):
         proj = make_project(tmp_path / "p", remote=section, recipe=NESTED)
         ws = api.open_workspace(proj.root, remote=False)
         try:
@@ -191,15 +180,12 @@ def test_an_upstream_built_here_is_put_in_the_remote_for_the_node_to_check(tmp_p
         finally:
             ws.close()
         assert file_remote.keys() == []
-        proj.write("optbuild.toml", proj.read("optbuild.toml").replace(
-            "[build]\n", f'[build]\nexecutor = "dask"\nscheduler = "{cluster.address}"\n'))
+        proj.write("optbuild.toml", proj.read("optbuild.toml").replace("[build]\n", "[build]\n" + build_section))
         result = build(proj)
         assert result.ok, (result.reporter.events, cluster.logs())
         assert result.steps("built") == ["farm:down"] and (proj.root / "build/farm/down/data.txt").read_text() == "hello!"
         head, up = file_remote.read_entry(result.outcomes["farm:up"].key)
         assert head and up["primary"] == "data.txt"  # signed: the node checked against it
-    finally:
-        cluster.stop()
 
 
 def test_a_node_without_host_listens_only_where_it_reaches_the_scheduler_and_says_so(tmp_path, file_remote):
