@@ -56,6 +56,11 @@ def _bare(flags: list[str]) -> str:
     return " ".join(flag.removesuffix("=") for flag in flags)
 
 
+def _first_words(commands: dict[str, tuple[list[str], str]]) -> str:
+    """What may follow ``optbuild``: the subcommands and optbuild's own flags."""
+    return " ".join([*(name for name in commands if name), _bare(commands[""][0])])
+
+
 def _taking(commands: dict[str, tuple[list[str], str]], what: str) -> list[str]:
     return [name for name, (_, takes) in commands.items() if takes == what]
 
@@ -71,7 +76,7 @@ _optbuild() {{
         cur=${{cur##*[[:space:]]}}
     fi
     if (( COMP_CWORD == 1 )); then
-        COMPREPLY=($(compgen -W "{" ".join(n for n in commands if n)} {_bare(commands[""][0])}" -- "$cur"))
+        COMPREPLY=($(compgen -W "{_first_words(commands)}" -- "$cur"))
         return
     fi
     case ${{COMP_WORDS[COMP_CWORD-1]}} in  # an option's value: bash's own (file names)
@@ -105,7 +110,7 @@ def _zsh(commands: dict[str, tuple[list[str], str]]) -> str:
 _optbuild() {{
     local cmd=${{words[2]}}
     if (( CURRENT == 2 )); then
-        compadd -- {" ".join(n for n in commands if n)} {_bare(commands[""][0])}
+        compadd -- {_first_words(commands)}
         return
     fi
     if [[ $PREFIX == -* ]]; then
