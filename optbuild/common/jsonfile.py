@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,24 @@ from optbuild.common.units import human_size
 
 MAX_BYTES = 4 << 20
 MAX_DEPTH = 64
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def nests_deeper(data: bytes, max_depth: int) -> bool:
+    """Whether the JSON text ``data`` nests arrays and objects deeper than ``max_depth``,
+    found by scanning its brackets (strings aside) before any parser sees it: a hostile
+    100,000 '[' would otherwise raise RecursionError inside json.loads."""
+    depth = 0
+    for bracket in _BRACKET.finditer(_STRING.sub(b'""', data)):
+        if bracket.group() in (b"[", b"{"):
+            depth += 1
+            if depth > max_depth:
+                return True
+        else:
+            depth -= 1
+    return False
 
 
 def read_json(path: Path, max_bytes: int = MAX_BYTES) -> Any:
@@ -32,24 +51,9 @@ def read_json(path: Path, max_bytes: int = MAX_BYTES) -> Any:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path} is larger than {human_size(max_bytes)}")
+    if nests_deeper(data, MAX_DEPTH):
+        raise ValueError(f"{path} is nested deeper than {MAX_DEPTH} levels")
     try:
-        value = json.loads(data)
-    except RecursionError:
-        raise ValueError(f"{path} is nested deeper than {MAX_DEPTH} levels") from None
+        return json.loads(data)
     except ValueError as exc:
         raise ValueError(f"{path} is not JSON ({exc})") from None
-    if _depth(value) > MAX_DEPTH:
-        raise ValueError(f"{path} is nested deeper than {MAX_DEPTH} levels")
-    return value
-
-
-def _depth(value: Any) -> int:
-    """How deeply ``value`` nests lists and objects (a scalar: 0), without recursing."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in children)
-    return deepest

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from optbuild.common.digest import ALGORITHM, DIGEST_HEX, is_digest
+from optbuild.common.jsonfile import nests_deeper
 
 FORMAT = 2  # 2: BLAKE3-256 digests, the digest function recorded
 MAX_ENTRY_BYTES = 16 << 20  # an entry larger than this is not an entry
@@ -32,8 +33,6 @@ MAX_NAME_BYTES = 255  # one path component (NAME_MAX on Linux, macOS and Windows
 MAX_PATH_DEPTH = 32  # components in one output name
 MAX_PATH_BYTES = 1024  # a whole output name
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKET = re.compile(rb"[\[\]{}]")
 
 
 class EntryError(ValueError):
@@ -164,16 +163,8 @@ def check_json_bounds(data: bytes) -> None:
     """
     if len(data) > MAX_ENTRY_BYTES:
         raise EntryError(f"it is larger than {MAX_ENTRY_BYTES} bytes")
-    depth = deepest = 0
-    for bracket in _BRACKET.finditer(_STRING.sub(b'""', data)):
-        if bracket.group() in (b"[", b"{"):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_JSON_DEPTH:
-                    raise EntryError(f"it nests deeper than {MAX_JSON_DEPTH} levels")
-        else:
-            depth -= 1
+    if nests_deeper(data, MAX_JSON_DEPTH):
+        raise EntryError(f"it nests deeper than {MAX_JSON_DEPTH} levels")
 
 
 def parse_entry(data: bytes, expected_key: str) -> ActionEntry:
