@@ -42,6 +42,7 @@ from typing import Any
 from optbuild.common.atomic import fsync_path, write_atomic
 from optbuild.common.digest import hash_file
 from optbuild.common.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
+from optbuild.common.jsonfile import read_json
 from optbuild.common.paths import name_problem
 from optbuild.store.flock import locked
 
@@ -131,8 +132,7 @@ def problems(model_dir: Path) -> list[str]:
     if record is None:
         return [f"{folder / RECORD} is missing or unreadable"]
     found = []
-    on_disk = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file() and p.name != RECORD}
-    if {name: hash_file(path)[0] for name, path in on_disk.items()} != record.get("files"):
+    if not isinstance(record.get("files"), dict) or not _holds(folder, record["files"]):
         found.append(f"{folder} does not hold the files its {RECORD} lists")
     if _live(model_dir) != served_config(str(record.get("config")), version):
         found.append(f"{model_dir / 'config.pbtxt'} is not the configuration version {version} was published with")
@@ -200,12 +200,10 @@ def rollback(to: Path, model: str) -> Change:
     finished by the next one (or by the next publish), not done twice."""
     model_dir = model_folder(to, model, create=False)
     with locked(model_dir / LOCK):
-        _sweep(model_dir)
         intent = _intent(model_dir)
-        if intent is not None:  # a rollback that was killed: finish it
-            _finish_rollback(model_dir, intent["to"])
+        _repair(model_dir)  # finishes a rollback that was killed: this retry is it
+        if intent is not None:
             return Change(model, intent["to"], "rolled back", intent["from"], _step(model_dir, intent["to"]))
-        _repair(model_dir)
         current = served_version(model_dir)
         older = [n for n in versions(model_dir) if current is not None and n < current]
         if not older:
@@ -310,11 +308,11 @@ def _add_version(model_dir: Path, number: int, files: dict[str, Path], record: d
 def _record(version: Path) -> dict[str, Any] | None:
     """The version's optbuild.json (None when it has none, or it is not one)."""
     path = version / RECORD
+    if path.is_symlink():
+        return None
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > _MAX_RECORD:
-            return None
-        record = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+        record = read_json(path, _MAX_RECORD)
+    except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
 
@@ -362,6 +360,11 @@ def _same(version: Path, digests: dict[str, str], config: str) -> bool:
     record = _record(version)
     if record is None or record.get("files") != digests or record.get("config") != config:
         return False
+    return _holds(version, digests)
+
+
+def _holds(version: Path, digests: dict[str, Any]) -> bool:
+    """Whether the files of ``version`` (its record aside) are exactly these, with these digests."""
     on_disk = {p.relative_to(version).as_posix(): p for p in version.rglob("*") if p.is_file() and p.name != RECORD}
     return on_disk.keys() == digests.keys() and all(hash_file(path)[0] == digests[name]
                                                     for name, path in on_disk.items())
