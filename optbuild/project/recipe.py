@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, field_validator
-from pydantic_core import CoreSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from optbuild.common import callables
 from optbuild.common.errors import Problem, ProjectError
 from optbuild.common.paths import folder_problem, name_problem
 from optbuild.common.projectroot import CONFIG_NAME, project_root
-from optbuild.common.recipetable import strict_scalars
+from optbuild.common.recipetable import RecipeTable
 from optbuild.model.inputdecl import InputDecls
 from optbuild.project import matrix, template
 from optbuild.project.overrides import (
@@ -37,14 +36,11 @@ from optbuild.steps import registry
 from optbuild.steps.base import Step
 
 
-class _Section(BaseModel):
-    # inf and nan (which TOML reads) are no timeout, size or count: refused with their line
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _Section(RecipeTable):
+    """An optbuild.toml table: as strict as a recipe's (jobs = "4" or keep_going = "yes" is an
+    error), and inf and nan (which TOML reads) are no timeout, size or count."""
 
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler) -> CoreSchema:
-        # jobs = "4" or keep_going = "yes" is an error, as in a recipe
-        return strict_scalars(handler(source))
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class ProjectSection(_Section):
