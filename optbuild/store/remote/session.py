@@ -227,10 +227,7 @@ class RemoteSession:
             self._remember_miss(key, f"the remote cache was not asked: {self._off_reason()}")
             return None
         try:
-            data = self._read(key, None, step)
-            if self._beside(key, data):
-                data = self._read(key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
-            entry = self._decode(data, key)
+            entry = self._decode(self._fetch(key, step), key)
             if main is not ANY_MAIN and entry.primary != main:
                 raise Rejected(f"it names {entry.primary} as the step's main output, where the step's is {main}")
         except FileNotFoundError:
@@ -255,13 +252,18 @@ class RemoteSession:
         if not self._usable():
             return False
         try:
-            data = self._read(entry.key, None, step)
-            if self._beside(entry.key, data):
-                data = self._read(entry.key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
-            found = decode_entry(data, entry.key, self.store.signing_key)
+            found = decode_entry(self._fetch(entry.key, step), entry.key, self.store.signing_key)
         except (FileNotFoundError, Failed, Rejected):
             return False
         return found.outputs == entry.outputs and found.primary == entry.primary
+
+    def _fetch(self, key: str, step: str) -> bytes:
+        """The bytes of the entry of ``key`` this host reads: the one signed with its key where
+        one lies beside the plain one."""
+        data = self._read(key, None, step)
+        if self._beside(key, data):
+            data = self._read(key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
+        return data
 
     def _read(self, key: str, slot: str | None, step: str = "") -> bytes:
         """The bytes of the entry of ``key`` (in ``slot``); FileNotFoundError when there is none."""
