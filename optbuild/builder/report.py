@@ -219,7 +219,11 @@ class PlainReporter(Reporter):
                 write_line(self.stream, f"  {self.board.counter()} running: {steps}")
 
     def close(self) -> None:
+        """No heartbeat after this: the ticker is stopped and waited for (one that had just
+        woken would otherwise write between the summary's lines, or after the last)."""
         self._stopped.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join()
 
 
 class LiveStatus:
