@@ -56,3 +56,24 @@ def test_keys_are_those_the_old_layout_computed(tmp_path):
     assert result.ok
     assert {sid: outcome.key for sid, outcome in result.outcomes.items()} == RECORDED
     assert proj.read("build/r/shout/data.txt") == "HELLO\nHELLO\n"
+
+
+def test_the_lock_file_holds_each_step_s_action_whose_digest_is_its_key(tmp_path):
+    """The action is what is keyed, recorded and shipped: read back from optbuild.lock (as a
+    Dask node reads it from a task), it gives the key it was filed under."""
+    from optbuild.builder import lockfile
+    from optbuild.process.action import Action
+
+    proj = ProjectDir(tmp_path / "p")
+    proj.write("kinds.py", KINDS)
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n\n[kinds]\nread = "kinds.py:Read"\n'
+                                'shout = "kinds.py:Shout"\n')
+    proj.write("data/input.txt", "hello\n")
+    proj.write("recipes/r.toml", '[steps.read]\nkind = "read"\npath = "../data/input.txt"\n\n'
+                                 '[steps.shout]\nkind = "shout"\ninput = "read"\ntimes = 2\n')
+    assert proj.build().ok
+    records = lockfile.read(proj.root / "optbuild.lock")
+    assert {sid: Action.from_material(r["ingredients"]).key for sid, r in records.items()} == RECORDED
+    shout = Action.from_material(records["r:shout"]["ingredients"])
+    assert shout.params["input"] is None  # the upstream's name is not content
+    assert shout.run_params({"input": "r:read"}) == {"input": "r:read", "times": 2}

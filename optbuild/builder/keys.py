@@ -1,8 +1,9 @@
-"""Action keys: a digest of everything that can change a step's output.
+"""Action keys: the ``Action`` of a step, whose digest is its key.
 
-The key material ("ingredients") is a plain JSON-able dict, stored with the action entry
-and in optbuild.lock, so that `plan` and `explain` can say which ingredient changed.
-Recipe comments and key order do not reach it: params enter as validated values.
+The key material is everything that can change a step's output (``process.action``),
+stored with the action entry and in optbuild.lock, so that `plan` and `explain` can say
+which ingredient changed. Recipe comments and key order do not reach it: params enter as
+validated values.
 """
 
 from __future__ import annotations
@@ -11,34 +12,76 @@ import json
 from pathlib import Path
 from typing import Any
 
-from optbuild.common.digest import ALGORITHM, FileHasher, digest_bytes
+from optbuild.common.digest import FileHasher
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.recipetable import KEYED_WHEN_SET, fields_with
 from optbuild.common.toolchain import Toolchain
+from optbuild.process.action import Action
 from optbuild.project.recipe import StepSpec
 from optbuild.steps.base import StepParams
-from optbuild.store.entry import canonical_json
-
-KEY_FORMAT = 1
 
 
-def key_files(spec: StepSpec) -> list[Path]:
-    """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source and
-    the project modules that source imports (editing a helper of the kind changes its code)."""
-    files = list(spec.key_files if spec.key_files is not None else spec.step.key_files())
-    impl_file, _, _ = spec.implementation.rpartition(":")
-    if impl_file.endswith(".py"):
-        from optbuild.common.pyimports import local_imports
+class Keyer:
+    """Makes the actions of one build's steps. The project modules a project kind's file
+    imports are resolved once per file and build, not once per step: the bytes of every
+    one are hashed per step all the same (the stat cache makes that a stat)."""
 
-        kind_file = Path(impl_file)
-        files += [path for path in (kind_file, *local_imports(kind_file, spec.step.project_root))
-                  if path not in files]
-    return files
+    def __init__(self, *, hasher: FileHasher, toolchain: Toolchain, salt: str, project_root: Path):
+        self.hasher = hasher
+        self.toolchain = toolchain
+        self.salt = salt
+        self.project_root = project_root
+        self._imports: dict[Path, list[Path]] = {}
 
+    def action(self, spec: StepSpec, upstream: dict[str, dict[str, str]], host: Fingerprint,
+               missing: dict[str, dict[str, str]] | None = None) -> Action:
+        """The action of ``spec``.
 
-def file_digests(spec: StepSpec, hasher: FileHasher, project_root: Path) -> dict[str, str]:
-    """Project-relative path -> digest of every key file (FileNotFoundError if one is gone)."""
-    return {_display_path(path, project_root): hasher.digest(path) for path in key_files(spec)}
+        ``upstream`` maps each StepRef field to the outputs (name -> digest) of the step it
+        names: keys depend on upstream *content*, so an upstream rebuild that reproduces the
+        same bytes does not rebuild anything downstream. ``missing``: the fields of a step that
+        takes partial inputs whose steps did not succeed, with why (in the key, so that one
+        that later succeeds runs the step again). FileNotFoundError when a key file is gone.
+        """
+        step = spec.step
+        params = key_params(step.params)
+        for field_name in spec.deps:
+            if "." not in field_name:  # a list of steps (select's candidates) stays: its report names them
+                params[field_name] = None  # the name of the upstream step is not content
+        impl_file, _, class_name = spec.implementation.rpartition(":")
+        kind_class = None
+        if impl_file.endswith(".py"):  # a project kind: its file's bytes are in files, which class of it runs here
+            kind_class = f"{_display_path(Path(impl_file), self.project_root)}:{class_name}"
+        return Action(
+            kind=spec.kind, version=step.version, params=params,
+            inputs={name: upstream[name] for name in sorted(spec.deps) if name not in (missing or {})},
+            files=self.file_digests(spec), tools={name: self.toolchain.version(name) for name in step.tool_names()},
+            host=step.host_key(host), salt=self.salt, kind_class=kind_class, missing=missing or {})
+
+    def file_digests(self, spec: StepSpec) -> dict[str, str]:
+        """Project-relative path -> digest of every key file (FileNotFoundError if one is gone)."""
+        return {name: self.hasher.digest(path) for name, path in self.named_key_files(spec).items()}
+
+    def named_key_files(self, spec: StepSpec) -> dict[str, Path]:
+        """The key files of ``spec`` by the names the action gives them (project-relative)."""
+        return {_display_path(path, self.project_root): path for path in self.key_files(spec)}
+
+    def key_files(self, spec: StepSpec) -> list[Path]:
+        """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source and
+        the project modules that source imports (editing a helper of the kind changes its code)."""
+        files = list(spec.key_files if spec.key_files is not None else spec.step.key_files())
+        impl_file, _, _ = spec.implementation.rpartition(":")
+        if impl_file.endswith(".py"):
+            kind_file = Path(impl_file)
+            files += [path for path in (kind_file, *self._local_imports(kind_file)) if path not in files]
+        return files
+
+    def _local_imports(self, kind_file: Path) -> list[Path]:
+        if (found := self._imports.get(kind_file)) is None:
+            from optbuild.common.pyimports import local_imports
+
+            found = self._imports[kind_file] = list(local_imports(kind_file, self.project_root))
+        return found
 
 
 def _display_path(path: Path, root: Path) -> str:
@@ -56,54 +99,6 @@ def key_params(params: StepParams) -> dict[str, Any]:
         if dumped.get(name) is None:
             dumped.pop(name, None)
     return dumped
-
-
-def step_ingredients(
-    spec: StepSpec,
-    upstream: dict[str, dict[str, str]],
-    *,
-    hasher: FileHasher,
-    toolchain: Toolchain,
-    host: Fingerprint,
-    salt: str,
-    project_root: Path,
-    missing: dict[str, dict[str, str]] | None = None,
-) -> dict[str, Any]:
-    """The key material of ``spec``.
-
-    ``upstream`` maps each StepRef field to the outputs (name -> digest) of the step it
-    names: keys depend on upstream *content*, so an upstream rebuild that reproduces the
-    same bytes does not rebuild anything downstream. ``missing``: the fields of a step that
-    takes partial inputs whose steps did not succeed, with why (in the key, so that one
-    that later succeeds runs the step again).
-    """
-    step = spec.step
-    params = key_params(step.params)
-    for field_name in spec.deps:
-        if "." not in field_name:  # a list of steps (select's candidates) stays: its report names them
-            params[field_name] = None  # the name of the upstream step is not content
-    material = {
-        "format": KEY_FORMAT,
-        "hash": ALGORITHM,
-        "salt": salt,
-        "kind": spec.kind,
-        "version": step.version,
-        "params": params,
-        "inputs": {name: upstream[name] for name in sorted(spec.deps) if name not in (missing or {})},
-        "files": file_digests(spec, hasher, project_root),
-        "tools": {name: toolchain.version(name) for name in step.tool_names()},
-        "host": step.host_key(host),
-    }
-    impl_file, _, class_name = spec.implementation.rpartition(":")
-    if impl_file.endswith(".py"):  # a project kind: its file's bytes are in "files", which class of it runs here
-        material["class"] = f"{_display_path(Path(impl_file), project_root)}:{class_name}"
-    if missing:
-        material["missing"] = dict(sorted(missing.items()))
-    return material
-
-
-def action_key(ingredients: dict[str, Any]) -> str:
-    return digest_bytes(canonical_json(ingredients))
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ class LocalBuilder(Builder):
                            on_progress=lambda message: ctx.reporter.emit(
                                ProgressEvent(event="progress", step=request.spec.id, message=message)))
             request.guard()
-            entry = file_outputs(request.run, ran, request.key, request.ingredients, ctx.store)
+            entry = file_outputs(request.run, ran, ctx.store)
             ctx.store.put_action(entry)
             return entry
         except OSError as exc:

@@ -14,11 +14,13 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from optbuild.builder.report import Reporter
 from optbuild.common.errors import OptbuildError
 from optbuild.common.fingerprint import Fingerprint
+from optbuild.process.action import Action
 from optbuild.process.pool import ProcessPool
 from optbuild.process.runstep import Running, StepRun
 from optbuild.project.recipe import Project, StepSpec
@@ -65,14 +67,21 @@ class BuildRequest:
     """One step to build, its key decided."""
 
     spec: StepSpec
-    key: str
-    ingredients: dict[str, Any]  # the key material
     placement: Placement
-    run: StepRun  # the step as a process on this host runs it
+    run: StepRun  # the step as a process on this host runs it, from its action
     upstream: dict[str, ActionEntry]  # the entries of its inputs, by the parameter that names them
+    key_files: dict[str, Path]  # the files it reads, by their names in the action
     # called once the step ran here, before its entry is stored: StepError when the result
     # must not be cached (its inputs changed while it ran)
     guard: Callable[[], None] = lambda: None
+
+    @property
+    def action(self) -> Action:
+        return self.run.action
+
+    @property
+    def key(self) -> str:
+        return self.run.action.key
 
 
 class BuilderUnavailable(OptbuildError):

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild.builder.keys import _display_path, key_files
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.events import warning
@@ -207,7 +206,7 @@ class DaskBuilder(Builder):
         result = TaskResult.read(self._wait(future, spec, route))
         if not result.ok:
             self._failed(spec, result)
-        return self._accept(spec, key, request.ingredients, result)
+        return self._accept(spec, key, request.action.material(), result)
 
     def _wait(self, future: Any, spec: StepSpec, route: Route) -> Any:
         from distributed import KilledWorker
@@ -259,14 +258,13 @@ class DaskBuilder(Builder):
         assert ex.remote is not None
         root = ex.project.root
         files = {}
-        for path in key_files(spec):
+        for name, path in request.key_files.items():
             relative = _relative(path, root, spec)
-            name = _display_path(path, root)
             try:
                 blob = ex.store.put_file(path)  # a snapshot: the file may change while the step builds
             except FileNotFoundError:
                 raise StepError(f"input file disappeared: {path}") from None
-            if blob.digest != request.ingredients["files"].get(name):
+            if blob.digest != request.action.files.get(name):
                 raise StepError(f"input {relative} changed while {spec.id} was being sent to the Dask cluster; "
                                 "run the build again")
             files[name] = blob
@@ -285,7 +283,7 @@ class DaskBuilder(Builder):
         base = "." if Path(spec.step.base_dir).resolve() == Path(root).resolve() else _relative(spec.step.base_dir, root, spec)
         store = ex.remote.store
         return Task(key=request.key, step=spec.id, implementation=implementation, base_dir=base, files=files,
-                    inputs=inputs, primary_output=spec.step.primary_output, ingredients=request.ingredients,
+                    inputs=inputs, primary_output=spec.step.primary_output, ingredients=request.action.material(),
                     preload=spec.step.preload, remote=store.display_url, signed=store.signing_key is not None)
 
     def _connect(self) -> None:

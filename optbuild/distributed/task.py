@@ -6,11 +6,12 @@ project-relative path) and of its upstream outputs, its key and key material, th
 the remote cache the coordinator uses and whether it accepts only signed entries. The node
 trusts none of it (anyone who reaches the scheduler can send a task):
 
-1. it recomputes the key (``keys.action_key``) from the key material with the digests of the
-   files it is to fetch in it, and refuses a task whose key does not follow, whose kind is
-   implemented elsewhere than the node's registry says, whose host fields are not this
-   node's, or whose tool versions are not the node's; the step's parameters are taken from
-   the key material (an upstream step's name, which is not content, from its inputs);
+1. it reads the key material as an ``Action`` (``process.action``) and refuses a task whose
+   key is not that action's, whose files and upstream outputs are not those the action holds,
+   whose kind is implemented elsewhere than the node's registry says, whose host fields are
+   not this node's, or whose tool versions are not the node's; the step runs from that action
+   as a local build runs it (``Action.run_params``: an upstream step's name, which is not
+   content, from its inputs);
 2. the remote cache and the signing key are the node's own (``nodeconfig.NodeConfig``: ``optbuild
    worker --remote``, its environment): a task only names the remote it expects, and a node
    that stores elsewhere, or holds no key where signed entries are wanted, refuses it;
@@ -49,6 +50,7 @@ from optbuild.distributed.taskspec import BadTask, Task, TaskResult
 
 if TYPE_CHECKING:
     from optbuild.distributed.nodeconfig import NodeConfig
+    from optbuild.process.action import Action
 
 LOG_LIMIT = 256 << 10  # bytes of a failed step's log sent back (its tail)
 
@@ -162,10 +164,10 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     from optbuild.process.runstep import StepFailed, StepRun, run_step
     from optbuild.store.remote import RemoteSession, encode_entry
 
-    material = _material(task)
-    _check_implementation(task, material)
-    _check_host(material, node)
-    _check_tools(material, node.name)
+    action = _action(task)
+    _check_implementation(task, action)
+    _check_host(action, node)
+    _check_tools(action, node.name)
     _check_remote(task, node)
     warnings = _Warnings()
     session = RemoteSession(node.remote, warnings)
@@ -184,9 +186,9 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     state.mkdir()
     scratch = tmp / "run"
     scratch.mkdir()
-    run = StepRun(step_id=task.step, kind=str(material["kind"]), implementation=implementation,
-                  params=_params(material, task), base_dir=base_dir, project_root=project, inputs=inputs,
-                  primary=task.primary_output, preload=task.preload, state_dir=state, missing=_missing(material))
+    run = StepRun(step_id=task.step, implementation=implementation, action=action, base_dir=base_dir,
+                  project_root=project, inputs=inputs, primary=task.primary_output, preload=task.preload,
+                  state_dir=state)
     try:
         ran = run_step(run, scratch, node_pool(node), threading.Event(), cwd=tmp)
     except StepFailed as failed:
@@ -194,7 +196,7 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
         return {"ok": False, "error": result.error or "step failed", "expected": result.expected,
                 "repeats": result.repeats, "log": failed.log[-LOG_LIMIT:].decode(errors="replace")}
     with store.shared_gc_lock():
-        entry = _entry(task, material, run, ran, store, node.name)
+        entry = _entry(run, ran, store, node.name)
         status = session.push(entry, store, task.step)
     if status != "uploaded":
         raise TaskError(_with_warnings(f"the outputs of {task.step} could not be stored in the remote "
@@ -204,41 +206,26 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     return {"ok": True, "entry": encode_entry(entry, session.store.signing_key).decode("ascii")}
 
 
-def _material(task: Task) -> dict[str, Any]:
-    """The key material of what this task builds: the task's, with the digests of the files
-    and upstream outputs it fetches (``_fetch`` checks each blob against its digest).
-    Refused unless its key (``keys.action_key``, as the coordinator computes it) is the task's."""
-    from optbuild.builder.keys import action_key, describe_changes
+def _action(task: Task) -> Action:
+    """The action this task builds: its key material, typed, refused unless its key
+    (``Action.key``) is the task's and the files and upstream outputs the task names (each
+    blob checked against its digest by ``_fetch``) are those it holds."""
+    from optbuild.builder.keys import describe_changes
+    from optbuild.process.action import Action, BadAction
 
-    sent = task.ingredients
-    material = {**sent,
-                "files": {name: blob.digest for name, blob in task.files.items()},
-                "inputs": {field: {name: blob.digest for name, blob in upstream.outputs.items()}
-                           for field, upstream in task.inputs.items()}}
-    if action_key(material) != task.key:
-        why = "; ".join(describe_changes(sent, material)) if material != sent else "its key is not that of its key material"
+    try:
+        action = Action.from_material(task.ingredients)
+    except BadAction as exc:
+        raise Refused(f"the task is not what its key {task.key[:12]}… says ({exc})") from None
+    if action.key != task.key:
+        raise Refused(f"the task is not what its key {task.key[:12]}… says (its key is not that of its key material)")
+    sent = {"files": {name: blob.digest for name, blob in task.files.items()},
+            "inputs": {field: {name: blob.digest for name, blob in upstream.outputs.items()}
+                       for field, upstream in task.inputs.items()}}
+    if sent != {"files": action.files, "inputs": action.inputs}:
+        why = "; ".join(describe_changes(action.material(), {**action.material(), **sent}))
         raise Refused(f"the task is not what its key {task.key[:12]}… says ({why})")
-    return material
-
-
-def _missing(material: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """The inputs left out of a step that takes partial inputs, as its key names them."""
-    missing = material.get("missing") or {}
-    if not isinstance(missing, dict) or not all(
-            isinstance(v, dict) and set(v) == {"step", "why"} and all(isinstance(t, str) for t in v.values())
-            for v in missing.values()):
-        raise Refused("its key material's 'missing' is not a table of steps and reasons")
-    return {str(name): dict(entry) for name, entry in missing.items()}
-
-
-def _params(material: dict[str, Any], task: Task) -> dict[str, Any]:
-    """The step's parameters, as its key holds them: an upstream step's name is not content
-    (None in the key), and is taken from the task's inputs."""
-    params = dict(material["params"])
-    for field, upstream in task.inputs.items():
-        if field in params and params[field] is None:
-            params[field] = upstream.step
-    return params
+    return action
 
 
 def _check_upstream(task: Task, session: Any) -> None:
@@ -261,15 +248,15 @@ def _check_upstream(task: Task, session: Any) -> None:
                           f"the remote cache names {entry.primary}")
 
 
-def _check_implementation(task: Task, material: dict[str, Any]) -> None:
+def _check_implementation(task: Task, action: Action) -> None:
     """A kind installed on the node runs the implementation the node's registry names for
     it; a project's kind runs the file and class its key names."""
     from optbuild.steps import registry
 
-    implementation, kind = task.implementation, str(material["kind"])
+    implementation, kind = task.implementation, action.kind
     if (named := task.project_kind) is not None:
-        if named != material.get("class"):
-            raise Refused(f"the task runs {named} of the project, its key names {material.get('class')}")
+        if named != action.kind_class:
+            raise Refused(f"the task runs {named} of the project, its key names {action.kind_class}")
         return
     try:
         known = registry.implementation_of(kind)
@@ -279,11 +266,11 @@ def _check_implementation(task: Task, material: dict[str, Any]) -> None:
         raise Refused(f"step kind {kind!r} is implemented by {known} here, the task asks for {implementation}")
 
 
-def _check_host(material: dict[str, Any], node: NodeConfig) -> None:
+def _check_host(action: Action, node: NodeConfig) -> None:
     """The host fields in the key are this node's (a step keyed for another GPU must not be
     built here); fields the fingerprint does not hold are derived, and not checked here."""
     wrong = [f"{name} = {value!r} in its key, {node.fields[name]!r} here"
-             for name, value in sorted((material.get("host") or {}).items())
+             for name, value in sorted(action.host.items())
              if name in node.fields and node.fields[name] != value]
     if wrong:
         raise Refused(f"its key was made for another host ({'; '.join(wrong)})")
@@ -350,13 +337,13 @@ def _fetch(task: Task, session: Any, store: Any, tmp: Path, project: Path,
     return inputs
 
 
-def _check_tools(material: dict[str, Any], node: str) -> None:
+def _check_tools(action: Action, node: str) -> None:
     """The key names the versions of the step's tools that the coordinator has: a node with
     others would file its output under a key that does not describe it."""
     from optbuild.common.toolchain import Toolchain
 
     tools = Toolchain()
-    wanted = material.get("tools") or {}
+    wanted = action.tools
     wrong = [f"{name} {tools.version(name)} here, {version} in its key" for name, version in sorted(wanted.items())
              if tools.version(name) != version]
     if wrong:
@@ -376,13 +363,13 @@ def _inside(root: Path, relative: str, what: str) -> Path:
         raise TaskError(f"refusing {what} {relative!r}: {exc}") from None
 
 
-def _entry(task: Task, material: dict[str, Any], run: Any, ran: Any, store: Any, node: str) -> Any:
+def _entry(run: Any, ran: Any, store: Any, node: str) -> Any:
     """The action entry of the step's outputs, filed as a local build files them."""
     from optbuild.common.errors import StepError
     from optbuild.process.runstep import file_outputs
 
     try:
-        return file_outputs(run, ran, task.key, material, store, built_on=node)
+        return file_outputs(run, ran, store, built_on=node)
     except StepError as exc:
         raise BadOutputs(str(exc)) from None
 

@@ -16,12 +16,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from optbuild.common.errors import DISK_FULL_ERRNOS, StepError, describe_os_error
 from optbuild.common.forked import CRASH_SIGNALS
+from optbuild.process.action import Action
 from optbuild.process.pool import ProcessPool, StepProcess
 from optbuild.process.spec import ArtifactSpec, ChildResult, ChildResultError, ChildSpec
 from optbuild.store.entry import ActionEntry, OutputFile
@@ -34,20 +35,25 @@ class Cancelled(Exception):
 
 @dataclass(frozen=True)
 class StepRun:
-    """One run of a step: what its process is given, and what its entry will name."""
+    """One run of a step: its action, and where this host has what the step reads."""
 
     step_id: str
-    kind: str
     implementation: str  # the kind's class: "module:Class" or "/path/file.py:Class"
-    params: dict[str, Any]  # validated, as JSON
+    action: Action  # what is run is what was keyed
     base_dir: Path  # the recipe's folder
     project_root: Path
     inputs: dict[str, ArtifactSpec]  # by the parameter that names the upstream step
     primary: str | None  # the main output's name
     preload: tuple[str, ...] = ()  # modules its fork server imports first
     state_dir: Path | None = None  # kept across builds (calibration data caches, say)
-    # inputs of a step that takes partial inputs whose steps did not succeed: field -> why
-    missing: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.action.kind
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.action.run_params({name: artifact.step for name, artifact in self.inputs.items()})
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ def run_step(run: StepRun, scratch: Path, pool: ProcessPool, cancel: threading.E
     spec = ChildSpec(implementation=run.implementation, step_id=run.step_id, params=run.params,
                       base_dir=str(run.base_dir), project_root=str(run.project_root), inputs=run.inputs,
                       out_dir=str(out_dir), result=str(result_path), parent_pid=os.getpid(),
-                      state_dir=None if run.state_dir is None else str(run.state_dir), missing=run.missing,
+                      state_dir=None if run.state_dir is None else str(run.state_dir), missing=run.action.missing,
                       progress=None if watch is None else str(watch.path))
     spec_path.write_text(spec.to_json())
     started = time.perf_counter()
@@ -192,13 +198,12 @@ def read_result(path: Path, returncode: int, scratch: Path) -> ChildResult:
         return ChildResult(ok=False, error=f"step process left an unreadable result ({exc})")
 
 
-def file_outputs(run: StepRun, ran: Ran, key: str, ingredients: dict[str, Any], store: LocalStore, *,
-                 built_on: str | None = None) -> ActionEntry:
+def file_outputs(run: StepRun, ran: Ran, store: LocalStore, *, built_on: str | None = None) -> ActionEntry:
     """Move the step's outputs and log into ``store`` (blobs); the entry that names them,
     not yet stored. StepError when the outputs break the rules."""
     outputs = _store_outputs(ran.out_dir, run.primary, run.step_id, store)
-    return ActionEntry(key=key, step=run.step_id, kind=run.kind, outputs=outputs, primary=run.primary,
-                       ingredients=ingredients, log=store.put_bytes(ran.log), metrics=ran.metrics,
+    return ActionEntry(key=run.action.key, step=run.step_id, kind=run.kind, outputs=outputs, primary=run.primary,
+                       ingredients=run.action.material(), log=store.put_bytes(ran.log), metrics=ran.metrics,
                        duration_s=ran.duration_s, created_at=time.time(), built_on=built_on or socket.gethostname())
 
 

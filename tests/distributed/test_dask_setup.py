@@ -120,7 +120,7 @@ def _node(remote, name: str = "n1", fields: dict | None = None, key_env: str | N
 def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:OnnxSource", base_dir="recipes",
          **material):
     """A task whose key is that of its key material (``material`` replaces parts of it)."""
-    from optbuild.builder.keys import action_key
+    from optbuild.process.action import Action
 
     blob = b"hello"
     digest = digest_bytes(blob)
@@ -129,11 +129,10 @@ def _doc(remote, files=None, inputs=None, implementation="optbuild.steps.source:
     files = {name: entry for name in (files or ["data/input.txt"])}
     inputs = {field: {"step": "r:up", "key": digest_bytes(b"r:up"), "primary": None, "outputs": {name: entry}}
               for field, name in (inputs or {}).items()}
-    ingredients = {"kind": "onnx", "params": {}, "tools": {}, "host": {},
-                   "files": {name: digest for name in files},
-                   "inputs": {field: {name: digest for name in up["outputs"]} for field, up in inputs.items()},
-                   **material}
-    return {"key": action_key(ingredients), "step": "r:s", "implementation": implementation, "base_dir": base_dir,
+    ingredients = Action(kind="onnx", version="1", params={}, tools={}, host={}, files={name: digest for name in files},
+                         inputs={field: {name: digest for name in up["outputs"]} for field, up in inputs.items()}
+                         ).material() | material
+    return {"key": Action.from_material(ingredients).key, "step": "r:s", "implementation": implementation, "base_dir": base_dir,
             "files": files, "inputs": inputs, "primary_output": "data.txt", "ingredients": ingredients,
             "remote": remote.url}
 
