@@ -17,10 +17,9 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from optbuild.builder import lockfile
-from optbuild.builder.keys import action_key, describe_changes, file_digests, step_ingredients
+from optbuild.builder.keys import Keyer, describe_changes
 from optbuild.builder.local import LocalBuilder
 from optbuild.builder.report import Reporter
 from optbuild.builder.runstats import append_stats, run_stats
@@ -33,6 +32,7 @@ from optbuild.common.events import CacheEvent, DoneEvent, StartEvent, StepEvent,
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import confined
 from optbuild.common.toolchain import Toolchain
+from optbuild.process.action import Action
 from optbuild.process.pool import ProcessPool
 from optbuild.process.runstep import Cancelled, StepFailed, StepRun
 from optbuild.process.spec import ArtifactSpec, ChildResult
@@ -105,6 +105,8 @@ class Scheduler:
         self.store = store.read_only_view() if self.options.dry_run else store
         self.failures = FailureStore(store.root, writable=self.store.writable)
         self.last_build = lockfile.read(project.lock_file)
+        self.keyer = Keyer(hasher=hasher, toolchain=self.toolchain, salt=project.config.cache.salt,
+                           project_root=project.root)
         self.outcomes: dict[str, Outcome] = {}
         self.done: DoneEvent | None = None  # the summary of the last run
         if pool is None or not pool.fits(project.root, preload=self.options.preload):
@@ -113,6 +115,7 @@ class Scheduler:
             pool = ProcessPool(project.root, preload=self.options.preload)
         self.pool = pool
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
+        self._recipe_dirs: dict[str, Path] = {}  # recipe -> build/<recipe>, resolved (``_dest``)
         self.remote = remote
         self.context = BuildContext(project, self.store, self.host, reporter, pool, remote=remote,
                                     dry_run=self.options.dry_run, dask_scheduler=self.options.dask_scheduler)
@@ -365,15 +368,12 @@ class Scheduler:
                 return Outcome(Status.WOULD_BUILD, reasons=why)
             upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
         try:
-            ingredients = step_ingredients(
-                spec, upstream, hasher=self.hasher, toolchain=self.toolchain, host=placement.host,
-                salt=self.project.config.cache.salt, project_root=self.project.root, missing=missing)
+            action = self.keyer.action(spec, upstream, placement.host, missing)
         except FileNotFoundError as exc:
             raise StepError(f"input file disappeared: {exc.filename}") from None
-        key = action_key(ingredients)
-        reasons = self._reasons(spec, key, ingredients)
-        dest = confined(self.project.build_dir / spec.recipe / spec.name, self.project.build_dir,
-                        f"the outputs of {spec.id} to")
+        key = action.key
+        reasons = self._reasons(spec, action)
+        dest = self._dest(spec)
         with self.store.shared_gc_lock():  # gc must not take the blobs between lookup and restore
             entry = self.store.get_action(key)
             if entry is not None:
@@ -398,12 +398,13 @@ class Scheduler:
             if self.options.dry_run or self.options.fetch_only:
                 why = self.remote.miss_reason(key) if self.remote is not None else None
                 return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, why] if why else reasons)
-        return lambda spec: self._build_locked(spec, key, ingredients, reasons, dest, placement, remote_entry)
+        return lambda spec: self._build_locked(spec, action, reasons, dest, placement, remote_entry)
 
-    def _build_locked(self, spec: StepSpec, key: str, ingredients: dict[str, Any], reasons: list[str],
-                      dest: Path, placement: Placement, remote_entry: ActionEntry | None = None) -> Outcome:
+    def _build_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
+                      placement: Placement, remote_entry: ActionEntry | None = None) -> Outcome:
         """Fetch from the remote or build, under the key's lock, unless another builder
         stored it meanwhile. A local build is written through to the remote."""
+        key = action.key
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
             if entry is None and remote_entry is not None and self.remote is not None:
@@ -420,20 +421,31 @@ class Scheduler:
                                     "[cache] dir to a writable folder)")
                 self.reporter.emit(StepEvent(event="step", step=spec.id, status=Status.RUNNING, key=key,
                                              reasons=reasons))
-                entry = self._build(spec, key, ingredients, placement)
+                entry = self._build(spec, action, placement)
                 status = Status.BUILT
             self._restore(spec, entry, dest)
             if status == Status.BUILT and self.remote is not None and self.builder.local:  # a node pushes its own
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
 
-    def _reasons(self, spec: StepSpec, key: str, ingredients: dict[str, Any]) -> list[str]:
+    def _dest(self, spec: StepSpec) -> Path:
+        """``build/<recipe>/<step>`` as it really is, proven inside the build folder: the
+        recipe's folder is resolved once a run (a realpath per step adds up), the step's own
+        name is never resolved (``paths.confined``), and names hold no separator."""
+        if (folder := self._recipe_dirs.get(spec.recipe)) is not None:
+            return folder / spec.name
+        dest = confined(self.project.build_dir / spec.recipe / spec.name, self.project.build_dir,
+                        f"the outputs of {spec.id} to")
+        self._recipe_dirs[spec.recipe] = dest.parent
+        return dest
+
+    def _reasons(self, spec: StepSpec, action: Action) -> list[str]:
         last = self.last_build.get(spec.id)
         if last is None:
             return ["never built"]
-        if last.get("key") == key:
+        if last.get("key") == action.key:
             return ["not in the cache"]
-        return describe_changes(last.get("ingredients") or {}, ingredients)
+        return describe_changes(last.get("ingredients") or {}, action.material())
 
     def _restore(self, spec: StepSpec, entry: ActionEntry, dest: Path) -> None:
         """Make ``dest`` hold the entry's outputs, recorded as written by optbuild (what
@@ -490,21 +502,20 @@ class Scheduler:
             primary=str(directory / entry.primary) if entry.primary else None,
         )
 
-    def _build(self, spec: StepSpec, key: str, ingredients: dict[str, Any], placement: Placement) -> ActionEntry:
+    def _build(self, spec: StepSpec, action: Action, placement: Placement) -> ActionEntry:
         """Have the builder build the step; a failure is reported with its log (kept in
         build/.logs) and, when the same inputs would fail again, remembered by key."""
         if self._cancel.is_set():
             raise Cancelled
-        missing = ingredients.get("missing", {})
-        present = {f: dep for f, dep in spec.deps.items() if f not in missing}
-        run = StepRun(step_id=spec.id, kind=spec.kind, implementation=spec.implementation,
-                      params=spec.step.params.model_dump(mode="json"), base_dir=spec.step.base_dir,
-                      project_root=self.project.root, inputs={f: self._artifact(dep) for f, dep in present.items()},
-                      primary=spec.step.primary_output, preload=spec.step.preload,
-                      state_dir=self.store.root / "state", missing=missing)
+        present = {f: dep for f, dep in spec.deps.items() if f not in action.missing}
+        run = StepRun(step_id=spec.id, implementation=spec.implementation, action=action,
+                      base_dir=spec.step.base_dir, project_root=self.project.root,
+                      inputs={f: self._artifact(dep) for f, dep in present.items()},
+                      primary=spec.step.primary_output, preload=spec.step.preload, state_dir=self.store.root / "state")
         upstream = {f: self._entry(dep) for f, dep in present.items()}
-        request = BuildRequest(spec, key, ingredients, placement, run, upstream,
-                               guard=lambda: self._check_inputs_unchanged(spec, ingredients))
+        request = BuildRequest(spec, placement, run, upstream, self.keyer.named_key_files(spec),
+                               guard=lambda: self._check_inputs_unchanged(spec, action))
+        key = action.key
         try:
             entry = self.builder.build(request)
         except StepFailed as failed:
@@ -565,20 +576,18 @@ class Scheduler:
                 with contextlib.suppress(OSError):
                     written.delete(self.project.build_dir, _log_name(recipe, name), written.Deleted())
 
-    def _check_inputs_unchanged(self, spec: StepSpec, ingredients: dict[str, Any]) -> None:
+    def _check_inputs_unchanged(self, spec: StepSpec, action: Action) -> None:
         """Inputs edited during the build make its result a guess: do not cache it."""
         try:
-            now = file_digests(spec, self.hasher, self.project.root)
+            now = self.keyer.file_digests(spec)
         except FileNotFoundError as exc:
             now = {"(missing)": str(exc.filename)}
-        if now != ingredients["files"]:
-            changed = sorted(n for n in set(now) | set(ingredients["files"])
-                             if now.get(n) != ingredients["files"].get(n))
+        if now != action.files:
+            changed = sorted(n for n in set(now) | set(action.files) if now.get(n) != action.files.get(n))
             raise StepError(f"input {', '.join(changed)} changed while {spec.id} was building; "
                             "the result was not cached (run the build again)")
-        missing = ingredients.get("missing", {})
         for field_name, dep in spec.deps.items():  # hard links share the blob: a write there damages the cache
-            if field_name in missing:
+            if field_name in action.missing:
                 continue
             entry = self._entry(dep)
             folder = self.project.build_dir / self.project.steps[dep].recipe / self.project.steps[dep].name
@@ -611,9 +620,8 @@ class Scheduler:
                     records[sid]["node"] = entry.built_on  # the node that built it (a Dask worker's name)
         if not records:
             return
-        current = lockfile.read(self.project.lock_file)
-        if self.project.lock_file.exists() and all(current.get(sid) == r for sid, r in records.items()):
-            return  # nothing new: write nothing (the project may be read-only)
+        if self.project.lock_file.exists() and all(self.last_build.get(sid) == r for sid, r in records.items()):
+            return  # nothing new since the run began: write nothing (the project may be read-only)
         # a read-only cache cannot hold the lock's file: builders sharing it lock in build/
         lock = (self.store.root / "locks" / "lockfile.lock" if self.store.writable
                 else self.project.build_dir / ".lockfile.lock")

@@ -66,6 +66,10 @@ _FICLONE = 0x40049409  # Linux ioctl: make a file share another's extents (btrfs
 _HIDDEN = re.compile(r"\..+\.(\d+@[^@]+@(?:new|old)-[0-9a-f]{12})")  # materialize's siblings
 _SUBDIRS = ("cas", "ac", "tmp", "locks")
 GC_GRACE_S = 600.0  # gc keeps entries used this recently: a running build may restore them next
+# a hit refreshes an entry's last use only when it is older than this (within the grace above):
+# a no-op of 10,000 steps writes no inode, and the entries' signatures stay those the
+# no-op fast path recorded
+REFRESH_NS = int(GC_GRACE_S / 2 * 1e9)
 _warned_read_only: set[Path] = processstate.fresh_set()  # read-only caches already reported
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ class LocalStore:
 
     def __init__(self, root: Path, hasher: FileHasher, *, read_only: bool = False):
         self.root = Path(root)
+        self._cas = self.root / "cas"
         self.hasher = hasher
         self.last_miss_reason: str | None = None  # why the last get_action missed, for users
         self._reflinks = True  # until the file system says it cannot clone
@@ -171,7 +176,7 @@ class LocalStore:
     def blob_path(self, digest: str) -> Path:
         """Where a blob lives. Only a digest is accepted, so no name can point outside cas/."""
         check_digest(digest, "digest")
-        return self.root / "cas" / digest[:2] / digest[2:]
+        return Path(f"{self._cas}/{digest[:2]}/{digest[2:]}")  # one parse, not three joins: a no-op asks often
 
     def _entry_path(self, key: str) -> Path:
         check_digest(key, "key")
@@ -350,7 +355,8 @@ class LocalStore:
 
         A corrupt entry is a miss, never an error: it is deleted so the build repopulates
         it. ``last_miss_reason`` says why an existing entry was not served (None for a
-        plain miss). A hit refreshes the entry's mtime, which gc reads as last use. A
+        plain miss). A hit refreshes the entry's mtime, which gc reads as last use (when older
+        than ``REFRESH_NS``). A
         read-only store deletes and refreshes nothing.
         """
         self.last_miss_reason = None
@@ -379,7 +385,8 @@ class LocalStore:
                 return None
         if not self.read_only:
             with suppress(OSError):
-                os.utime(path)
+                if time.time_ns() - os.stat(path).st_mtime_ns > REFRESH_NS:
+                    os.utime(path)
         return entry
 
     def _drop_entry(self, path: Path) -> None:
@@ -548,18 +555,9 @@ class LocalStore:
         its hard link (so an edit of the blob counts), else of the file itself.
         """
         dest = Path(dest)
-        if not dest.is_dir():
-            return False
         wanted_dirs = {p.as_posix() for name in entry.outputs for p in Path(name).parents} - {"."}
-        found: set[str] = set()
         try:
-            for dirpath, dirnames, filenames in os.walk(dest, onerror=_raise):
-                rel = Path(dirpath).relative_to(dest)
-                for name in dirnames:
-                    if (rel / name).as_posix() not in wanted_dirs or os.path.islink(Path(dirpath, name)):
-                        return False
-                found.update((rel / name).as_posix() for name in filenames)
-            if found != set(entry.outputs):
+            if _listing(str(dest), wanted_dirs) != set(entry.outputs):
                 return False
             return all(self._holds(dest / name, output) for name, output in entry.outputs.items())
         except OSError:
@@ -782,8 +780,24 @@ def _rehash(path: Path) -> str | None:
         return None
 
 
-def _raise(exc: OSError) -> None:
-    raise exc
+def _listing(folder: str, wanted_dirs: set[str]) -> set[str] | None:
+    """The relative names of everything but folders under ``folder``; None when a folder
+    there is not one of ``wanted_dirs`` or is a symbolic link (os.scandir: a stat-free walk,
+    as a no-op looks at every step's folder). OSError when ``folder`` cannot be listed."""
+    found: set[str] = set()
+    stack = [("", folder)]
+    while stack:
+        prefix, path = stack.pop()
+        with os.scandir(path) as entries:
+            for item in entries:
+                name = prefix + item.name
+                if item.is_dir():
+                    if name not in wanted_dirs or item.is_symlink():
+                        return None
+                    stack.append((name + "/", item.path))
+                else:
+                    found.add(name)
+    return found
 
 
 def _remove(path: Path) -> None:

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from optbuild.common.digest import digest_bytes
 from optbuild.common.errors import CacheError
 from optbuild.store.entry import ActionEntry, OutputFile
-from optbuild.store.local import Kept, LocalStore
+from optbuild.store.local import GC_GRACE_S, Kept, LocalStore
 
 SPAWN = multiprocessing.get_context("spawn")
 HOUR_AGO = time.time() - 3600
@@ -169,6 +169,17 @@ def test_a_hit_refreshes_the_entry_mtime_for_lru(store):
     os.utime(entry_path(store, entry.key), (HOUR_AGO, HOUR_AGO))
     assert store.get_action(entry.key) is not None
     assert entry_path(store, entry.key).stat().st_mtime > time.time() - 60
+
+
+def test_a_hit_on_an_entry_used_within_half_the_gc_grace_writes_nothing(store):
+    """A no-op of many steps dirties no inode, and keeps the signatures the fast path recorded."""
+    entry = store_entry(store, "k", {"a": b"a"})
+    recent = time.time() - GC_GRACE_S / 4
+    os.utime(entry_path(store, entry.key), (recent, recent))
+    before = entry_path(store, entry.key).stat()
+    assert store.get_action(entry.key) is not None
+    after = entry_path(store, entry.key).stat()
+    assert (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
 
 
 def test_a_flipped_byte_in_a_blob_is_a_miss_and_the_blob_is_removed(store, hasher):
