@@ -5,6 +5,7 @@ maps to ``path/to/file.py:Class``. Modules are imported only when used."""
 from __future__ import annotations
 
 import importlib
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -74,7 +75,9 @@ def step_class(implementation: str) -> type[Step]:
     """Load a Step class from "module:Class" or "/abs/path/file.py:Class"."""
     module_name, _, attr = implementation.rpartition(":")
     if module_name.endswith(".py"):
-        module = usermodule.load(Path(module_name))  # ImportFailed, an ImportError, if it raises
+        with warnings.catch_warnings():  # shown: the kind's author learns that an import path goes
+            warnings.filterwarnings("default", r"optbuild\.", DeprecationWarning)
+            module = usermodule.load(Path(module_name))  # ImportFailed, an ImportError, if it raises
     else:
         module = importlib.import_module(module_name)
     cls = getattr(module, attr)
