@@ -459,6 +459,34 @@ def threshold_checks(figures: dict[str, dict[str, Any]], thresholds: dict[str, f
     return checks
 
 
+def judged(figures: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every output and part the thresholds are checked on (threshold_checks), by name: the
+    outputs, then each part whose reference is not constant. A detector's [1, 84, N] output
+    gives cosine 0.99998 whole while its scores part gives 0.0: a summary of the figures
+    (the worst cosine) must look at the parts, as the thresholds do."""
+    found = {}
+    for name, f in figures.items():
+        if f.get("shape_mismatch"):
+            continue
+        found[name] = f
+        found |= {part: g for part, g in (f.get("slices") or {}).items() if not g["degenerate"]}
+    return found
+
+
+def worst(figures: dict[str, dict[str, Any]], metric: str) -> tuple[float, str] | None:
+    """The worst ``metric`` (of THRESHOLDS: the lowest cosine or top-1, the highest max_abs or
+    max_rel) over the outputs and parts thresholds are checked on, and the output or part it
+    is of; None where none has it. A NaN is the worst of all (it fails every check)."""
+    found = [(float(f[metric]), name) for name, f in judged(figures).items()
+             if isinstance(f.get(metric), (int, float)) and not isinstance(f.get(metric), bool)]
+    if not found:
+        return None
+    if nan := next(((v, n) for v, n in found if math.isnan(v)), None):
+        return nan
+    lowest = THRESHOLDS[metric][1] == ">="
+    return min(found, key=lambda vn: vn[0]) if lowest else max(found, key=lambda vn: vn[0])
+
+
 def _figure_checks(name: str, f: dict[str, Any], thresholds: dict[str, float | None], top1: bool) -> list[dict]:
     checks = []
     for metric, (key, op) in THRESHOLDS.items():

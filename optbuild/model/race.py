@@ -23,31 +23,82 @@ _Z = 1.6448536269514722  # the standard normal's quantile at 1 - (1 - CONFIDENCE
 
 
 def race(calls: Sequence[Callable[[], object]], runs: int, rounds: int, warmup: int = 0, *,
-         on_round: Callable[[int], object] | None = None) -> list[list[list[int]]]:
+         on_round: Callable[[int], object] | None = None,
+         decided: Callable[[list[list[list[int]]]], bool] | None = None,
+         max_seconds: float = 0.0) -> list[list[list[int]]]:
     """Time each of ``calls`` ``runs`` times, in ``rounds`` rounds; per call, per round, the
     times in ns. Every call is first warmed up; in each round every call takes its turn
     (opening with one untimed call: caches and thread pools after the previous one) in an
     order that rotates by one each round, so that no call always follows the same one.
-    ``on_round(r)`` is told as round ``r`` (from 0) begins, outside any timing."""
+    Then, while ``decided(times)`` says the rounds cannot decide yet and the rounds have taken
+    less than ``max_seconds``, more rounds (of the smallest block), asking ``decided`` again
+    each time the rounds grew by a quarter (judging all rounds after each would cost more than
+    a fast model's rounds): a lead that a loaded host made too noisy to judge gets more rounds
+    before it is called a tie. ``on_round(r)`` is told as round ``r`` (from 0) begins, outside
+    any timing."""
     for call in calls:
         for _ in range(warmup):
             call()
     sizes = blocks(runs, rounds)
-    times: list[list[list[int]]] = [[[] for _ in sizes] for _ in calls]
-    clock = time.perf_counter_ns
+    times: list[list[list[int]]] = [[] for _ in calls]
+    began, ask = time.monotonic(), len(sizes)
+
+    def more(r: int) -> bool:
+        nonlocal ask
+        if r < len(sizes):
+            return True
+        if decided is None or time.monotonic() - began >= max_seconds:
+            return False
+        if r < ask:
+            return True
+        ask = r + max(1, r // 4)
+        return not decided(times)
+
     with gc_off():
-        for r, size in enumerate(sizes):
+        r = 0
+        while more(r):
             if on_round is not None:
                 on_round(r)
-            for k in range(len(calls)):
-                i = (r + k) % len(calls)
-                call, timed = calls[i], times[i][r]
-                call()
-                for _ in range(size):
-                    started = clock()
-                    call()
-                    timed.append(clock() - started)
+            _round(calls, times, r, sizes[min(r, len(sizes) - 1)])
+            r += 1
     return times
+
+
+def _round(calls: Sequence[Callable[[], object]], times: list[list[list[int]]], r: int, size: int) -> None:
+    """Round ``r``: each call in turn, from the ``r``-th, one untimed call then ``size`` timed
+    ones, their times appended to ``times`` as that call's new round."""
+    clock = time.perf_counter_ns
+    for k in range(len(calls)):
+        i = (r + k) % len(calls)
+        call, timed = calls[i], []
+        times[i].append(timed)
+        call()
+        for _ in range(size):
+            started = clock()
+            call()
+            timed.append(clock() - started)
+
+
+def undecided(times: Sequence[list[list[int]]], objective: str, batches: Sequence[int], margin: float) -> list[int]:
+    """The calls (indices into ``times``, from one ``race``) whose lead against the fastest the
+    rounds cannot decide yet: its interval (see ``lead``) reaches both below and above 1 +
+    ``margin``, so that more rounds could make it a win as well as a tie (0.62-1.58x under load
+    for a static INT8 that quiet rounds measured 1.5x faster). Empty: every lead is either
+    beyond the noise or within ``margin`` throughout."""
+    import numpy as np
+
+    if len(times) < 2 or len(times[0]) < 2:
+        return []
+    spent = [cost(np.concatenate([np.asarray(r, dtype=np.float64) for r in rounds]) / 1e6, objective, batch)
+             for rounds, batch in zip(times, batches, strict=True)]
+    best = spent.index(min(spent))
+    found = []
+    for i, rounds in enumerate(times):
+        if i != best:
+            judged = lead(list(times[best]), list(rounds), objective, (batches[best], batches[i]))
+            if judged.low <= 1 + margin < judged.high:
+                found.append(i)
+    return found
 
 
 def cost(times_ms: Any, objective: str, batch: int) -> float:

@@ -25,14 +25,15 @@ the file system allows, else copies; the cache keeps one copy of identical bytes
 model's file being the step's main output, so that a step downstream (``select``) can hand on
 the model it chooses; and ``benchmark.json``::
 
-    {"format": "optbuild.benchmark", "version": 3,
+    {"format": "optbuild.benchmark", "version": 4,
      "model": {"file": "model.onnx", "digest": "blake3-256:..."},
      "runtime": "onnxruntime 1.23.2 (CPU), optimization level all", "level": "all", "batch": 1, "runs": 50, "warmup": 5, "threads": null,
      "inputs": {"tokens": {"shape": [1, 128], "dtype": "int64"}},
      "load": {"load_average": 0.4, "cpu_count": 8},
      "p50_ms": ..., "p90_ms": ..., "p99_ms": ..., "mean_ms": ..., "min_ms": ..., "max_ms": ...,
      "std_ms": ..., "throughput_per_s": ..., "size_bytes": ...,
-     "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ...}, "notes": []}
+     "verify": {"passed": true, "cosine": ..., "max_abs": ..., "top1": ..., "cosine_at": "output0[:, 4:84, :]"},
+     "notes": []}
 
 ``runtime`` is what ran, as it says once loaded (onnxruntime: the providers its session
 has, ``session.get_providers()``: "onnxruntime 1.31.1 (CUDA, CPU) on gpu.0 (NVIDIA H100 80GB
@@ -50,11 +51,20 @@ share of the CPUs other processes took while it timed (optbuild.model.timing.wat
 one taken beside other work says so. min / max / std are the spread of
 the timed runs.
 
+``threads`` is the intra-op threads it ran on (the metrics' ``threads`` too); null, the
+parameter not set, is the runtime's default: all the host's cores (onnxruntime: one thread per
+physical core; OpenVINO: as its performance hint says), ``load.cpu_count`` of them. A figure
+taken on all cores of a busy host and one taken on 1 thread differ by more than most leads:
+set ``threads`` to what serves.
+
 ``throughput_per_s`` is batch (the first axis of the first input) / mean latency;
 ``size_bytes`` the bytes of the input artifact's files. ``verify`` summarises the
 ``report.json`` of the ``check`` step (a verify step whose candidate is this same model,
 told by its content digest): whether it passed and the worst cosine, max_abs and top-1 over
-its outputs (null where it computed none); null without ``check``.
+its outputs and the parts of outputs its thresholds are checked on (see verify's ``slices``:
+a detector whose [1, 84, N] output gives cosine 0.99998 whole and 0.0 on its class scores
+records 0.0), null where it computed none; ``cosine_at`` names the output or part of that
+cosine. Null without ``check``.
 
 Hardware and tools: a measurement is true of the host it was taken on. The key holds the
 distributions of the backend that runs the model and the host fields its results depend on
@@ -93,8 +103,9 @@ if typing.TYPE_CHECKING:
 
 FORMAT = "optbuild.benchmark"
 # 2: the inputs measured, the load, min / max / std; 3: level, onnxruntime's graph optimization
-# level it ran at (null for another runtime), and notes (a level that crashed, retried lower)
-REPORT_VERSION = 3
+# level it ran at (null for another runtime), and notes (a level that crashed, retried lower); 4:
+# verify's worst figures over the parts of outputs too, and where the worst cosine is (cosine_at)
+REPORT_VERSION = 4
 REPORT = "benchmark.json"
 
 # Where the latency of a runtime's results depends on the device beyond the fields its
@@ -112,8 +123,8 @@ class BenchmarkParams(StepParams):
     a CUDA GPU). Its files are the step's outputs, unchanged."""
     check: StepRef | None = Field(None, examples=["verify_int8"])
     """A verify step whose candidate is this same model (the same content): its report's passed
-    and worst cosine, max_abs and top-1 are copied into benchmark.json ('verify'). Not set:
-    'verify' is null."""
+    and worst cosine, max_abs and top-1 (over outputs and their checked parts) are copied into
+    benchmark.json ('verify'). Not set: 'verify' is null."""
     runs: int = Field(50, ge=1, examples=[200])
     """Timed inferences; p50 / p90 / p99 / mean latency and their spread (min, max, std) are
     over these. benchmark.json also records the shapes and dtypes measured, per input, and the
@@ -121,8 +132,8 @@ class BenchmarkParams(StepParams):
     warmup: int = Field(5, ge=0, examples=[20])
     """Untimed inferences before timing (caches, thread pools, lazy initialization)."""
     threads: int | None = Field(None, ge=1, examples=[4])
-    """Intra-op threads of the runtime (onnxruntime, OpenVINO). Not set: the runtime's
-    default."""
+    """Intra-op threads of the runtime (onnxruntime, OpenVINO), recorded in benchmark.json and
+    the metrics. Not set: the runtime's default, all the host's cores."""
     seed: int = fields.seed_field(note=" Floats are standard normal, integers uniform in [0, 8), "
                                        "booleans uniform, unless declared.")
     dynamic_size: int = fields.dynamic_size_field(
@@ -143,12 +154,23 @@ class BenchmarkParams(StepParams):
 
 
 class Benchmark(Step):
-    """Measures a model's latency and throughput on this host; outputs its files and a report."""
+    """Measures a model's latency and throughput on this host; outputs its files and a report.
+
+    benchmark.json records what was measured: the shapes, the runtime and its level, `threads`
+    (null where the parameter is not set: the runtime's default, all the host's cores; a figure
+    taken on all cores of a busy host and one taken on 1 thread differ by more than most
+    leads), the load, the spread, and with `check` the verify step's verdict and its worst
+    cosine, max_abs and top-1 over its outputs and the parts of outputs it judges on their own,
+    `cosine_at` naming where the worst cosine is (a detector's class scores,
+    `output0[:, 4:84, :]`, not its whole output). A `select` step reads them.
+    """
 
     Params = BenchmarkParams
     preload = ONNX_TOOLS
     exclusive = True  # timings taken beside other builds would measure those
-    version = "2"  # 2: benchmark.json records the inputs, the load and the spread; open dims at 1 refused
+    # 2: benchmark.json records the inputs, the load and the spread; open dims at 1 refused; 3: verify's
+    # worst figures over outputs' parts (a detector's scores), threads in the metrics
+    version = "3"
 
     # The step measured and what runs its model, as that step says (see bind). Not bound:
     # onnxruntime, as for any ONNX model.
@@ -236,9 +258,9 @@ class Benchmark(Step):
         }
         (ctx.out_dir / REPORT).write_text(json.dumps(report, indent=1) + "\n")
         ctx.log(f"p50 {report['p50_ms']} ms, p90 {report['p90_ms']} ms, p99 {report['p99_ms']} ms, "
-                f"{report['throughput_per_s']} samples/s (batch {batch}), {size} bytes")
+                f"{report['throughput_per_s']} samples/s (batch {batch}, threads {_threads(p.threads)}), {size} bytes")
         ctx.metrics.update(p50_ms=report["p50_ms"], p90_ms=report["p90_ms"],
-                           throughput_per_s=report["throughput_per_s"], size_bytes=size)
+                           throughput_per_s=report["throughput_per_s"], size_bytes=size, threads=p.threads or "all")
         if verify is not None:
             ctx.metrics["passed"] = verify["passed"]
 
@@ -278,7 +300,7 @@ class Benchmark(Step):
                 raise StepError(f"{what} fails on {runner.label} with inputs {shapes}: "
                                 f"{type(exc).__name__}: {first_line(exc)}") from None
             ctx.log(f"inputs: {shapes} ({samples.source}); {p.warmup} warm-up + {p.runs} timed runs, "
-                    f"threads {p.threads or 'default'}")
+                    f"threads {_threads(p.threads)}")
             ctx.progress(f"timing {p.warmup} warm-up + {p.runs} runs on {label}")
             with watch_load() as load:
                 times = time_calls(runner.timed_call(feed), p.runs, p.warmup)
@@ -287,6 +309,11 @@ class Benchmark(Step):
         return {"runtime": label, "times": times, "load": load,
                 "inputs": {name: {"shape": list(value.shape), "dtype": str(value.dtype)}
                            for name, value in feed.items()}}
+
+
+def _threads(threads: int | None) -> str:
+    """The threads a measurement ran on, as the logs say it: not set is the runtime's default."""
+    return str(threads) if threads else "all cores (the runtime's default)"
 
 
 def _degenerate(open_dims: list[tuple[TensorSpec, int]], what: str) -> str:
@@ -310,7 +337,10 @@ def _degenerate(open_dims: list[tuple[TensorSpec, int]], what: str) -> str:
 
 def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:
     """passed and the worst cosine, max_abs, top-1 of the ``check`` verify step's report.json,
-    which must have verified ``model`` (the same content digest)."""
+    over its outputs and the parts its thresholds are checked on (compare.worst: a detector's
+    scores part, not its whole output), and the output or part of the worst cosine; the report
+    must have verified ``model`` (the same content digest)."""
+    from optbuild.model import compare
     from optbuild.model.runmodels import model_entry
 
     art = ctx.inputs["check"]
@@ -327,9 +357,8 @@ def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:
         raise StepError(f"check: {art.step} verified another model ({candidate}) than the one measured "
                         f"({ours['file']}, {ours['digest']}); name the verify step whose candidate is input")
 
-    def worst(metric: str, pick: Any) -> float | None:
-        found = [f[metric] for f in outputs.values() if isinstance(f, dict) and isinstance(f.get(metric), (int, float))]
-        return pick(found) if found else None
-
-    return {"passed": bool(passed), "cosine": worst("cosine", min), "max_abs": worst("max_abs", max),
-            "top1": worst("top1", min)}
+    if not isinstance(outputs, dict) or not all(isinstance(f, dict) for f in outputs.values()):
+        raise StepError(f"check: the report.json of {art.step} is unreadable (outputs is not a table of figures)")
+    found = {metric: compare.worst(outputs, metric) for metric in ("cosine", "max_abs", "top1")}
+    summary = {"passed": bool(passed)} | {metric: None if w is None else w[0] for metric, w in found.items()}
+    return summary | {"cosine_at": None if found["cosine"] is None else found["cosine"][1]}

@@ -14,13 +14,14 @@ Like for like (``measure = "together"``, the default): a benchmark's figure is a
 the moment it was taken, and the benchmarks of a build ran minutes apart, under different
 loads, some of them cached from another day. So select measures the candidates again,
 together, in its own process (optbuild.model.race): each model opened by the runtime its
-benchmark used (optbuild.backends.registry, with the benchmark's threads), fed the shapes its
+benchmark used (optbuild.backends.registry, with the benchmark's threads: not set, all cores), fed the shapes its
 benchmark recorded (values as ``inputs`` and the recipe's ``[inputs.NAME]`` declare, from
 ``seed``), ``warmup`` untimed runs each, then ``runs`` timed runs each in ``rounds`` rounds,
 every candidate taking its turn in each round in an order that rotates. The figures judged are
 those; the benchmark's are shown beside them. A winner whose lead over another eligible
 candidate could be noise (the 90 % interval of its per-round lead reaches below 1 +
-``min_lead``) is tied with it. The tie goes to the smaller model (by more than 5 %), then to
+``min_lead``) is tied with it, once more rounds, for up to ``max_seconds``, could not decide a
+lead whose interval reaches above 1 + ``min_lead`` too. The tie goes to the smaller model (by more than 5 %), then to
 the candidate listed first, among those measured within ``min_lead`` of the fastest; where
 the fastest is alone there, to it: a lead measured at 1.50x whose interval reaches 1.03 on a
 busy host could be noise, but the faster is still the better guess. A candidate this host cannot open is listed with why and not chosen.
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -68,8 +70,9 @@ if typing.TYPE_CHECKING:
 
 # 2: figures measured together, with their spread, the load and the leads; 3: each candidate's
 # level measured together (onnxruntime's graph optimization level), the race's notes (a level
-# that crashed, measured lower)
-REPORT_VERSION = 3
+# that crashed, measured lower); 4: more rounds while a lead is undecided (rounds_run, seconds,
+# max_seconds, undecided), each candidate's threads; verify's cosine the worst part's
+REPORT_VERSION = 4
 OBJECTIVES = {  # what is better: lower or higher
     "p50_ms": min, "p90_ms": min, "throughput_per_s": max, "size_bytes": min,
 }
@@ -88,8 +91,9 @@ class SelectParams(StepParams):
     min_throughput: float | None = Field(None, gt=0, examples=[200.0])
     """Drop candidates that run fewer inferences per second."""
     min_cosine: float | None = Field(None, ge=-1, le=1, examples=[0.99])
-    """Drop candidates whose verify step measured a lower cosine similarity (worst output), and
-    those without a verify step."""
+    """Drop candidates whose verify step measured a lower cosine similarity (the worst output,
+    or part of one: a detector's class scores, see verify's slices), and those without a verify
+    step."""
     max_size_mb: float | None = Field(None, gt=0, examples=[50.0])
     """Drop candidates whose model files are larger (MiB)."""
     measure: Literal["together", "cached"] = Field("together", examples=["cached"])
@@ -104,6 +108,11 @@ class SelectParams(StepParams):
     turn, the order rotating each round; the noise of a lead is judged over them."""
     warmup: int = Field(5, ge=0, examples=[20])
     """Untimed inferences per candidate before the rounds."""
+    max_seconds: float = Field(30.0, ge=0, examples=[120.0])
+    """When measuring together: where the rounds leave a lead undecided (its interval reaches
+    below and above 1 + min_lead: 0.62-1.58x on a loaded host), more rounds are measured, all
+    candidates in turn, until every lead is decided or the rounds have taken this many seconds;
+    only then is such a lead a tie. The first `rounds` always run in full. 0: no more rounds."""
     min_lead: float = Field(0.03, ge=0, examples=[0.05])
     """A lead by less than this fraction (0.03: 3 %) is a tie even when it is beyond the noise:
     smaller than what a host drifts between builds."""
@@ -129,6 +138,19 @@ class Select(Step):
     with it. Among the tied, only those measured within `min_lead` of the fastest count as
     equal; the tie goes to the smallest of them (smaller by more than 5 %), else to the one
     listed first in `candidates`. Where the fastest is alone within `min_lead`, it wins.
+
+    A lead is called a tie only once more rounds cannot decide it: where, after `rounds`, the
+    interval of a lead over the fastest reaches both below and above 1 + `min_lead` (0.62-1.58x
+    on a loaded host, for a static INT8 that quiet rounds measured 1.5x faster), select measures
+    more rounds, all candidates in turn, until every such lead is beyond the noise or within
+    `min_lead` throughout, or the rounds have taken `max_seconds`. selection.json
+    records the rounds run and the seconds (`race.rounds_run`, `race.seconds`), and the leads
+    still undecided when the time ran out (`race.undecided`), which selection.txt notes.
+
+    Each candidate runs on the threads its benchmark ran on (its `threads`; not set: the
+    runtime's default, all the host's cores), which the table shows ("all"), and its cosine
+    column is its verify step's worst cosine, of an output or of a part of one (a detector's
+    class scores), the figure `min_cosine` is checked against.
 
     A worked example: `candidates = ["bench_fp32", "bench_int8", "bench_ov"]`, `runs = 5`,
     `rounds = 5` (one timed run per candidate a round), `min_lead = 0.03`, objective p50_ms.
@@ -160,7 +182,9 @@ class Select(Step):
     primary_output = None  # the winner's main file; known once bound (see bind)
     partial_inputs = True
     preload = ONNX_TOOLS
-    version = "2"  # 2: candidates measured together; host-bound when measuring
+    # 2: candidates measured together; host-bound when measuring; 3: more rounds while a lead is
+    # undecided, threads in the report
+    version = "3"
 
     rivals: tuple[Step, ...] = ()  # the candidate steps (see bind)
 
@@ -282,26 +306,36 @@ class Select(Step):
             return None, {}
         for index, timed in measured["times"].items():
             row = by_index[index]
-            row["together"] = {"runtime": measured["labels"][index], "level": levels[index],
+            row["together"] = {"runtime": measured["labels"][index], "level": levels[index], "threads": row["threads"],
                                **race.figures(timed, row["batch"])}
             row["figures"] = {k: row["together"][k] for k in ("p50_ms", "p90_ms", "throughput_per_s")} | {
                 "size_bytes": row["benchmark"]["size_bytes"]}
         for note in notes:
             ctx.log(f"note: {note}")
+        raced = list(measured["times"])
+        open_leads = self._undecided(list(measured["times"].values()), [by_index[i]["batch"] for i in raced])
         settings = {"runs": p.runs, "rounds": p.rounds, "warmup": p.warmup, "order": "rotating",
-                    "min_lead": p.min_lead, "interval": race.CONFIDENCE, "load": measured["load"],
-                    "load_after": measured["after"], "notes": notes}
+                    "min_lead": p.min_lead, "interval": race.CONFIDENCE, "max_seconds": p.max_seconds,
+                    "rounds_run": len(next(iter(measured["times"].values()))), "seconds": measured["seconds"],
+                    "undecided": [by_index[raced[i]]["step"] for i in open_leads],
+                    "load": measured["load"], "load_after": measured["after"], "notes": notes}
         return settings, measured["times"]
 
     def _measure(self, ctx: StepContext, rows: list[dict[str, Any]], sides: Mapping[int, tuple[Backend, Manifest]],
                  levels: Mapping[int, str | None], stage: Stage) -> dict[str, Any]:
-        """``rows`` opened (onnxruntime's at ``levels``) and raced: per row index, a rejection or
-        the runtime's label and the times per round; the load before and after. Run in a forked
-        child: ``stage`` says which candidate loads or runs, for a crash to be told."""
+        """``rows`` opened (onnxruntime's at ``levels``) and raced, with more rounds while a lead
+        is undecided: per row index, a rejection or the runtime's label and the times per round;
+        the seconds the race took, the load before and after. Run in a forked child: ``stage``
+        says which candidate loads or runs, for a crash to be told."""
         from optbuild.model import race
         from optbuild.model.timing import busy_note, host_load, watch_load
 
         p = self.params
+
+        def on_round(r: int) -> None:
+            ctx.progress(f"measuring round {r + 1} of {p.rounds}" if r < p.rounds else
+                         f"measuring round {r + 1}: a lead is undecided (more rounds for up to {p.max_seconds:g} s)")
+
         rejected: dict[int, str] = {}
         with contextlib.ExitStack() as stack:
             lanes = []
@@ -315,17 +349,33 @@ class Select(Step):
             if not lanes:
                 return {"rejected": rejected, "times": None}
             ctx.log(f"measuring {len(lanes)} candidates together: {p.warmup} warm-up + {p.runs} timed runs each, "
-                    f"in {p.rounds} rounds, the order rotating")
+                    f"in {p.rounds} rounds, the order rotating" + (
+                        f"; more rounds while a lead is undecided, for up to {p.max_seconds:g} s in all"
+                        if p.objective != "size_bytes" and p.max_seconds else ""))
             stage("racing the candidates")
+            batches = [next(r["batch"] for r in rows if r["index"] == index) for index, _ in lanes]
             with watch_load() as load:
-                raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup,
-                                  on_round=lambda r: ctx.progress(f"measuring round {r + 1} of {p.rounds}"))
+                began = time.monotonic()
+                raced = race.race([call for _, (call, _) in lanes], p.runs, p.rounds, p.warmup, on_round=on_round,
+                                  decided=lambda times: not self._undecided(times, batches),
+                                  max_seconds=p.max_seconds)
+                seconds = round(time.monotonic() - began, 3)
             after = host_load()
             if (busy := busy_note(load)) is not None:
                 ctx.log(f"note: {busy}")
         return {"rejected": rejected, "labels": {index: label for index, (_, label) in lanes},
                 "times": {index: timed for (index, _), timed in zip(lanes, raced, strict=True)},
-                "load": load, "after": after}
+                "seconds": seconds, "load": load, "after": after}
+
+    def _undecided(self, times: list[list[list[int]]], batches: list[int]) -> list[int]:
+        """The raced candidates (positions in ``times``) whose lead against the fastest the
+        rounds cannot decide yet (race.undecided); none where the objective is not a time."""
+        from optbuild.model import race
+
+        p = self.params
+        if p.objective == "size_bytes":
+            return []
+        return race.undecided(times, p.objective, batches, p.min_lead)
 
     def _open(self, stack: contextlib.ExitStack, ctx: StepContext, row: dict[str, Any],
               side: tuple[Backend, Manifest], level: str | None, stage: Stage) -> tuple[Callable[[], object], str]:
@@ -470,9 +520,17 @@ def _row(name: str, artifact: Artifact) -> dict[str, Any]:
             "verify": report.get("verify"), "rejected": [], "why": None}
 
 
+def _more_rounds(race: dict[str, Any]) -> str:
+    """What the header says of the rounds measured past ``rounds`` while a lead was undecided."""
+    more = race["rounds_run"] - race["rounds"]
+    return f" + {more} more while a lead was undecided ({race['seconds']:g} s in all)" if more > 0 else ""
+
+
 def _table(report: dict[str, Any]) -> str:
-    """selection.txt: per candidate the figures judged, and when measured together their
-    spread (p10-p90), the benchmark's p50 beside them and how much faster the winner is."""
+    """selection.txt: per candidate the figures judged, the threads it ran on ("all": the
+    runtime's default, all cores), its worst verify cosine (of an output or part), and when
+    measured together their spread (p10-p90), the benchmark's p50 beside them and how much
+    faster the winner is."""
     from optbuild.model.timing import busy_note
 
     together = report["measure"] == "together"
@@ -480,8 +538,8 @@ def _table(report: dict[str, Any]) -> str:
     if race := report["race"]:
         load = race["load"]
         others = f", other processes {load['others_cpu']:.0%} of them" if load.get("others_cpu") is not None else ""
-        head += (f", measured together: {race['runs']} runs each in {race['rounds']} rounds, order rotating, "
-                 f"load average {load['load_average']} on {load['cpu_count']} CPUs{others}")
+        head += (f", measured together: {race['runs']} runs each in {race['rounds']} rounds{_more_rounds(race)}, "
+                 f"order rotating, load average {load['load_average']} on {load['cpu_count']} CPUs{others}")
     elif together:
         head += ", measured together: no candidate could be measured"
     else:
@@ -491,10 +549,15 @@ def _table(report: dict[str, Any]) -> str:
     # real models raced at load 4 on 2 CPUs: a 1.24x lead that measured 0.99x on a quiet host
     if race and (busy := busy_note(race["load"])) is not None:
         head += f"\nnote: {busy}; a lead measured so may not hold on a quiet host"
+    if race and race["undecided"]:
+        head += (f"\nnote: after {race['rounds_run']} rounds in {race['seconds']:g} s (max_seconds {race['max_seconds']:g})"
+                 f" the lead over {', '.join(race['undecided'])} is still undecided: judged a tie; a larger max_seconds, "
+                 "or a quieter host, may decide it")
     if report["tie"]:
         head += f"\ntie{' within the noise' if race else ''}, broken by {report['tie']['broken_by']}"
     columns = [("candidate", 32), ("p50 ms", 9)] + ([("p10-p90 ms", 17)] if together else []) + [
-        ("thr/s", 9)] + ([("bench p50", 9), ("won by", 9)] if together else []) + [("MiB", 7), ("cosine", 9)]
+        ("thr/s", 9), ("threads", 7)] + ([("bench p50", 9), ("won by", 9)] if together else []) + [
+        ("MiB", 7), ("cosine", 9)]
     lines = [head, " ".join(f"{name:{width}}" if i == 0 else f"{name:>{width}}"
                             for i, (name, width) in enumerate(columns)) + "  verdict"]
     for row in report["candidates"]:
@@ -505,6 +568,7 @@ def _table(report: dict[str, Any]) -> str:
         if together:
             cells.append(f"{measured['p10_ms']:.3f}-{measured['p90_ms']:.3f}" if measured else "-")
         cells.append("-" if f is None else f"{f['throughput_per_s']:.1f}")
+        cells.append("-" if row["benchmark"] is None else str(row["threads"] or "all"))
         if together:
             lead = row["winner_lead"]
             cells.append("-" if row["benchmark"] is None else f"{row['benchmark']['p50_ms']:.3f}")

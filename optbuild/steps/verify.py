@@ -49,7 +49,10 @@ scale leaves such a part under 1/16 of its steps). One run, or more than 8 (smal
 indices interleave: noise, not parts): the output is judged whole. ``slices`` declares the
 axis and the cuts of an output instead, or none. Each part gets max_abs, max_rel (to its own
 peak), cosine and cosine_min, is named like ``output0[:, 4:84, :]``, and has the thresholds
-(top-1 aside) and the collapse check below applied, unless its reference is constant there.
+(top-1 aside) and the collapse check below applied, unless its reference is constant there. The
+step's metrics hold each checked part's max_abs, max_rel and cosine (``output0[:, 4:84,
+:].cosine``), and a benchmark's ``check`` summary, which select's ``min_cosine`` and its table
+read, the worst over outputs and parts.
 
 Always checked, whatever the thresholds:
 ``reference``  an output whose reference holds one value (or no finite value) over all
@@ -281,8 +284,9 @@ class Verify(DataSourceStep):
     preload = ONNX_TOOLS
     # 2: reports name no steps; top-1 only on class scores; 3: any backend; 4: slices, degenerate
     # references and collapsed candidates fail, rank-2 top-1 only on a linear layer's output; 5: top-1
-    # per token and per pixel, the collapse check relative to the reference's scale, warnings
-    version = "5"
+    # per token and per pixel, the collapse check relative to the reference's scale, warnings; 6: the
+    # figures of the parts checked in the metrics
+    version = "6"
     primary_output = "report.json"
 
     # What runs the reference and the candidate, as their steps say (see bind): the backend
@@ -359,6 +363,9 @@ class Verify(DataSourceStep):
             for metric in ("max_abs", "max_rel", "cosine", "top1"):
                 if figures[n].get(metric) is not None:
                     ctx.metrics[f"{n}.{metric}" if len(names_compared) > 1 else metric] = figures[n][metric]
+        for part, g in compare.judged(figures).items():  # the parts checked: a detector's scores
+            if part not in figures:
+                ctx.metrics.update({f"{part}.{metric}": g[metric] for metric in ("max_abs", "max_rel", "cosine")})
         for figure, value in (user["figures"] if user else {}).items():
             ctx.metrics[f"metric.{figure}"] = value
         ctx.metrics.update(samples=report["data"]["samples"], passed=passed,

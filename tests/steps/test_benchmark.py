@@ -75,7 +75,7 @@ def test_a_built_benchmark_measures_and_hands_on_the_model(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["benchmark.json", "model.onnx"]
     assert _digest(folder / "model.onnx") == _digest(model) == f"{ALGORITHM}:{outcome.entry.outputs['model.onnx'].digest}"
     report = json.loads((folder / "benchmark.json").read_text())
-    assert report["format"] == "optbuild.benchmark" and report["version"] == 3
+    assert report["format"] == "optbuild.benchmark" and report["version"] == 4
     assert report["model"] == {"file": "model.onnx", "digest": _digest(model)}
     assert report["runtime"].startswith("onnxruntime ") and report["batch"] == 1
     # measured in a child of the step's process, at onnxruntime's default level, nothing crashing
@@ -96,17 +96,19 @@ def test_a_built_benchmark_measures_and_hands_on_the_model(tmp_path):
     assert report["size_bytes"] == model.stat().st_size
     assert report["verify"]["passed"] is True and report["verify"]["max_abs"] == 0.0
     assert report["verify"]["cosine"] == pytest.approx(1.0) and set(report["verify"]) == {
-        "passed", "cosine", "max_abs", "top1"}
+        "passed", "cosine", "max_abs", "top1", "cosine_at"}
+    assert report["verify"]["cosine_at"] == "y"  # the output (or part of one) of the worst cosine
     metrics = outcome.entry.metrics
     assert metrics["p50_ms"] == report["p50_ms"] and metrics["size_bytes"] == report["size_bytes"]
     assert metrics["throughput_per_s"] > 0 and metrics["passed"] is True and "p90_ms" in metrics
+    assert metrics["threads"] == 1  # the threads it ran on, as benchmark.json says
 
     again = proj.build()  # the same key: from the cache
     assert again.steps("cached") and "r:bench" in again.steps("cached")
 
 
-def test_without_check_verify_is_null_and_runs_change_the_key(tmp_path):
-    recipe = RECIPE.replace('check = "verify"\n', "")
+def test_without_check_verify_is_null_without_threads_all_cores_and_runs_change_the_key(tmp_path):
+    recipe = RECIPE.replace('check = "verify"\n', "").replace("threads = 1\n", "")
     proj = _project(tmp_path / "proj", runs=2, recipe=recipe)
     ws = api.open_workspace(proj.root)
     try:
@@ -117,6 +119,8 @@ def test_without_check_verify_is_null_and_runs_change_the_key(tmp_path):
     report = json.loads(proj.read("build/r/bench/benchmark.json"))
     assert report["verify"] is None and report["runs"] == 2
     assert "passed" not in first.outcomes["r:bench"].entry.metrics
+    # threads not set: the runtime's default, all cores, recorded as such (benchmark.json: null)
+    assert report["threads"] is None and first.outcomes["r:bench"].entry.metrics["threads"] == "all"
     proj.write("recipes/r.toml", proj.read("recipes/r.toml").replace("runs = 2", "runs = 4"))
     second = proj.build()
     assert second.outcomes["r:bench"].key != first.outcomes["r:bench"].key

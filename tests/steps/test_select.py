@@ -164,7 +164,7 @@ def test_cached_figures_are_judged_as_the_benchmarks_took_them_and_a_tie_names_i
                           + candidate("y", p50_ms=1.0, size_bytes=1000), 'candidates = ["x", "y"]\n')
     assert proj.build().ok
     report = selection(proj)
-    assert report["version"] == 3 and report["measure"] == "cached" and report["race"] is None
+    assert report["version"] == 4 and report["measure"] == "cached" and report["race"] is None
     assert report["chosen"] == "m:y" and report["tie"] == {"with": ["m:x"], "broken_by": "the smaller model"}
     assert [r["together"] for r in report["candidates"]] == [None, None]
     assert report["candidates"][0]["figures"] == report["candidates"][0]["benchmark"]

@@ -2,7 +2,8 @@
 real benchmark steps, raced again in select's own process, interleaved in rounds, on the shapes
 their benchmarks recorded; a lead within the noise is a tie; the step is bound to the host like
 a benchmark, and a rebuilt candidate makes it measure all of them again. No timing figure is
-asserted: what is recorded, and a choice between models 8 to 1 apart in work."""
+asserted: what is recorded, and a choice between models 20 to 1 apart in work (a lead the first
+rounds decide, with no more rounds and no tie)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def selection(proj: ProjectDir) -> dict:
 
 def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slower_is_not_chosen(tmp_path):
     proj = race_project(tmp_path / "p", ["deep", "shallow"])  # the slower listed first: order cannot win it
-    make_chain(proj.root / "deep.onnx", layers=8)
+    make_chain(proj.root / "deep.onnx", layers=20)  # 20x the work: a lead the first rounds decide
     make_chain(proj.root / "shallow.onnx", layers=1)
     result = proj.build()
     assert result.ok, {sid: o.error for sid, o in result.outcomes.items() if o.error}
@@ -70,6 +71,8 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     assert report["measure"] == "together" and report["chosen"] == "r:bench_shallow" and report["tie"] is None
     race = report["race"]
     assert (race["runs"], race["rounds"], race["warmup"], race["order"]) == (40, 8, 2, "rotating")
+    # more rounds only while a lead is undecided, for up to max_seconds; a 20x lead is decided
+    assert race["max_seconds"] == 30 and race["undecided"] == [] and race["rounds_run"] >= 8 and race["seconds"] > 0
     assert set(race["load"]) == {"load_average", "cpu_count", "others_cpu"}  # others_cpu: while it raced
     assert 0 <= race["load"]["others_cpu"] <= 1 and set(race["load_after"]) == {"load_average", "cpu_count"}
     deep, shallow = report["candidates"]
@@ -80,7 +83,8 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
         together = row["together"]
         assert together["runtime"].startswith("onnxruntime ") and together["runs"] == 40
         assert together["level"] == "all" and together["runtime"].endswith(", optimization level all")
-        assert len(together["rounds_p50_ms"]) == 8
+        assert together["threads"] == row["threads"] == bench["threads"] == 1  # as its benchmark ran
+        assert len(together["rounds_p50_ms"]) == race["rounds_run"]
         assert together["p10_ms"] <= together["p50_ms"] <= together["p90_ms"]
         assert row["figures"]["p50_ms"] == together["p50_ms"]  # judged by what was measured together
     assert shallow["why"] == "chosen" and shallow["winner_lead"] is None
@@ -90,7 +94,8 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     text = [line for line in proj.read("build/r/best/selection.txt").splitlines()
             if not line.startswith("note: ")]  # a busy host's note, if this one was busy
     assert "measured together: 40 runs each in 8 rounds, order rotating" in text[0]
-    assert text[1].split()[:6] == ["candidate", "p50", "ms", "p10-p90", "ms", "thr/s"] and "bench p50" in text[1]
+    assert text[1].split()[:7] == ["candidate", "p50", "ms", "p10-p90", "ms", "thr/s", "threads"] and "bench p50" in text[1]
+    assert text[2].split()[4] == "1"  # the threads it ran on
     assert text[2].startswith(" r:bench_deep") and f"{lead['ratio']:.2f}x" in text[2]
     assert text[3].startswith("*r:bench_shallow")
     assert text[4] == "measured at onnxruntime graph optimization level: r:bench_deep all, r:bench_shallow all"
@@ -105,6 +110,13 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     assert "note: " not in _table(quiet)
     unknown = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2}}}  # a report before
     assert "note: load average 4.15 on 2 CPUs as measuring began" in _table(unknown).splitlines()[1]
+    # the time ran out with a lead undecided: the header says how long it measured, and that it was judged a tie
+    spent = {**report, "race": {**race, "rounds_run": 31, "seconds": 30.2, "undecided": ["r:bench_deep"],
+                                "load": {"load_average": 0.1, "cpu_count": 2, "others_cpu": 0.0}}}
+    head = _table(spent).splitlines()
+    assert "in 8 rounds + 23 more while a lead was undecided (30.2 s in all), order rotating" in head[0]
+    assert head[1] == ("note: after 31 rounds in 30.2 s (max_seconds 30) the lead over r:bench_deep is still "
+                       "undecided: judged a tie; a larger max_seconds, or a quieter host, may decide it")
 
 
 def test_select_is_bound_to_the_host_like_its_benchmarks_and_a_rebuilt_candidate_races_them_all_again(tmp_path):
@@ -152,6 +164,22 @@ def test_identical_models_tie_and_the_tie_is_broken_by_the_rule(tmp_path, names,
     assert rows[f"r:bench_{loser}"]["why"].startswith(("tied with the fastest, ", "the fastest, tied with the winner"))
     assert "within the noise (" in rows[f"r:bench_{loser}"]["why"]
     assert f"tie within the noise, broken by {rule}" in proj.read("build/r/best/selection.txt")
+
+
+def test_a_lead_is_left_undecided_only_once_max_seconds_is_spent(tmp_path):
+    """Identical models with no margin: their lead, about 1.00x, is a tie only when the rounds
+    rule out any lead, which on a shared host they rarely do, so select measures more rounds;
+    whichever way the rounds go, it stops with a lead undecided only after max_seconds."""
+    proj = race_project(tmp_path / "p", ["twin_a", "twin_b"], select="min_lead = 0.0\nmax_seconds = 1.0\n")
+    for name in ("twin_a", "twin_b"):
+        make_chain(proj.root / f"{name}.onnx", layers=4, name=name)
+    result = proj.build()
+    assert result.ok, {sid: o.error for sid, o in result.outcomes.items() if o.error}
+    race = selection(proj)["race"]
+    assert race["max_seconds"] == 1.0 and race["rounds_run"] >= race["rounds"] == 8
+    if race["undecided"]:
+        assert race["seconds"] >= 1.0 and race["rounds_run"] > 8
+        assert "is still undecided: judged a tie" in proj.read("build/r/best/selection.txt")
 
 
 def test_cached_compares_the_benchmarks_figures_without_measuring(tmp_path):

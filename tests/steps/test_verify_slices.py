@@ -125,6 +125,36 @@ def test_a_scale_per_quantity_passes_with_figures_per_slice(tmp_path, detectors)
     assert any(line.startswith(f"{SCORES}  cosine ") and line.endswith("ok") for line in text.splitlines())
 
 
+def test_benchmark_and_select_read_the_worst_part_not_the_whole_output(tmp_path, detectors):
+    """Issue 33 item 8: a detector whose whole output gives cosine 0.99998 while its scores give
+    0.0. The verify step's metrics, benchmark.json's verify summary, select's cosine column and
+    its min_cosine show the scores part, named, as verify's thresholds judge it."""
+    from optbuild.steps.benchmark import Benchmark
+    from optbuild.steps.select import Select
+
+    fp32, broken, healthy = detectors
+    reports = {}
+    for name, model in (("healthy", healthy), ("broken", broken)):
+        ctx, report = verify(tmp_path, fp32, model, name=f"verify_{name}", min_cosine=0.5, fail=False)
+        assert ctx.metrics[f"{SCORES}.cosine"] == report["outputs"]["output0"]["slices"][SCORES]["cosine"]
+        assert ctx.metrics["cosine"] == report["outputs"]["output0"]["cosine"]  # the whole, as before
+        _, bench = run_step(Benchmark, {"input": "model", "check": "verify", "runs": 2, "warmup": 0, "threads": 1},
+                            {"input": model, "check": ctx.out_dir / "report.json"}, tmp_path, f"bench_{name}")
+        reports[name] = bench.out_dir / "benchmark.json"
+    summary = json.loads(reports["broken"].read_text())["verify"]
+    assert summary["cosine"] == 0.0 and summary["cosine_at"] == SCORES and summary["passed"] is False
+    healthy_summary = json.loads(reports["healthy"].read_text())["verify"]
+    assert healthy_summary["passed"] is True and 0.9999 < healthy_summary["cosine"] < 1
+
+    _, ctx = run_step(Select, {"candidates": ["bench_healthy", "bench_broken"], "measure": "cached", "min_cosine": 0.99},
+                      {"candidates.0": reports["healthy"], "candidates.1": reports["broken"]}, tmp_path, "best")
+    selection = json.loads((ctx.out_dir / "selection.json").read_text())
+    broken_row = next(row for row in selection["candidates"] if row["input"] == "candidates.1")
+    assert "cosine 0.000000 < 0.99" in broken_row["rejected"]
+    line = next(line for line in (ctx.out_dir / "selection.txt").read_text().splitlines() if "candidates.1-of-best" in line)
+    assert " 0.000000  " in line and "0.999" not in line
+
+
 def test_declared_slices_replace_the_automatic_split(tmp_path, detectors):
     fp32, broken, _ = detectors
     _, report = verify(tmp_path, fp32, broken, min_cosine=0.999, fail=False,

@@ -4,12 +4,12 @@ figures of the verify steps that checked it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.builder.status import Status
 from optbuild.cli.bench.results import BenchError, BenchOptions
+from optbuild.model import compare
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
@@ -67,7 +67,8 @@ def artifact_path(ws: Workspace, sid: str, outcome: Any) -> Path:
 
 
 def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | None:
-    """The figures of a verify step's report.json: worst over outputs, and per output."""
+    """The figures of a verify step's report.json: worst over outputs and the parts of outputs
+    its thresholds judge (optbuild.model.compare.worst), and per output."""
     spec = ws.project.steps[sid]
     path = ws.project.build_dir / spec.recipe / spec.name / (outcome.entry.primary or "report.json")
     try:
@@ -76,13 +77,13 @@ def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | No
         return None
     outputs = report.get("outputs") or {}
 
-    def worst(metric: str, pick: Callable) -> float | None:
-        values = [f[metric] for f in outputs.values() if isinstance(f.get(metric), (int, float))]
-        return pick(values) if values else None
+    def worst(metric: str) -> float | None:  # over outputs and their checked parts (a detector's scores)
+        found = compare.worst(outputs, metric)
+        return None if found is None else found[0]
 
     return {
         "step": sid, "reference": spec.deps.get("reference"),  # the report names files, not steps
-        "cosine": worst("cosine", min), "max_abs": worst("max_abs", max), "top1": worst("top1", min),
+        "cosine": worst("cosine"), "max_abs": worst("max_abs"), "top1": worst("top1"),
         "passed": report.get("passed"), "samples": (report.get("data") or {}).get("samples"),
         "data": (report.get("data") or {}).get("source"),
         "outputs": {name: {k: f.get(k) for k in ("cosine", "cosine_min", "max_abs", "max_rel", "top1")}
