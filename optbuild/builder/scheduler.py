@@ -21,6 +21,7 @@ from pathlib import Path
 from optbuild.builder import lockfile
 from optbuild.builder.keys import Keyer, describe_changes
 from optbuild.builder.local import LocalBuilder
+from optbuild.builder.memo import DecisionMemo
 from optbuild.builder.report import Reporter
 from optbuild.builder.runstats import append_stats, run_stats
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
@@ -105,6 +106,7 @@ class Scheduler:
         self.store = store.read_only_view() if self.options.dry_run else store
         self.failures = FailureStore(store.root, writable=self.store.writable)
         self.last_build = lockfile.read(project.lock_file)
+        self.memo = DecisionMemo(project.build_dir, self.store)
         self.keyer = Keyer(hasher=hasher, toolchain=self.toolchain, salt=project.config.cache.salt,
                            project_root=project.root)
         self.outcomes: dict[str, Outcome] = {}
@@ -217,6 +219,8 @@ class Scheduler:
                 self._end_run()
         self._clean_logs()
         self._write_lock()
+        if not self.options.dry_run:
+            self.memo.save()
         counts: dict[str, int] = {}
         for outcome in self.outcomes.values():
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
@@ -320,6 +324,8 @@ class Scheduler:
             if not self.builder.local:
                 event["node"] = outcome.entry.built_on  # the Dask worker that built it
         self.reporter.emit(event)
+        if outcome.entry is not None and outcome.status.ok and not self.options.dry_run:
+            self.memo.remember(sid, outcome.entry, self._dest(self.project.steps[sid]))
         if outcome.entry is not None and outcome.status.ok:  # a step's warnings (StepContext.warn), cached too
             for message in outcome.entry.metrics.get("warnings") or []:
                 self.reporter.emit(warning(f"{sid}: {message}", step=sid))
@@ -375,7 +381,7 @@ class Scheduler:
         reasons = self._reasons(spec, action)
         dest = self._dest(spec)
         with self.store.shared_gc_lock():  # gc must not take the blobs between lookup and restore
-            entry = self.store.get_action(key)
+            entry = self._lookup(spec, action)
             if entry is not None:
                 try:
                     if not self.options.dry_run:  # a dry run writes nothing, build/ included
@@ -428,6 +434,14 @@ class Scheduler:
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
 
+    def _lookup(self, spec: StepSpec, action: Action) -> ActionEntry | None:
+        """The local cache's entry of ``action``: as the last run remembered it when nothing
+        it was read from changed (``memo``), else read and checked by the store."""
+        if (entry := self.memo.entry(spec.id, action.key, spec.kind, action.material())) is not None:
+            self.store.last_miss_reason = None
+            return entry
+        return self.store.get_action(action.key)
+
     def _dest(self, spec: StepSpec) -> Path:
         """``build/<recipe>/<step>`` as it really is, proven inside the build folder: the
         recipe's folder is resolved once a run (a realpath per step adds up), the step's own
@@ -454,6 +468,8 @@ class Scheduler:
         vanished or proved corrupt: the caller rebuilds. A file optbuild did not write there
         stops it: replacing the folder would delete it."""
         build_dir, folder = self.project.build_dir, f"{spec.recipe}/{spec.name}"
+        if self.memo.materialized(spec.id, entry.key, dest) and written.is_recorded(build_dir, folder):
+            return  # as the last run left it, which checked it
         try:
             with self.store.lock_dest(dest):
                 if dest.parent not in self._swept:  # once per folder and run: a listdir per step adds up

@@ -363,7 +363,7 @@ def _record(ws, result) -> str | None:
             continue
         if outcome.key:
             local["hits" if status == "cached" else "unavailable" if status == "unavailable" else "misses"] += 1
-            products.add(os.path.abspath(store._entry_path(outcome.key)))
+            products.add(os.path.abspath(store.entry_path(outcome.key)))
         entry = outcome.entry
         if entry is not None and status == "cached":
             spec = project.steps[sid]

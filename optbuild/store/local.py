@@ -178,7 +178,7 @@ class LocalStore:
         check_digest(digest, "digest")
         return Path(f"{self._cas}/{digest[:2]}/{digest[2:]}")  # one parse, not three joins: a no-op asks often
 
-    def _entry_path(self, key: str) -> Path:
+    def entry_path(self, key: str) -> Path:
         check_digest(key, "key")
         return self.root / "ac" / key[:2] / f"{key[2:]}.json"
 
@@ -360,7 +360,7 @@ class LocalStore:
         read-only store deletes and refreshes nothing.
         """
         self.last_miss_reason = None
-        path = self._entry_path(key)
+        path = self.entry_path(key)
         removed = "" if self.read_only else " and was removed"
         try:
             entry = read_entry(path, key)
@@ -406,7 +406,7 @@ class LocalStore:
                 raise CacheError(f"entry {entry.key} names blob {digest}, which is not stored")
         with self._temp_file() as tmp:
             tmp.write_text(entry.model_dump_json())
-            self._publish(tmp, self._entry_path(entry.key))
+            self._publish(tmp, self.entry_path(entry.key))
 
     def iter_entries(self) -> Iterator[tuple[str, ActionEntry | None]]:
         """Every (key, entry) in the cache; entry is None when it is corrupt."""

@@ -1,0 +1,196 @@
+"""What the last run decided, so that the next one re-checks only what could have changed.
+
+A step's key is computed every run (its action, from the recipe, the stat-cached digests
+of its files and its upstream outputs): keys and what rebuilds are exactly those of a
+computation from scratch. What the memo spares is the cost after the key, which at fleet
+scale is most of a no-op's: reading and validating each cache entry, re-checking each of its
+blobs, and walking each step folder to see that it still holds the outputs.
+
+For each step that ended cached, built or restored, ``build/.optbuild/decisions.json`` keeps
+its key, what its entry says that the build needs (outputs, main output, log, warnings and
+the metrics the lock file records) and the stat signatures (``os.lstat``: device, inode,
+size, mtime, ctime) of its entry file, its blobs, its step folder and the outputs there. A
+step whose key is the one recorded, and whose files all still have those signatures, takes
+the recorded entry and needs no restoring; any other step is decided as without a memo. The
+guarantees are the no-op fast path's (``cli.noop``): a file younger than ``RACY_NS`` when the
+memo was written is not vouched for (a racy timestamp), so it is not recorded and its step
+is checked in full next time; an entry whose last use gc would soon count as old is
+refreshed as a hit through the store refreshes it (and the signature that gives is vouched
+for, the one before having been checked); a vanished or pulled entry or blob has another
+signature. The memo holds only what the local cache and the build folder hold, so a damaged
+or foreign memo is ignored: it costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optbuild.common.atomic import write_atomic
+from optbuild.common.errors import OptbuildError
+from optbuild.common.paths import confined
+from optbuild.common.signatures import RACY_NS
+from optbuild.store.entry import ActionEntry, OutputFile
+from optbuild.store.local import REFRESH_NS, LocalStore
+
+FORMAT = 1
+NAME = "decisions.json"  # under <build folder>/.optbuild/
+MAX_METRICS_BYTES = 4096  # a step whose metrics are larger is not remembered (its entry is read)
+
+Sig = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
+
+
+def _sig(path: str) -> Sig | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """One step as the last run left it."""
+
+    key: str
+    entry: dict[str, Any]  # the fields of its ActionEntry that a build reads (not the key material)
+    sigs: dict[str, Sig]  # path -> signature: its entry file, blobs, step folder and outputs
+
+
+class DecisionMemo:
+    """The memo of one build folder and cache; ``entry`` and ``materialized`` answer from it,
+    ``remember`` and ``save`` write the next one."""
+
+    def __init__(self, build_dir: Path, store: LocalStore):
+        self.build_dir = build_dir
+        self.path = build_dir / ".optbuild" / NAME
+        self.store = store
+        self._cache = str(store.root.resolve())
+        self._old = self._load()
+        self._new: dict[str, dict[str, Any]] = {}
+        self._unchanged: dict[str, bool] = {}  # steps whose remembered entry served this run
+        self._in_place: dict[str, bool] = {}  # steps whose folder was as remembered this run
+
+    def _load(self) -> dict[str, Remembered]:
+        try:
+            if self.path.parent.is_symlink():
+                return {}  # what the build folder holds, not what a link points at
+            doc = json.loads(self.path.read_bytes())
+            if doc.get("format") != FORMAT or doc.get("cache") != self._cache:
+                return {}
+            return {sid: Remembered(r["key"], r["entry"], {p: tuple(s) for p, s in r["sigs"].items()})
+                    for sid, r in doc["steps"].items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            return {}  # absent, damaged or foreign: decide in full
+
+    def entry(self, sid: str, key: str, spec_kind: str, ingredients: dict[str, Any]) -> ActionEntry | None:
+        """The entry of ``key`` as remembered, when nothing it was read from changed and its
+        last use is refreshed when it is old, as the store does; else None (ask the store)."""
+        old = self._old.get(sid)
+        if old is None or old.key != key:
+            return None
+        entry_path = str(self.store.entry_path(key))
+        sig = old.sigs.get(entry_path)
+        if sig is None or _sig(entry_path) != sig:
+            return None
+        blobs = [str(self.store.blob_path(d)) for d in _digests(old.entry)]
+        if not all(p in old.sigs and _sig(p) == old.sigs[p] for p in blobs):
+            return None
+        if time.time_ns() - sig[3] > REFRESH_NS and self.store.writable and not self.store.read_only:
+            self._refresh(old, entry_path)
+        try:
+            found = ActionEntry.model_construct(key=key, kind=spec_kind, ingredients=ingredients,
+                                                **{**old.entry, "outputs": _outputs(old.entry)})
+        except (TypeError, ValueError, KeyError):
+            return None
+        self._unchanged[sid] = True
+        return found
+
+    def _refresh(self, old: Remembered, entry_path: str) -> None:
+        """Refresh the entry's last use, as a hit through the store does (gc reads it), and
+        vouch for the signature that gives: the one before was checked just now."""
+        try:
+            os.utime(entry_path)
+        except OSError:
+            return
+        if (sig := _sig(entry_path)) is not None:
+            old.sigs[entry_path] = sig
+
+    def materialized(self, sid: str, key: str, dest: Path) -> bool:
+        """Whether ``dest`` is as the last run left it for ``key``: the folder (so nothing was
+        added or removed), its subfolders and every output have their recorded signatures."""
+        old = self._old.get(sid)
+        if old is None or old.key != key:
+            return False
+        paths = _dest_paths(str(dest), old.entry["outputs"])
+        self._in_place[sid] = all(p in old.sigs and _sig(p) == old.sigs[p] for p in paths)
+        return self._in_place[sid]
+
+    def remember(self, sid: str, entry: ActionEntry, dest: Path | None) -> None:
+        """Note that ``sid`` settled ok with ``entry``, just checked (restored in ``dest``;
+        None for a dry run, whose folder is not vouched for). Signatures are taken now, right
+        after the check; a path changed within RACY_NS of now is left out (checked in full
+        next time). A step whose metrics are large is not remembered: its entry is read."""
+        old = self._old.get(sid)
+        if old is not None and old.key == entry.key and self._unchanged.get(sid) and self._in_place.get(sid):
+            self._new[sid] = {"key": old.key, "entry": old.entry, "sigs": old.sigs}  # checked against them
+            return
+        fields = {"step": entry.step, "primary": entry.primary, "log": entry.log,
+                  "outputs": {n: [o.digest, o.size] for n, o in entry.outputs.items()},
+                  "metrics": entry.metrics, "duration_s": entry.duration_s, "created_at": entry.created_at,
+                  "built_on": entry.built_on}
+        try:
+            if len(json.dumps(entry.metrics, default=str)) > MAX_METRICS_BYTES:
+                return
+        except (TypeError, ValueError, RecursionError):
+            return
+        paths = [str(self.store.entry_path(entry.key)), *(str(self.store.blob_path(d)) for d in _digests(fields))]
+        if dest is not None:
+            paths += _dest_paths(str(dest), fields["outputs"])
+        now = time.time_ns()
+        sigs = {}
+        for path in paths:
+            sig = _sig(path)
+            if sig is not None and max(sig[3], sig[4]) < now - RACY_NS:
+                sigs[path] = sig
+        self._new[sid] = {"key": entry.key, "entry": fields, "sigs": sigs}
+
+    def save(self) -> None:
+        """Write the memo of this run (atomically; best effort: a memo not written only costs
+        speed). Steps not decided this run keep their record."""
+        steps = {sid: {"key": r.key, "entry": r.entry, "sigs": r.sigs} for sid, r in self._old.items()}
+        steps.update(self._new)
+        doc = {"format": FORMAT, "cache": self._cache, "steps": steps}
+        try:
+            self.path.parent.mkdir(exist_ok=True)
+            path = confined(self.path, self.build_dir, "the decision memo")  # never through a link out
+            if self.path.parent.is_symlink():
+                return
+            write_atomic(path, json.dumps(doc, separators=(",", ":"), default=str).encode())
+        except (OSError, OptbuildError):
+            pass
+
+
+def _digests(fields: dict[str, Any]) -> list[str]:
+    """The blobs an entry names: its outputs' and its log's."""
+    found = {digest for digest, _size in fields["outputs"].values()}
+    if fields.get("log"):
+        found.add(fields["log"])
+    return sorted(found)
+
+
+def _outputs(fields: dict[str, Any]) -> dict[str, OutputFile]:
+    return {name: OutputFile(digest=digest, size=size) for name, (digest, size) in fields["outputs"].items()}
+
+
+def _dest_paths(dest: str, outputs: dict[str, Any]) -> list[str]:
+    """The step folder, its subfolders and its outputs: what ``materialized`` re-checks."""
+    paths = {dest}
+    for name in outputs:
+        parts = name.split("/")
+        paths.update(os.path.join(dest, *parts[:i]) for i in range(1, len(parts) + 1))
+    return sorted(paths)
