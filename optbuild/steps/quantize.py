@@ -43,12 +43,14 @@ be an initializer"). An INT8 result without a single quantized node is an error 
 
 ``exclude_until = { min_cosine = 0.99 }`` makes INT8 good enough by itself: the result is
 compared with the input model on seeded samples, per output and per part of an output that
-joins quantities of different scales (optbuild.model.int8report), and the node where it first
-departs is kept float and the model quantized again, until the floor is met or
-``max_excluded`` nodes were tried (then the step fails, with the table). Where that tensor stays
-quantized with its node float (onnxruntime quantizes what a quantized node reads), the nodes
-that read it are kept float next, together. The nodes found are a result (log, metrics,
-quant_report.json), not part of the key.
+joins quantities of different scales (optbuild.model.int8report), and nodes are kept float
+and the model quantized again, starting where it departs (the nodes this step's warnings
+name, then backwards from the outputs under the floor: optbuild.steps.quantize_search),
+until the floor is met, ``max_excluded`` nodes are kept float or ``max_seconds`` are spent
+(then the step fails, with the table). A node whose exclusion does not help is passed over,
+uncounted. Where a tensor stays quantized with its node float (onnxruntime quantizes what a
+quantized node reads), the nodes that read it are kept float with it, together. The nodes
+found are a result (log, metrics, quant_report.json), not part of the key.
 
 Options apply to the modes named beside them; an option set for another mode is an error.
 Every result passes onnx.checker (full_check) and opens in onnxruntime (CPU); with
@@ -181,15 +183,21 @@ class QuantizeParams(StepParams):
     exclude_until: ExcludeUntil | None = Field(None, examples=[{"min_cosine": 0.99}])
     """dynamic and static: after quantizing, compare the INT8 model's outputs with the input
     model's and, while the worst (an output, or a part of one of different scale, such as a
-    detector's scores beside its boxes) is under min_cosine, keep float the node where the
-    per-layer report (see `report`) first departs under min_cosine, and quantize again; where
-    that tensor is still quantized with its node float (a quantized node quantizes what it
-    reads: a ViT's class token stayed lost so), keep float the nodes that read it, all
-    together. At most max_excluded nodes tried (default 8; one whose exclusion changes nothing
-    is passed over), else the step fails with the table and the nodes tried. The nodes it excluded are
-    a result, not a parameter: the log, the metric `auto_excluded` and quant_report.json
-    (always written with this option) name them, with the cosine before and after; copy
-    them into nodes_to_exclude to skip the search. Not set: no search."""
+    detector's scores beside its boxes) is under min_cosine, keep nodes float and quantize
+    again, starting where the model departs: the nodes this step's warnings name (a Concat
+    joining ranges far apart, a weight with outliers) on the way to that output, then, from
+    the output backwards, the nodes that make its tensors under min_cosine (per the per-layer
+    report, see `report`). Where a tensor is still quantized with its node float (a quantized
+    node quantizes what it reads: a ViT's class token stayed lost so), the nodes that read it
+    are kept float with it, together. A node (or group) that does not bring the worst output
+    closer to min_cosine is passed over (the model goes back to before it) and not counted.
+    The search stops at max_excluded nodes kept float (default 8) or after max_seconds
+    (default 300) and then fails with the table, the nodes kept and passed over, and, where
+    most tensors depart (an error built up over the whole network, as in a mobile net), what
+    works instead: per_channel, more calibration data, fewer op types, dynamic or fp16. The
+    nodes it excluded are a result, not a parameter: the log, the metric `auto_excluded` and
+    quant_report.json (always written with this option) name them, with the cosine before
+    and after; copy them into nodes_to_exclude to skip the search. Not set: no search."""
     # --- fp16 ---
     keep_io_types: bool | list[str] = Field(True, examples=[False, ["logits"]])
     """fp16 only: true keeps every float graph input and output float32, so callers feed and
@@ -280,6 +288,10 @@ class Quantize(Step):
         #    remembered, change); fp16 makes an output read inside the graph loadable.
         if params.mode in ("static", "fp16"):
             self.version = "6"
+        # 7: exclude_until starts where the model departs and passes over nodes that do not
+        #    help: it keeps other nodes float (and fails or succeeds on other models).
+        if params.exclude_until is not None:
+            self.version = "7"
 
     def tool_names(self) -> tuple[str, ...]:
         if self.params.mode == "fp16":
@@ -309,12 +321,12 @@ class Quantize(Step):
                        node_block_list=p.node_block_list, min_positive_val=p.min_positive_val,
                        max_finite_val=p.max_finite_val)
         else:
-            quantize = self._int8(ctx, source, before, out)
+            quantize, suspects = self._int8(ctx, source, before, out)
             quantize(p.nodes_to_exclude)
             if p.exclude_until is not None:
                 self._check(ctx, source, out, label)  # a model that cannot run is named before the search
                 errors, search = exclude_until(ctx, p.exclude_until, p.nodes_to_exclude, source, before, out,
-                                               quantize, self._samples(ctx, source))
+                                               quantize, self._samples(ctx, source), suspects)
         ops = [n.op_type for n in all_nodes(onnx.load(str(out), load_external_data=False).graph)]
         ctx.metrics.update(
             mode=p.mode, nodes_before=len(ops_before), nodes_after=len(ops),
@@ -365,9 +377,11 @@ class Quantize(Step):
                 f"seeded samples; {where}; the worst:\n{int8report.table(errors)}")
 
     # --- INT8 ------------------------------------------------------------------------------
-    def _int8(self, ctx: StepContext, source: Path, model: Any, out: Path) -> Callable[[list[str]], None]:
+    def _int8(self, ctx: StepContext, source: Path, model: Any,
+              out: Path) -> tuple[Callable[[list[str]], None], list[list[str]]]:
         """Prepare the model once; returns what quantizes it to ``out`` keeping the nodes it
-        is given float (exclude_until calls it again with more)."""
+        is given float (exclude_until calls it again with more), and the groups of nodes the
+        warnings name (where exclude_until looks first)."""
         import onnx
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
@@ -387,8 +401,7 @@ class Quantize(Step):
                   "reduce_range": self._reduce_range(ctx), "weight_type": types[p.weight_type],
                   "nodes_to_quantize": p.nodes_to_quantize or None}
         table = self._table(ctx, source, model) if p.mode == "static" else None
-        if table is not None:
-            self._warn_shared_scales(ctx, model, table[1])
+        suspects = self._warn_shared_scales(ctx, model, table[1]) if table is not None else []
         source = ctx.private_copy(source)  # onnxruntime writes beside the model it is given
         moved = constants_to_initializers(model.graph, nested)
         ctx.metrics["constants_to_initializers"] = moved
@@ -399,7 +412,7 @@ class Quantize(Step):
         if moved or masking:
             source.unlink()  # a hard link to the upstream file: write a new file, never through it
             onnx.save(model, str(source))
-        self._warn_outlier_weights(ctx, model, common["reduce_range"])
+        suspects += self._warn_outlier_weights(ctx, model, common["reduce_range"])
         if table is None:
             def dynamic(exclude: list[str]) -> None:
                 try:
@@ -412,7 +425,7 @@ class Quantize(Step):
                     result = onnx.load(str(out), load_external_data=False)
                     if sort_topologically(result.graph):
                         onnx.save(result, str(out))
-            return dynamic
+            return dynamic, suspects
         import inspect
 
         if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
@@ -445,12 +458,13 @@ class Quantize(Step):
                     raise StepError(f"quantize_static failed on {label} with the table of "
                                     f"{ctx.inputs['calibration'].step}: {type(exc).__name__}: {exc}"
                                     f"{_hint(exc, model)}") from exc
-        return static
+        return static, suspects
 
-    def _warn_shared_scales(self, ctx: StepContext, model: Any, ranges: dict[str, list[float]]) -> None:
+    def _warn_shared_scales(self, ctx: StepContext, model: Any, ranges: dict[str, list[float]]) -> list[list[str]]:
         """Warn of Concat nodes whose inputs' ranges differ so much that the one scale of
         their quantized output wipes the small ones (a detector's boxes 0..320 beside its
-        scores 0..1: scale 1.25, every score under 0.63 became 0)."""
+        scores 0..1: scale 1.25, every score under 0.63 became 0). Returns, per Concat, the
+        Concat alone and with the nodes that read it: what exclude_until tries first."""
         from optbuild.model.int8report import SHARED_SCALE_RATIO, shared_scales
 
         p = self.params
@@ -465,17 +479,19 @@ class Quantize(Step):
                     f"more than {SHARED_SCALE_RATIO}x apart: quantized, its output has one scale and "
                     f"{s.small!r} keeps about {s.levels} of 256 levels. If verify fails, keep it float: "
                     f"nodes_to_exclude = {[*p.nodes_to_exclude, *exclude]!r} on this step")
+        return [group for s in found for group in ([s.node], s.exclude)]
 
-    def _warn_outlier_weights(self, ctx: StepContext, model: Any, reduce_range: bool) -> None:
+    def _warn_outlier_weights(self, ctx: StepContext, model: Any, reduce_range: bool) -> list[list[str]]:
         """Warn of weights that one per-tensor scale serves badly (per_channel = false): a few
         values far beyond the rest of the tensor (convnext_tiny with random weights held 2.0
         beside a std of 0.02 in three weights; quantized per tensor, the other channels kept
-        about 2 of 63 levels and the logits' cosine fell to 0.83, per channel it was 0.997)."""
+        about 2 of 63 levels and the logits' cosine fell to 0.83, per channel it was 0.997).
+        Returns each such node alone: a group exclude_until tries early."""
         from optbuild.model.int8report import SHARED_SCALE_RATIO, outlier_weights
 
         p = self.params
         if p.per_channel:
-            return
+            return []
         found = [w for w in outlier_weights(model.graph) if w.node not in p.nodes_to_exclude
                  and (not p.nodes_to_quantize or w.node in p.nodes_to_quantize)
                  and (not p.op_types_to_quantize or w.op in p.op_types_to_quantize)]
@@ -488,6 +504,7 @@ class Quantize(Step):
                     f"channels keep about {w.levels(full)} of {full} levels. per_channel = true gives each output "
                     f"channel its own scale; or keep the node float: nodes_to_exclude = "
                     f"{[*p.nodes_to_exclude, w.node]!r}")
+        return [[w.node] for w in found]
 
     def _subgraphs_quantized(self, model: Any) -> bool:
         """onnxruntime quantizes If/Loop/Scan subgraphs in dynamic mode only (its docs, and

@@ -67,25 +67,29 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def test_a_tensor_its_readers_keep_quantized_is_kept_float_with_them(tmp_path, capsys):
     """Kept float, scale_rows still hands its readers a quantized t (they quantize what they
     read): the class token stays lost. The search then keeps t's readers float too, and the
-    output comes back; before, it went on to other nodes and gave up with t still lost."""
+    output comes back; before, it went on to other nodes and gave up with t still lost. The
+    nodes tried on the way that did not help are passed over, and not counted."""
     model = make_class_token(tmp_path / "class_token.onnx")
     table = _calibrated(tmp_path, model, (64, 5, 8))
     x = {"x": np.random.default_rng(7).standard_normal((16, 5, 8)).astype(np.float32)}
     plain, _ = quantize(tmp_path, model, "plain", table, mode="static")
     assert _cosine(run(plain, x), run(model, x)) < 0.5  # the class token is gone
 
-    out, ctx = quantize(tmp_path, model, "auto", table, mode="static", exclude_until={"min_cosine": 0.99})
+    out, ctx = quantize(tmp_path, model, "auto", table, mode="static",
+                        exclude_until={"min_cosine": 0.99, "max_excluded": 3})
     assert ctx.metrics["auto_excluded"] == ["scale_rows", "ln", "residual"]
     assert _cosine(run(out, x), run(model, x)) > 0.99
     search = json.loads((ctx.out_dir / REPORT_FILE).read_text())["exclude_until"]
-    assert search["met"] and [r["excluded"] for r in search["rounds"]] == [[], ["scale_rows"],
-                                                                           ["scale_rows", "ln", "residual"]]
+    assert search["met"] and [r["excluded"] for r in search["rounds"]] == [[], ["scale_rows", "ln", "residual"]]
+    assert ["scale_rows"] in search["passed_over"] and len(search["passed_over"]) > 1  # from the output back
     log = capsys.readouterr().err
-    assert "kept 'ln', 'residual' float (the nodes that read 't': it stayed quantized for them): worst output y" in log
+    assert ("kept 'scale_rows', 'ln', 'residual' float (with the nodes that read 't': it stays quantized for "
+            "them): worst output y") in log
 
-    # a tensor's readers are kept float together, or not at all: past max_excluded, the search stops
-    with pytest.raises(Exception, match=r"keeping 't' float takes the 2 that read it \(ln, residual\), "
-                                        r"past exclude_until.max_excluded = 2"):
+    # a tensor's readers are kept float together, or not at all: past max_excluded, never
+    with pytest.raises(Exception, match=r"keeping scale_rows, ln, residual float together \(with the nodes that "
+                                        r"read 't'.*\) would pass exclude_until.max_excluded = 2(.|\n)*"
+                                        r"Raise exclude_until.max_excluded or max_seconds"):
         quantize(tmp_path, model, "bound", table, mode="static", exclude_until={"min_cosine": 0.99, "max_excluded": 2})
 
 
@@ -105,14 +109,16 @@ def test_class_scores_are_judged_whole_as_verify_judges_them(tmp_path):
 
 def test_only_steps_that_search_or_report_are_built_again_after_the_search_changed(tmp_path):
     """The search and the report changed what they make; a plain INT8 step did not, and keeps
-    its key (and its users' cache)."""
+    its key (and its users' cache); a step that searches is built again whenever the search
+    changes."""
     from optbuild.steps.quantize import Quantize, QuantizeParams
 
     def version(**params) -> str:
         return Quantize(QuantizeParams(input="m", mode="dynamic", **params), tmp_path, tmp_path).version
 
     assert version() == Quantize.version == "4"
-    assert version(report=True) == version(exclude_until={"min_cosine": 0.99}) == "5"
+    assert version(report=True) == "5"
+    assert version(exclude_until={"min_cosine": 0.99}) == "7"  # 7: the search starts where the model departs
     static = QuantizeParams(input="m", mode="static", calibration="c", report=True)
     fp16 = QuantizeParams(input="m", mode="fp16")  # 6: infinite fills kept float, outputs read inside
     assert Quantize(static, tmp_path, tmp_path).version == Quantize(fp16, tmp_path, tmp_path).version == "6"

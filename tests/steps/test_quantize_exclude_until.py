@@ -66,23 +66,26 @@ def test_a_model_that_meets_the_target_excludes_nothing_and_is_the_model_without
 
 
 def test_the_bound_reached_without_the_target_fails_with_the_table_and_the_nodes_tried(tmp_path, detector):
-    """min_cosine 1 cannot be met by any INT8 model: one try, then an error that says what was
-    tried and which parameter to change."""
+    """min_cosine 1 cannot be met by any INT8 model: one node kept float (the Concat its warning
+    names, tried first), then an error that says what was kept and which parameter to change."""
     model, table = detector
     with pytest.raises(StepError) as failed:
         quantize(tmp_path, model, "bound", table, mode="static",
                  exclude_until={"min_cosine": 1.0, "max_excluded": 1})
     message = str(failed.value)
-    assert "worst output stays under min_cosine = 1.0 (1 nodes tried, exclude_until.max_excluded = 1)" in message
-    assert "nodes tried: ['box_fc']" in message  # the first tensor, in node order, under the floor
+    assert "worst output stays under min_cosine = 1.0 (1 nodes kept float, exclude_until.max_excluded = 1)" in message
+    assert f"nodes kept float: [{CONCAT!r}]" in message
     assert "tensor  op" in message and "cosine" in message  # the worst tensors' table
-    assert "Raise exclude_until.max_excluded, lower exclude_until.min_cosine" in message
+    assert "The error is spread over the network" in message  # under cosine 1, every tensor departs
+    assert "per_channel = true" in message and 'mode = "fp16"' in message
 
 
 def test_exclude_until_is_checked_where_the_recipe_is_read():
     base = {"input": "model", "calibration": "calibrate", "mode": "static"}
     assert QuantizeParams.model_validate(base | {"exclude_until": {"min_cosine": 0.99}}).exclude_until.max_excluded == 8
+    assert QuantizeParams.model_validate(base | {"exclude_until": {"min_cosine": 0.99}}).exclude_until.max_seconds == 300
     for wrong, field in (({"min_cosine": 1.5}, "min_cosine"), ({"min_cosine": 0.99, "max_excluded": 0}, "max_excluded"),
+                         ({"min_cosine": 0.99, "max_seconds": 0}, "max_seconds"),
                          ({}, "min_cosine"), ({"min_cosine": 0.99, "max_exclude": 4}, "max_exclude")):
         with pytest.raises(ValidationError, match=field):
             QuantizeParams.model_validate(base | {"exclude_until": wrong})
