@@ -35,11 +35,21 @@ a stamp is read or written.
 - what the build said (its step lines, the reasons it grouped, its counts) and its
   cache-statistics record.
 
-Nothing is recorded after ``--json``, ``--retry-failed``, ``--no-build``, ``--remote`` or
-``--no-remote``, nor when a remote cache is in use (``[remote] url``, $OPTBUILD_REMOTE):
-with a remote, a local miss (an unavailable step) asks the remote, whose contents no
-local signature describes. A normal build removes the stamp before it starts, so a build
-that fails, is interrupted or crashes leaves none.
+Nothing is recorded after ``--json``, ``--retry-failed``, ``--no-build`` or ``--remote URL``
+(the stamp keeps its arguments verbatim, and a URL may carry credentials). ``--no-remote``
+is recorded as any argument is: its stamp serves only ``build --no-remote``.
+
+**A remote cache** (``[remote] url``, $OPTBUILD_REMOTE): only a local miss asks it, and
+its contents are described by no local signature. So with one configured, the stamp is
+recorded only when every selected step ended in the local cache (cached, built or restored
+in this run: the next build finds each there, so the remote cannot change its answer; the
+stamp's signatures of the local entries see one that goes). A step left out of the local
+cache (unavailable on this host, say) declines: the next build would ask the remote, which
+may hold it by then. The replayed statistics record the remote with zero counts, as a
+normal no-op's that never asks it.
+
+A normal build removes the stamp before it starts, so a build that fails, is interrupted or
+crashes leaves none.
 
 **Racy timestamps** (git's racy-clean problem). A file changed within one timestamp tick of
 the moment its signature was taken could change again without changing the signature. So
@@ -82,7 +92,7 @@ HASH_MAX = 256 << 10  # racy products up to this size are content-checked, large
 DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
 # whether a build server runs the build does not change its answer
 _ENV_IGNORED = (DEBUG_ENV, "OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER")
-NOT_RECORDED = ("--json", "--retry-failed", "--no-build", "--remote", "--no-remote")
+NOT_RECORDED = ("--json", "--retry-failed", "--no-build", "--remote")
 _ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 _CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
@@ -307,6 +317,31 @@ def _glob_folders(root: str, pattern: str) -> list[str]:
     return folders
 
 
+def _left_to_remote(result) -> str | None:
+    """The first selected step that did not end in the local cache, whose next lookup will
+    ask the remote; None when every one did (``_CACHED``)."""
+    return next((sid for sid, outcome in sorted(result.outcomes.items()) if str(outcome.status) not in _CACHED),
+                None)
+
+
+def _untouched(remote) -> dict | None:
+    """The remote statistics of a no-op, which never asks the remote (None: none configured)."""
+    if remote is None:
+        return None
+    from optbuild.store.remote import RemoteStats
+
+    return {"url": remote.display_url, **RemoteStats().__dict__}
+
+
+def _cache_line(local: dict, remote) -> str | None:
+    """The statistics line a build prints after its summary when a remote is configured."""
+    if remote is None:
+        return None
+    from optbuild.builder.runstats import describe_stats
+
+    return describe_stats({"local": local, "remote": _untouched(remote)})
+
+
 def _record(ws, result) -> str | None:
     import json
 
@@ -317,8 +352,8 @@ def _record(ws, result) -> str | None:
     build_args = split[1]
     if flag := next((a for a in build_args for f in NOT_RECORDED if a == f or a.startswith(f + "=")), None):
         return f"{flag} is never taken by the fast path"
-    if ws.remote is not None:
-        return "a remote cache is configured"
+    if ws.remote is not None and (missed := _left_to_remote(result)):
+        return f"a remote cache is configured and {missed} is not in the local cache: the next build asks the remote"
     try:
         key = salt(create=True)
     except (OSError, ValueError) as exc:
@@ -408,8 +443,9 @@ def _record(ws, result) -> str | None:
         "salt": _salt_id(key), "env": _env(key), "python": _python(), "host": host_facts(), "unusable": unusable,
         "sigs": sigs, "digests": digests, "lines": lines, "counts": counts,
         "cache_dir": os.path.abspath(project.cache_dir),
-        "stats": {"command": "build", "ok": True, "counts": counts, "local": local, "remote": None,
-                  "fast_path": True},
+        "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
+                  "remote": _untouched(ws.remote), "fast_path": True},
+        "cache_line": _cache_line(local, ws.remote),
     }
     from pathlib import Path
 
@@ -443,6 +479,8 @@ def try_fast_path(argv: list[str]) -> int | None:
     counts = ", ".join(f"{n} {status}" for status, n in found["counts"].items() if n)
     print(f"ok: {counts or 'nothing to do'} in {time.perf_counter() - started:.2f}s "
           "(nothing changed since the last build: fast path)", file=sys.stderr)
+    if isinstance(cache_line := found.get("cache_line"), str):  # a remote is configured
+        print(cache_line, file=sys.stderr)
     _append_stats(found)
     return 0
 

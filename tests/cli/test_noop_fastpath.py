@@ -241,3 +241,44 @@ def test_a_salt_others_can_read_is_never_used(built):
     salt.unlink()  # as the message says: a new one is made
     optbuild(built, "build")
     assert optbuild(built, "build").fast
+
+
+# --- with a remote cache: recorded when the remote cannot change the answer ---------------
+def remote_project(root: Path, remote) -> ProjectDir:
+    proj = ProjectDir.with_test_kinds(root)
+    proj.write("optbuild.toml", CONFIG + "\n" + remote.section())
+    proj.write("recipes/chain.toml", PIPELINE)
+    return proj
+
+
+def test_with_a_remote_a_noop_whose_steps_are_all_local_takes_the_fast_path(tmp_path, s3_remote):
+    proj = remote_project(tmp_path / "proj", s3_remote)
+    assert optbuild(proj, "build").returncode == 0  # builds, writes through to the remote
+    normal = optbuild(proj, "build")  # every step a local hit: recorded
+    assert normal.returncode == 0 and not normal.fast and "recorded" in normal.stderr, normal.stderr
+    fast = optbuild(proj, "build")
+    assert fast.fast and step_lines(fast) == step_lines(normal), fast.stderr
+    cache_line = f"cache: local 4 hits, 0 misses; remote {s3_remote.url}: 0 hits, 0 misses, 0 errors"
+    assert cache_line in normal.stderr and cache_line in fast.stderr
+    assert not {"fsspec", "s3fs", "botocore"} & {m.partition(".")[0] for m in fast.modules}
+    stats = [json.loads(line) for line in (proj.root / "cache" / "stats.jsonl").read_text().splitlines()]
+    assert stats[-1]["fast_path"] and stats[-1]["remote"]["url"] == s3_remote.url
+    assert stats[-1]["remote"]["hits"] == stats[-1]["remote"]["misses"] == 0 == stats[-2]["remote"]["misses"]
+    assert not optbuild(proj, "build", "--no-remote").fast  # its own arguments: recorded, then taken
+    assert optbuild(proj, "build", "--no-remote").fast
+    url = optbuild(proj, "build", "--remote", s3_remote.url)  # a URL is never kept in a stamp
+    assert not url.fast and "--remote is never taken by the fast path" in url.stderr
+
+
+def test_with_a_remote_a_step_left_out_of_the_local_cache_is_never_recorded(tmp_path, s3_remote):
+    """An unavailable step asks the remote on every build: another host may have pushed it."""
+    proj = remote_project(tmp_path / "proj", s3_remote)
+    proj.write("needs.py", UNICORN)
+    proj.write("optbuild.toml", KINDS + "\n" + s3_remote.section())
+    proj.write("recipes/chain.toml", '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n'
+               '[steps.horn]\nkind = "needs"\ninput = "src"\n')
+    assert optbuild(proj, "build", "--skip-unavailable").returncode == 0
+    again = optbuild(proj, "build", "--skip-unavailable")
+    assert again.returncode == 0 and not again.fast, again.stderr
+    assert "not recorded: a remote cache is configured and chain:horn is not in the local cache" in again.stderr
+    assert not stamp(proj).exists()

@@ -42,7 +42,8 @@ all of ``optbuild.store``, imports nothing above the store layer: warnings go to
 
 Modules: ``config`` (which remote a run uses), ``signing`` (entries as the remote holds
 them), ``filesystem`` (its files, the raw operations), ``session`` (one run's use of it:
-lookup, fetch, push, the breaker), ``audit`` (what ``cache verify`` finds), ``errors``.
+lookups, batched ones (``prefetch``) included, fetches, the breaker), ``writing`` (its
+pushes), ``audit`` (what ``cache verify`` finds), ``errors``.
 
 This package imports nothing heavy: fsspec (and s3fs, gcsfs, ...) load on the first remote
 operation, so a fully cached build never pays for them.

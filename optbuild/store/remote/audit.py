@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from optbuild.store.entry import ActionEntry
+from optbuild.store.entry import ActionEntry, is_digest
+from optbuild.store.remote.errors import Failed, Rejected
+from optbuild.store.remote.signing import KEY_ID_HEX
 
 
 @dataclass
@@ -54,3 +57,85 @@ def check_size(entry: ActionEntry, name: str | None, recorded: int | None, actua
 
 def what_is(name: str | None) -> str:
     return "log" if name is None else f"output {name}"
+
+
+class Auditing:
+    """``RemoteSession``'s check of the whole remote (``cache verify``): a mixin, whose
+    breaker and reads are the session's."""
+
+    def audit(self, *, rehash: bool = False) -> RemoteAudit:
+        """Check the whole remote: every entry acceptable, every blob it names present with
+        the size it records for it (and with ``rehash``, downloaded and hashed: each entry
+        whose blob is not what it records is named). Nothing is changed."""
+        report = RemoteAudit(signed=self.store.signing_key is not None, rehashed=rehash)
+        if not self._usable():
+            report.problems.append("remote not readable")
+            return report
+        try:
+            listed = self._call("listing entries", self.store._list, "ac")
+            blobs = self._call("listing blobs", self.store._list, "cas")
+        except Failed as exc:
+            report.problems.append(f"cannot list the remote: {exc}")
+            return report
+        sizes = {}
+        for path, size in blobs.items():
+            parts = path.rsplit("/", 2)
+            sizes[parts[-2] + parts[-1]] = size
+        report.blobs = len(sizes)
+        entries = [entry for path in sorted(listed) if (entry := self._audited_entry(path, report)) is not None]
+        uses: dict[str, list[tuple[ActionEntry, str | None]]] = {}  # digest -> (entry, output name; None: log)
+        for entry in entries:
+            for name, output in sorted(entry.outputs.items()):
+                uses.setdefault(output.digest, []).append((entry, name))
+                check_size(entry, name, output.size, sizes.get(output.digest), report)
+            if entry.log is not None:
+                uses.setdefault(entry.log, []).append((entry, None))
+                check_size(entry, None, None, sizes.get(entry.log), report)
+        if rehash:
+            for digest in sorted(set(sizes) & set(uses)):
+                self._audit_digest(digest, sizes[digest], uses[digest], report)
+        if not report.signed:
+            report.shared = [f"blob {digest} is an output of {', '.join(sorted(steps))}"
+                             for digest, named in sorted(uses.items())
+                             if len(steps := {entry.step for entry, name in named if name is not None}) > 1]
+        report.orphan_blobs = len(set(sizes) - set(uses))
+        return report
+
+    def _audited_entry(self, path: str, report: RemoteAudit) -> ActionEntry | None:
+        """The acceptable entry at ``path`` (from the listing of ac/), or None: not an entry's
+        file, gone since the listing, or a problem (recorded in ``report``)."""
+        folder, name = path.rsplit("/", 2)[-2:]
+        if not name.endswith(".json"):
+            return None
+        stem, _, slot = name[: -len(".json")].partition(".")
+        key = folder + stem
+        report.entries += 1
+        if not is_digest(key) or (slot and not re.fullmatch(f"[0-9a-f]{{{KEY_ID_HEX}}}", slot)):
+            report.problems.append(f"{path}: not where an entry belongs")
+            return None
+        shown = key if not slot else f"{key} (beside it, signed with key {slot})"
+        try:
+            data = self._read(key, slot or None)
+            return self._decode(data, key)
+        except FileNotFoundError:  # removed since the listing
+            return None
+        except Failed as exc:
+            report.problems.append(f"entry {shown}: could not be read ({exc})")
+        except Rejected as exc:
+            report.problems.append(f"entry {shown}: {exc}")
+        return None
+
+    def _audit_digest(self, digest: str, size: int, named: list[tuple[ActionEntry, str | None]],
+                      report: RemoteAudit) -> None:
+        """Download blob ``digest`` and hash it; a blob that is not what its entries record
+        is reported with every entry and output that names it."""
+        try:
+            got = self._call(f"hashing blob {digest[:8]}", self.store._hash_blob, digest, size, missing_ok=True)
+        except (FileNotFoundError, Failed, Rejected) as exc:
+            report.problems.append(f"blob {digest}: could not be read ({exc})")
+            return
+        if got == digest:
+            return
+        for entry, name in named:
+            report.problems.append(f"entry {entry.key} ({entry.step}) {what_is(name)}: blob {digest} is corrupt "
+                                   f"(its bytes hash to {got})")

@@ -30,3 +30,10 @@ class EventSink(Protocol):
     imports nothing above it, so it names only the one method it calls)."""
 
     def emit(self, event: Event) -> None: ...
+
+
+def describe(exc: BaseException) -> str:
+    """An exception in one line, as warnings show it: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name

@@ -20,6 +20,7 @@ from optbuild.store.remote.signing import SIGNATURE_LINE
 _RENAMING = {"file", "local", "sftp", "ssh"}  # protocols whose mv is an atomic rename
 _LOCAL = {"file", "local"}  # protocols whose paths are this host's paths (symlinks resolvable)
 _CHUNK = 8 << 20
+_BATCH = 256  # entries read by one concurrent request batch: the watchdog sees progress after each
 
 
 def redact(url: str) -> str:
@@ -124,6 +125,34 @@ class RemoteStore:
         fs, _ = self.filesystem()  # first: the paths are known once connected
         return fs.cat_file(self._inside(self.entry_path(key, slot)), start=0,
                            end=MAX_ENTRY_BYTES + SIGNATURE_LINE + 1)
+
+    def _read_entries(self, keys: list[str], touch: Callable[[int], None]) -> dict[str, bytes | None]:
+        """The entries of ``keys`` (None: the remote has none), read concurrently where the
+        file system is asynchronous (s3fs, gcsfs...: one ``cat`` runs its requests together).
+        A key whose read failed otherwise is left out, for ``lookup`` to ask again."""
+        fs, _ = self.filesystem()
+        found: dict[str, bytes | None] = {}
+        for start in range(0, len(keys), _BATCH):
+            batch = {self.entry_path(key): key for key in keys[start:start + _BATCH]}
+            if getattr(fs, "async_impl", False):
+                answers = fs.cat(list(batch), on_error="return", start=0, end=MAX_ENTRY_BYTES + SIGNATURE_LINE + 1)
+            else:
+                answers = {path: _answer(lambda k=key: self._read_entry(k, None, touch))
+                           for path, key in batch.items()}
+            for path, key in batch.items():
+                data = answers.get(path)
+                if isinstance(data, (bytes, FileNotFoundError)):
+                    found[key] = data if isinstance(data, bytes) else None
+            touch(len(batch))
+        return found
+
+    def _entry_keys(self, touch: Callable[[int], None]) -> set[str]:
+        """The keys the remote holds an entry for (in any slot), from one listing of ac/."""
+        keys = set()
+        for path in self._list("ac", touch):
+            folder, name = path.rsplit("/", 2)[-2:]
+            keys.add(folder + name.partition(".")[0])
+        return keys
 
     def _blob_size(self, digest: str, touch: Callable[[int], None]) -> int | None:
         fs, _ = self.filesystem()
@@ -234,6 +263,14 @@ def transfer_callback(touch: Callable[[int], None], expected: int | None) -> Any
             touch(inc)
 
     return _Progress()
+
+
+def _answer(read: Callable[[], bytes]) -> bytes | BaseException:
+    """``read()``'s bytes, or what it raised (as ``fs.cat(on_error="return")`` answers)."""
+    try:
+        return read()
+    except Exception as exc:
+        return exc
 
 
 def _fsync(handle: Any) -> None:

@@ -3,11 +3,11 @@ fail a build, counted, behind a circuit breaker."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,22 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from optbuild.common.digest import hash_file
 from optbuild.common.events import warning
-from optbuild.store.entry import (
-    ActionEntry,
-    is_digest,
-)
-from optbuild.store.remote.audit import RemoteAudit, check_size, what_is
-from optbuild.store.remote.errors import EventSink, Failed, Rejected, RemoteMissing, TransferError
+from optbuild.store.entry import ActionEntry, is_digest
+from optbuild.store.remote.audit import Auditing
+from optbuild.store.remote.errors import EventSink, Failed, Rejected, RemoteMissing, TransferError, describe
 from optbuild.store.remote.filesystem import RemoteStore
-from optbuild.store.remote.signing import (
-    KEY_ID_HEX,
-    SIGNATURE_PREFIX,
-    decode_entry,
-    encode_entry,
-    key_id,
-    replaced_fault,
-    signed_by_another,
-)
+from optbuild.store.remote.signing import SIGNATURE_PREFIX, decode_entry, key_id, signed_by_another
+from optbuild.store.remote.writing import Writing
 
 if TYPE_CHECKING:
     from optbuild.store.local import LocalStore
@@ -38,6 +28,8 @@ if TYPE_CHECKING:
 
 _SLOWEST_UPLOAD_BPS = 1 << 20  # an upload's first progress report may come only after this rate
 ANY_MAIN = object()  # lookup: whatever main output the entry names
+_UNASKED = object()  # a key prefetch did not answer for
+_PARALLEL_BLOBS = 4  # an entry's blobs downloaded at once
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -71,7 +63,7 @@ class RemoteStats:
 
 
 @dataclass
-class RemoteSession:
+class RemoteSession(Writing, Auditing):
     """The remote as one build (or push, or pull) uses it: counters and circuit breaker.
 
     Every method is safe to call from the executor's threads and, but for the single-blob
@@ -93,6 +85,8 @@ class RemoteSession:
     _miss_reasons: dict[str, str] = field(default_factory=dict)  # key -> why the remote gave nothing
     _last_fault: str = ""
     _told_unchecked: bool = False  # the warning that signatures go unchecked was given
+    _prefetched: dict[str, bytes | None] = field(default_factory=dict)  # key -> its entry's bytes; None: absent
+    _listed: set[str] | None = None  # the keys the remote held an entry for when listed (prefetch_listing)
 
     @property
     def url(self) -> str:
@@ -227,7 +221,7 @@ class RemoteSession:
             self._remember_miss(key, f"the remote cache was not asked: {self._off_reason()}")
             return None
         try:
-            entry = self._decode(self._fetch(key, step), key)
+            entry = self._decode(self._fetch(key, step, self._answered(key)), key)
             if main is not ANY_MAIN and entry.primary != main:
                 raise Rejected(f"it names {entry.primary} as the step's main output, where the step's is {main}")
         except FileNotFoundError:
@@ -245,6 +239,50 @@ class RemoteSession:
             self._count(hits=1)
         return entry
 
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read the entries of ``keys`` together (concurrent requests on an object store), so
+        that ``lookup`` of each afterwards costs no round trip. Each answer serves one
+        ``lookup``, which checks it as any entry it reads (signature, bounds, main output);
+        a key whose read failed is left to ``lookup`` to ask again. Never raises."""
+        with self._lock:
+            known = set(self._prefetched)
+            listed = self._listed
+        wanted = sorted({key for key in keys if is_digest(key)} - known)
+        if listed is not None:  # what the listing lacks is a miss already
+            wanted = [key for key in wanted if key in listed]
+        if not wanted or not self._usable():
+            return
+        try:
+            found = self._call(f"reading {len(wanted)} entries", self.store._read_entries, wanted)
+        except (Failed, Rejected):  # counted and reported; lookup asks again, key by key
+            return
+        with self._lock:
+            self._prefetched.update(found)
+
+    def prefetch_listing(self) -> None:
+        """List the remote's entries once, so that ``lookup`` of a key not listed is a miss
+        without a round trip. An entry pushed after the listing is missed in this run (the
+        step builds here, as when two hosts race for it). Never raises."""
+        if not self._usable():
+            return
+        try:
+            listed = self._call("listing entries", self.store._entry_keys)
+        except (Failed, Rejected):
+            return
+        with self._lock:
+            self._listed = listed
+
+    def _answered(self, key: str) -> bytes | None:
+        """The entry of ``key`` as prefetched (taken: it serves one lookup), or None when
+        there was no answer; FileNotFoundError when the remote has none."""
+        with self._lock:
+            data = self._prefetched.pop(key, _UNASKED)
+            if data is _UNASKED and self._listed is not None and key not in self._listed:
+                data = None
+        if data is None:
+            raise FileNotFoundError(key)
+        return None if data is _UNASKED else data  # type: ignore[return-value]
+
     def holds(self, entry: ActionEntry, step: str = "") -> bool:
         """Whether the remote's entry of ``entry.key`` is one this host accepts and names the
         same outputs and main output as ``entry`` (a Dask node checks an upstream step's main
@@ -257,10 +295,11 @@ class RemoteSession:
             return False
         return found.outputs == entry.outputs and found.primary == entry.primary
 
-    def _fetch(self, key: str, step: str) -> bytes:
-        """The bytes of the entry of ``key`` this host reads: the one signed with its key where
-        one lies beside the plain one."""
-        data = self._read(key, None, step)
+    def _fetch(self, key: str, step: str, data: bytes | None = None) -> bytes:
+        """The bytes of the entry of ``key`` this host reads (``data``: the plain one, when
+        already read): the one signed with its key where one lies beside the plain one."""
+        if data is None:
+            data = self._read(key, None, step)
         if self._beside(key, data):
             data = self._read(key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
         return data
@@ -312,14 +351,11 @@ class RemoteSession:
         sizes = {o.digest: o.size for o in entry.outputs.values()}
         scratch: Path | None = None
         try:
-            for digest in sorted(entry.blob_digests()):
-                size = sizes.get(digest)
-                if local.blob_ok(digest, size):
-                    continue
-                if scratch is None:
-                    scratch = local.new_tmp_dir("remote")
-                self._download_blob(digest, size, scratch / digest, local,
-                                    f"{label} {names.get(digest, 'log')}")
+            wanted = [(d, sizes.get(d), f"{label} {names.get(d, 'log')}") for d in sorted(entry.blob_digests())
+                      if not local.blob_ok(d, sizes.get(d))]
+            if wanted:
+                scratch = local.new_tmp_dir("remote")
+                self._download_blobs(wanted, scratch, local)
             local.put_action(entry)
         except Rejected as exc:
             self._count(misses=1, rejected=1)
@@ -378,6 +414,20 @@ class RemoteSession:
             shutil.rmtree(scratch, ignore_errors=True)
         return local.blob_path(digest)
 
+    def _download_blobs(self, wanted: list[tuple[str, int | None, str]], scratch: Path, local: LocalStore) -> None:
+        """Download (digest, size, label) blobs into ``local``, a few at once (each under its
+        own watchdog); the first failure is raised once all have ended."""
+        if len(wanted) == 1:
+            digest, size, label = wanted[0]
+            self._download_blob(digest, size, scratch / digest, local, label)
+            return
+        with ThreadPoolExecutor(max_workers=min(_PARALLEL_BLOBS, len(wanted)),
+                                thread_name_prefix="optbuild-fetch") as pool:
+            futures = [pool.submit(self._download_blob, digest, size, scratch / digest, local, label)
+                       for digest, size, label in wanted]
+        for future in futures:
+            future.result()
+
     def _download_blob(self, digest: str, size: int | None, tmp: Path, local: LocalStore,
                        label: str) -> None:
         with self._progress("down", label, size) as counted:
@@ -420,209 +470,6 @@ class RemoteSession:
             if self.progress:
                 self.progress.finish(token, ok)
 
-    # --- writing -----------------------------------------------------------------------
-    def push(self, entry: ActionEntry, local: LocalStore, step: str = "", *,
-             skip_if_present: bool = False) -> str:
-        """Upload ``entry``'s blobs (those the remote lacks), then the entry.
-
-        Returns "uploaded", "present" (``skip_if_present`` and the remote already has an
-        acceptable entry for the key), "refused" (the remote holds a valid signed entry and
-        this host has no key: it is left alone; a key holder meeting one signed with another
-        key uploads its own beside it), "failed" or "off" (remote disabled or read-only). The
-        caller holds the local store's shared gc lock so the blobs stay put.
-        """
-        if not self._usable(writing=True):
-            return "off"
-        label = step or entry.step
-        try:
-            slot, acceptable, keep, fault = self._destination(entry.key, label, step)
-            if acceptable and skip_if_present:
-                return "present"
-            if keep:
-                self.warn(f"not replacing the signed entry of {label} with an unsigned one: this host "
-                          f"has no signing key", step=step, key=entry.key)
-                return "refused"
-            sizes = {o.digest: o.size for o in entry.outputs.values()}
-            names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
-            for digest in sorted(entry.blob_digests()):
-                source = local.blob_path(digest)
-                if not local.blob_ok(digest, sizes.get(digest)):
-                    self.warn(f"not pushing {label}: its local blob {digest[:8]}… is missing or corrupt")
-                    return "failed"
-                size = source.stat().st_size
-                with self._lock:
-                    suspect = digest in self._suspect
-                if not suspect and self._call(f"checking blob {digest[:8]}", self.store._blob_size,
-                                              digest) == size:
-                    continue
-                self._upload_blob(source, digest, size, f"{label} {names.get(digest, 'log')}")
-                with self._lock:
-                    self._suspect.discard(digest)
-            data = encode_entry(entry, self.store.signing_key)
-            self._call(f"writing the entry of {label}", self.store._write_entry, entry.key, slot, data)
-            self._count(entries_up=1, bytes_up=len(data))
-            if fault is not None:
-                self.warn(f"remote entry for {label} is {fault}: replaced", step=step, key=entry.key)
-            return "uploaded"
-        except Failed:
-            return "failed"
-        except Rejected as exc:
-            self._count(rejected=1)
-            self.warn(f"not pushing {label}: {exc}", step=step, key=entry.key)
-            return "failed"
-        except OSError as exc:
-            self.warn(f"not pushing {label}: {describe(exc)}")
-            return "failed"
-
-    def push_later(self, entry: ActionEntry, local: LocalStore, step: str = "") -> None:
-        """``push`` in the background (write-through), so later steps build meanwhile.
-
-        Runs under its own shared gc lock; ``drain`` waits for every upload to end.
-        """
-        if not self._usable(writing=True):
-            return
-        with self._lock:
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="optbuild-upload")
-            self._uploads.append(self._pool.submit(self._push_held, entry, local, step))
-
-    def _push_held(self, entry: ActionEntry, local: LocalStore, step: str) -> str:
-        with local.shared_gc_lock():
-            return self.push(entry, local, step)
-
-    def drain(self) -> None:
-        """Wait for the background uploads (a cancelled run makes them give up at once)."""
-        with self._lock:
-            pending, self._uploads = self._uploads, []
-            pool, self._pool = self._pool, None
-        for future in pending:
-            try:
-                future.result()
-            except Exception as exc:  # push reports its own faults; this is a bug
-                self.warn(f"upload failed: {describe(exc)}")
-        if pool is not None:
-            pool.shutdown(wait=True)
-
-    def _upload_blob(self, source: Path, digest: str, size: int, label: str) -> None:
-        with self._progress("up", label, size) as counted:
-            def fn(touch: Callable[[int], None]) -> None:
-                self.store._upload(source, self.store.blob_path(digest), counted(touch))
-
-            self._call(f"uploading blob {digest[:8]} of {label}", fn, upload_size=size)
-            self._count(bytes_up=size, blobs_up=1)
-
-    def _destination(self, key: str, label: str, step: str) -> tuple[str | None, bool, bool, str | None]:
-        """(slot, acceptable, keep, fault): where this host's entry of ``key`` goes, and
-        ``_existing_entry``'s answers for what lies there now. A key holder meeting an entry
-        signed with another key writes beside it, in the slot of its own key."""
-        acceptable, keep, fault = self._existing_entry(key, None)
-        if not keep:
-            return None, acceptable, keep, fault
-        self._count(signature_mismatches=1)
-        if self.store.signing_key is None:
-            return None, acceptable, keep, fault
-        self.warn(f"signature mismatch: the remote entry of {label} is signed with another key than this "
-                  f"host's (${self.store.signing_key_env}), or its key id was altered: it is left in place, and "
-                  f"this host's entry is stored beside it", step=step, key=key)
-        slot = key_id(self.store.signing_key)
-        return (slot, *self._existing_entry(key, slot))
-
-    def _existing_entry(self, key: str, slot: str | None) -> tuple[bool, bool, str | None]:
-        """(acceptable, keep, fault) for the remote's entry of ``key`` (in ``slot``): whether
-        this host would use it; whether it is a valid entry signed with a key this host lacks
-        (another key, or none), which this host must not replace (never so in this host's own
-        slot); and, for one that is neither, what is wrong with it (None when there is none)."""
-        try:
-            data = self._read(key, slot)
-        except FileNotFoundError:
-            return False, False, None
-        keep = slot is None and signed_by_another(data, key, self.store.signing_key)
-        try:
-            decode_entry(data, key, self.store.signing_key)
-        except Rejected as exc:
-            return False, keep, None if keep else replaced_fault(data, self.store.signing_key, exc)
-        return True, keep, None
-
-    # --- audit -------------------------------------------------------------------------
-    def audit(self, *, rehash: bool = False) -> RemoteAudit:
-        """Check the whole remote: every entry acceptable, every blob it names present with
-        the size it records for it (and with ``rehash``, downloaded and hashed: each entry
-        whose blob is not what it records is named). Nothing is changed."""
-        report = RemoteAudit(signed=self.store.signing_key is not None, rehashed=rehash)
-        if not self._usable():
-            report.problems.append("remote not readable")
-            return report
-        try:
-            listed = self._call("listing entries", self.store._list, "ac")
-            blobs = self._call("listing blobs", self.store._list, "cas")
-        except Failed as exc:
-            report.problems.append(f"cannot list the remote: {exc}")
-            return report
-        sizes = {}
-        for path, size in blobs.items():
-            parts = path.rsplit("/", 2)
-            sizes[parts[-2] + parts[-1]] = size
-        report.blobs = len(sizes)
-        entries = [entry for path in sorted(listed) if (entry := self._audited_entry(path, report)) is not None]
-        uses: dict[str, list[tuple[ActionEntry, str | None]]] = {}  # digest -> (entry, output name; None: log)
-        for entry in entries:
-            for name, output in sorted(entry.outputs.items()):
-                uses.setdefault(output.digest, []).append((entry, name))
-                check_size(entry, name, output.size, sizes.get(output.digest), report)
-            if entry.log is not None:
-                uses.setdefault(entry.log, []).append((entry, None))
-                check_size(entry, None, None, sizes.get(entry.log), report)
-        if rehash:
-            for digest in sorted(set(sizes) & set(uses)):
-                self._audit_digest(digest, sizes[digest], uses[digest], report)
-        if not report.signed:
-            report.shared = [f"blob {digest} is an output of {', '.join(sorted(steps))}"
-                             for digest, named in sorted(uses.items())
-                             if len(steps := {entry.step for entry, name in named if name is not None}) > 1]
-        report.orphan_blobs = len(set(sizes) - set(uses))
-        return report
-
-    def _audited_entry(self, path: str, report: RemoteAudit) -> ActionEntry | None:
-        """The acceptable entry at ``path`` (from the listing of ac/), or None: not an entry's
-        file, gone since the listing, or a problem (recorded in ``report``)."""
-        folder, name = path.rsplit("/", 2)[-2:]
-        if not name.endswith(".json"):
-            return None
-        stem, _, slot = name[: -len(".json")].partition(".")
-        key = folder + stem
-        report.entries += 1
-        if not is_digest(key) or (slot and not re.fullmatch(f"[0-9a-f]{{{KEY_ID_HEX}}}", slot)):
-            report.problems.append(f"{path}: not where an entry belongs")
-            return None
-        shown = key if not slot else f"{key} (beside it, signed with key {slot})"
-        try:
-            data = self._read(key, slot or None)
-            return self._decode(data, key)
-        except FileNotFoundError:  # removed since the listing
-            return None
-        except Failed as exc:
-            report.problems.append(f"entry {shown}: could not be read ({exc})")
-        except Rejected as exc:
-            report.problems.append(f"entry {shown}: {exc}")
-        return None
-
-    def _audit_digest(self, digest: str, size: int, named: list[tuple[ActionEntry, str | None]],
-                      report: RemoteAudit) -> None:
-        """Download blob ``digest`` and hash it; a blob that is not what its entries record
-        is reported with every entry and output that names it."""
-        try:
-            got = self._call(f"hashing blob {digest[:8]}", self.store._hash_blob, digest, size, missing_ok=True)
-        except (FileNotFoundError, Failed, Rejected) as exc:
-            report.problems.append(f"blob {digest}: could not be read ({exc})")
-            return
-        if got == digest:
-            return
-        for entry, name in named:
-            report.problems.append(f"entry {entry.key} ({entry.step}) {what_is(name)}: blob {digest} is corrupt "
-                                   f"(its bytes hash to {got})")
-
     # --- counters ----------------------------------------------------------------------
     def _count(self, **deltas: int) -> None:
         with self._lock:
@@ -632,11 +479,3 @@ class RemoteSession:
     def summary(self) -> dict[str, Any]:
         with self._lock:
             return {"url": self.url, **self.stats.__dict__}
-
-
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else name

@@ -1,0 +1,95 @@
+"""Batched remote lookups (``RemoteSession.prefetch`` / ``prefetch_listing``) against real
+remotes on loopback: the answers read together serve the per-step lookups that follow, which
+keep every check of a lookup that reads its entry itself."""
+
+from __future__ import annotations
+
+import json
+
+from plugins.remote import local_store
+
+from optbuild.store.remote import RemoteSession, RemoteStore
+
+ABSENT = "ab" + "0" * 62
+
+
+class Events:
+    """An EventSink keeping what the session said."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def emit(self, event) -> None:
+        self.events.append(dict(event))
+
+    def warnings(self) -> list[str]:
+        return [e["message"] for e in self.events if e.get("event") == "warning"]
+
+
+def session(remote, events: Events | None = None) -> RemoteSession:
+    return RemoteSession(RemoteStore(remote.url, endpoint_url=remote.endpoint, timeout_s=5), reporter=events)
+
+
+def built_remote(machines, remote) -> list[str]:
+    """The keys of the `chain` project (4 steps), built once on a host writing through."""
+    assert machines("a", remote.section()).build().ok
+    keys = remote.keys()
+    assert len(keys) == 4
+    return keys
+
+
+def test_prefetched_answers_serve_the_lookups_without_asking_the_remote_again(machines, any_remote):
+    keys = built_remote(machines, any_remote)
+    remote = session(any_remote)
+    remote.prefetch([*keys, ABSENT])
+    for key in keys:  # gone from the remote since: only the prefetched answers can say them
+        any_remote.delete(any_remote.entry_path(key))
+    found = {key: remote.lookup(key, "step") for key in keys}
+    assert all(entry is not None and entry.key == key for key, entry in found.items())
+    assert remote.lookup(ABSENT) is None
+    assert remote.stats.misses == 1 and remote.stats.errors == 0
+    assert remote.lookup(keys[0]) is None  # an answer serves one lookup; then the remote is asked
+
+
+def test_a_prefetched_entry_is_checked_as_a_read_one_rejected_and_the_step_built(machines, any_remote):
+    keys = built_remote(machines, any_remote)
+    head, doc = any_remote.read_entry(keys[0])
+    any_remote.write_entry(keys[0], head, {**doc, "key": keys[1]})  # filed under another key
+    events = Events()
+    remote = session(any_remote, events)
+    remote.prefetch(keys)
+    assert remote.lookup(keys[0], "chain:src") is None
+    assert remote.stats.rejected == 1 and "rejected" in (remote.miss_reason(keys[0]) or "")
+    assert any("entry of chain:src rejected" in w for w in events.warnings())
+    name = doc["primary"] or next(iter(doc["outputs"]))
+    assert remote.lookup(keys[1], "s", main=name + ".other") is None  # the step's main output differs
+    assert remote.stats.rejected == 2
+
+
+def test_after_one_listing_an_unlisted_key_is_a_miss_without_a_read(machines, s3_remote):
+    keys = built_remote(machines, s3_remote)
+    remote = session(s3_remote)
+    remote.prefetch_listing()
+    late = "cd" + "1" * 62  # an entry pushed after the listing: missed in this run
+    head, doc = s3_remote.read_entry(keys[0])
+    s3_remote.write_entry(late, head, {**doc, "key": late})
+    assert remote.lookup(late) is None and remote.stats.misses == 1
+    assert remote.lookup(keys[0]) is not None  # a listed key is read
+    assert session(s3_remote).lookup(late) is not None  # the next run sees it
+    remote.prefetch([*keys, late])  # prefetch reads only what the listing holds
+    assert remote.lookup(late) is None and remote.stats.misses == 2
+
+
+def test_fetch_downloads_an_entrys_blobs_together_verified(machines, any_remote):
+    keys = built_remote(machines, any_remote)
+    remote = session(any_remote)
+    remote.prefetch(keys)
+    local = local_store(machines("b"))
+    entries = [remote.lookup(key) for key in keys]
+    for entry in entries:
+        assert remote.fetch(entry, local, entry.step) is not None
+    blobs = {d for entry in entries for d in entry.blob_digests()}
+    assert any(len(entry.blob_digests()) > 1 for entry in entries)  # output and log: downloaded together
+    assert remote.stats.blobs_down == len(blobs)
+    assert local.verify().ok and all(local.blob_ok(d) for d in blobs)
+    assert json.loads(local.entry_path(keys[0]).read_text())["key"] == keys[0]
