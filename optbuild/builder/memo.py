@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.common.atomic import write_atomic
+from optbuild.common.digest import DIGEST_HEX
 from optbuild.common.errors import OptbuildError
 from optbuild.common.paths import confined
 from optbuild.common.signatures import RACY_NS
@@ -39,6 +40,7 @@ from optbuild.store.local import REFRESH_NS, LocalStore
 
 FORMAT = 1
 NAME = "decisions.json"  # under <build folder>/.optbuild/
+_HEX = frozenset("0123456789abcdef")
 MAX_METRICS_BYTES = 4096  # a step whose metrics are larger is not remembered (its entry is read)
 
 Sig = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
@@ -70,6 +72,7 @@ class DecisionMemo:
         self.path = build_dir / ".optbuild" / NAME
         self.store = store
         self._cache = str(store.root.resolve())
+        self._ac, self._cas = str(store.root / "ac"), str(store.root / "cas")  # paths as text: a no-op asks 10,000 times
         self._old = self._load()
         self._new: dict[str, dict[str, Any]] = {}
         self._unchanged: dict[str, bool] = {}  # steps whose remembered entry served this run
@@ -88,27 +91,35 @@ class DecisionMemo:
             return {}  # absent, damaged or foreign: decide in full
 
     def entry(self, sid: str, key: str, spec_kind: str, ingredients: dict[str, Any]) -> ActionEntry | None:
-        """The entry of ``key`` as remembered, when nothing it was read from changed and its
-        last use is refreshed when it is old, as the store does; else None (ask the store)."""
+        """The entry of ``key`` as remembered, when nothing it was read from changed (its
+        last use is refreshed when it is old, as the store does); else None (ask the store)."""
         old = self._old.get(sid)
         if old is None or old.key != key:
             return None
-        entry_path = str(self.store.entry_path(key))
-        sig = old.sigs.get(entry_path)
-        if sig is None or _sig(entry_path) != sig:
-            return None
-        blobs = [str(self.store.blob_path(d)) for d in _digests(old.entry)]
-        if not all(p in old.sigs and _sig(p) == old.sigs[p] for p in blobs):
-            return None
-        if time.time_ns() - sig[3] > REFRESH_NS and self.store.writable and not self.store.read_only:
-            self._refresh(old, entry_path)
         try:
+            entry_path = self._entry_path(key)
+            paths = [entry_path, *(self._blob_path(d) for d in _digests(old.entry))]
+            if not all(p in old.sigs and _sig(p) == old.sigs[p] for p in paths):
+                return None
             found = ActionEntry.model_construct(key=key, kind=spec_kind, ingredients=ingredients,
                                                 **{**old.entry, "outputs": _outputs(old.entry)})
-        except (TypeError, ValueError, KeyError):
+        except (TypeError, ValueError, KeyError, AttributeError):  # a damaged memo: ask the store
             return None
+        if time.time_ns() - old.sigs[entry_path][3] > REFRESH_NS and self.store.writable and not self.store.read_only:
+            self._refresh(old, entry_path)
         self._unchanged[sid] = True
         return found
+
+    def _entry_path(self, key: str) -> str:
+        """``LocalStore.entry_path`` as text (``key``, computed here, is a digest)."""
+        return f"{self._ac}/{key[:2]}/{key[2:]}.json"
+
+    def _blob_path(self, digest: str) -> str:
+        """``LocalStore.blob_path`` as text; ValueError for what is not a digest (a memo is
+        a file, and no name read from it may point outside the cache)."""
+        if len(digest) != DIGEST_HEX or not _HEX.issuperset(digest):
+            raise ValueError(f"not a digest: {digest[:80]!r}")
+        return f"{self._cas}/{digest[:2]}/{digest[2:]}"
 
     def _refresh(self, old: Remembered, entry_path: str) -> None:
         """Refresh the entry's last use, as a hit through the store does (gc reads it), and
@@ -148,7 +159,7 @@ class DecisionMemo:
                 return
         except (TypeError, ValueError, RecursionError):
             return
-        paths = [str(self.store.entry_path(entry.key)), *(str(self.store.blob_path(d)) for d in _digests(fields))]
+        paths = [self._entry_path(entry.key), *(self._blob_path(d) for d in _digests(fields))]
         if dest is not None:
             paths += _dest_paths(str(dest), fields["outputs"])
         now = time.time_ns()

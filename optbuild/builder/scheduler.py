@@ -46,6 +46,7 @@ from optbuild.store.local import BlobGone, LocalStore
 from optbuild.store.remote import RemoteSession
 
 LOG_TAIL_LINES = 25
+LIST_REMOTE_FROM = 64  # steps in a run from which one listing of the remote beats a request per miss
 
 
 @dataclass
@@ -118,6 +119,8 @@ class Scheduler:
         self.pool = pool
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
         self._recipe_dirs: dict[str, Path] = {}  # recipe -> build/<recipe>, resolved (``_dest``)
+        self._selected = 0  # steps in this run
+        self._listed = False  # whether the remote's entries were listed (``_remote_lookup``)
         self.remote = remote
         self.context = BuildContext(project, self.store, self.host, reporter, pool, remote=remote,
                                     dry_run=self.options.dry_run, dask_scheduler=self.options.dask_scheduler)
@@ -133,6 +136,7 @@ class Scheduler:
         started = time.perf_counter()
         self.store.clean_stale_tmp()
         chosen = set(selected)
+        self._selected = len(chosen)
         waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
         ready = deque(sid for sid in selected if waiting[sid] == 0)
         held: deque[tuple[str, Callable[[StepSpec], Outcome]]] = deque()  # builds not started yet
@@ -391,7 +395,7 @@ class Scheduler:
                     reasons.append(f"its cached result could not be restored ({exc})")
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
-        remote_entry = self.remote.lookup(key, spec.id, spec.step.primary_output) if self.remote is not None else None
+        remote_entry = self._remote_lookup(spec, key) if self.remote is not None else None
         if remote_entry is not None and self.options.dry_run:  # its entry gives downstream keys
             return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
         if remote_entry is None and not self.options.retry_failed and (failed := self.failures.get(key)):
@@ -441,6 +445,17 @@ class Scheduler:
             self.store.last_miss_reason = None
             return entry
         return self.store.get_action(action.key)
+
+    def _remote_lookup(self, spec: StepSpec, key: str) -> ActionEntry | None:
+        """The remote's entry of ``key``. At the first local miss of a run of many steps, the
+        remote's entries are listed once (``RemoteSession.prefetch_listing``), so that each
+        key it does not hold costs no round trip; a fully cached build never contacts it."""
+        assert self.remote is not None
+        if not self._listed:
+            self._listed = True
+            if self._selected >= LIST_REMOTE_FROM:
+                self.remote.prefetch_listing()
+        return self.remote.lookup(key, spec.id, spec.step.primary_output)
 
     def _dest(self, spec: StepSpec) -> Path:
         """``build/<recipe>/<step>`` as it really is, proven inside the build folder: the
