@@ -22,9 +22,11 @@ from optbuild.steps.base import StepParams
 
 
 class Keyer:
-    """Makes the actions of one build's steps. The project modules a project kind's file
-    imports are resolved once per file and build, not once per step: the bytes of every
-    one are hashed per step all the same (the stat cache makes that a stat)."""
+    """Makes the actions of one build's steps. What one build reads of a file is read once:
+    the project modules a project kind's file imports are resolved once per file, and a
+    file's digest is taken once (the kind file of 9,000 steps, say), so every step of the
+    build is keyed on the same bytes. ``file_digests`` reads again: it checks that a step's
+    files did not change while it built."""
 
     def __init__(self, *, hasher: FileHasher, toolchain: Toolchain, salt: str, project_root: Path):
         self.hasher = hasher
@@ -32,6 +34,8 @@ class Keyer:
         self.salt = salt
         self.project_root = project_root
         self._imports: dict[Path, list[Path]] = {}
+        self._names: dict[Path, str] = {}  # key file -> its name in actions
+        self._digests: dict[Path, str] = {}  # key file -> its digest, as this build read it
 
     def action(self, spec: StepSpec, upstream: dict[str, dict[str, str]], host: Fingerprint,
                missing: dict[str, dict[str, str]] | None = None) -> Action:
@@ -55,16 +59,31 @@ class Keyer:
         return Action(
             kind=spec.kind, version=step.version, params=params,
             inputs={name: upstream[name] for name in sorted(spec.deps) if name not in (missing or {})},
-            files=self.file_digests(spec), tools={name: self.toolchain.version(name) for name in step.tool_names()},
+            files=self._file_digests(spec), tools={name: self.toolchain.version(name) for name in step.tool_names()},
             host=step.host_key(host), salt=self.salt, kind_class=kind_class, missing=missing or {})
 
     def file_digests(self, spec: StepSpec) -> dict[str, str]:
-        """Project-relative path -> digest of every key file (FileNotFoundError if one is gone)."""
+        """Project-relative path -> digest of every key file as it is now (FileNotFoundError
+        if one is gone)."""
         return {name: self.hasher.digest(path) for name, path in self.named_key_files(spec).items()}
+
+    def _file_digests(self, spec: StepSpec) -> dict[str, str]:
+        """``file_digests``, each file read once a build."""
+        digests = {}
+        for name, path in self.named_key_files(spec).items():
+            if (digest := self._digests.get(path)) is None:
+                digest = self._digests[path] = self.hasher.digest(path)
+            digests[name] = digest
+        return digests
 
     def named_key_files(self, spec: StepSpec) -> dict[str, Path]:
         """The key files of ``spec`` by the names the action gives them (project-relative)."""
-        return {_display_path(path, self.project_root): path for path in self.key_files(spec)}
+        names = {}
+        for path in self.key_files(spec):
+            if (name := self._names.get(path)) is None:
+                name = self._names[path] = _display_path(path, self.project_root)
+            names[name] = path
+        return names
 
     def key_files(self, spec: StepSpec) -> list[Path]:
         """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source and
