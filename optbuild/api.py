@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbuild.builder.outcome import Options, Outcome
 from optbuild.builder.report import Reporter
-from optbuild.builder.scheduler import Options, Outcome, Scheduler
+from optbuild.builder.scheduler import Scheduler
 from optbuild.builder.site import BuildContext, Builder
 from optbuild.builder.status import Status
 from optbuild.common.digest import FileHasher

@@ -10,72 +10,40 @@ the key's lock is held from the second lookup until the entry is stored.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from optbuild.builder import lockfile
 from optbuild.builder.keys import Keyer, describe_changes
 from optbuild.builder.local import LocalBuilder
 from optbuild.builder.memo import DecisionMemo
+from optbuild.builder.outcome import Options, Outcome
+from optbuild.builder.provenance import Provenance, failure_message
 from optbuild.builder.report import Reporter
+from optbuild.builder.restore import Restorer
 from optbuild.builder.runstats import append_stats, run_stats
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.builder.status import Status
-from optbuild.common.atomic import write_atomic
-from optbuild.common.digest import FileHasher, digest_bytes
-from optbuild.common.errors import OptbuildError, StepError, describe_os_error, is_disk_full
+from optbuild.common.digest import FileHasher
+from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.events import CacheEvent, DoneEvent, StartEvent, StepEvent, note, warning
 from optbuild.common.fingerprint import Fingerprint
-from optbuild.common.paths import confined
 from optbuild.common.toolchain import Toolchain
 from optbuild.process.action import Action
 from optbuild.process.pool import ProcessPool
 from optbuild.process.runstep import Cancelled, StepFailed, StepRun
-from optbuild.process.spec import ArtifactSpec, ChildResult
+from optbuild.process.spec import ArtifactSpec
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, StepSpec
-from optbuild.store import written
 from optbuild.store.entry import ActionEntry
 from optbuild.store.failures import FailureStore
 from optbuild.store.local import BlobGone, LocalStore
 from optbuild.store.remote import RemoteSession
 
-LOG_TAIL_LINES = 25
 LIST_REMOTE_FROM = 64  # steps in a run from which one listing of the remote beats a request per miss
-
-
-@dataclass
-class Options:
-    jobs: int = 1  # 0: as many as the builder builds at once (Builder.slots)
-    keep_going: bool = False
-    dry_run: bool = False
-    skip_unavailable: bool = False
-    fetch_only: bool = False  # build --no-build: take what the caches hold, build nothing
-    retry_failed: bool = False  # run steps whose failure with the same key is remembered
-    preload: bool = True  # steps fork from a server that has imported their tools (Linux)
-    executor: str = "local"  # where steps build: "local", "dask", "auto" (dask when it can)
-    dask_scheduler: str = ""  # the Dask scheduler's address, for "dask" and "auto"
-
-
-@dataclass
-class Outcome:
-    """What happened to one step."""
-
-    status: Status
-    key: str | None = None
-    entry: ActionEntry | None = None
-    reasons: list[str] = field(default_factory=list)
-    error: str | None = None
-    source: str | None = None  # "remote" when the remote cache served it
-    parked: bool = False  # skipped because it (or an upstream step) has enabled = false
-
-    def __post_init__(self) -> None:
-        self.status = Status(self.status)  # a plain string ("built") is taken as its member
 
 
 class Scheduler:
@@ -108,6 +76,8 @@ class Scheduler:
         self.failures = FailureStore(store.root, writable=self.store.writable)
         self.last_build = lockfile.read(project.lock_file)
         self.memo = DecisionMemo(project.build_dir, self.store)
+        self.restorer = Restorer(project, self.store, hasher, self.memo)
+        self.provenance = Provenance(project, self.store, dry_run=self.options.dry_run)
         self.keyer = Keyer(hasher=hasher, toolchain=self.toolchain, salt=project.config.cache.salt,
                            project_root=project.root)
         self.outcomes: dict[str, Outcome] = {}
@@ -117,8 +87,6 @@ class Scheduler:
                 pool.close()
             pool = ProcessPool(project.root, preload=self.options.preload)
         self.pool = pool
-        self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
-        self._recipe_dirs: dict[str, Path] = {}  # recipe -> build/<recipe>, resolved (``_dest``)
         self._selected = 0  # steps in this run
         self._listed = False  # whether the remote's entries were listed (``_remote_lookup``)
         self.remote = remote
@@ -221,8 +189,8 @@ class Scheduler:
                 raise
             finally:
                 self._end_run()
-        self._clean_logs()
-        self._write_lock()
+        self.provenance.clean_logs(self.outcomes)
+        self.provenance.write_lock(self.outcomes, self.last_build, local=self.builder.local)
         if not self.options.dry_run:
             self.memo.save()
         counts: dict[str, int] = {}
@@ -329,7 +297,7 @@ class Scheduler:
                 event["node"] = outcome.entry.built_on  # the Dask worker that built it
         self.reporter.emit(event)
         if outcome.entry is not None and outcome.status.ok and not self.options.dry_run:
-            self.memo.remember(sid, outcome.entry, self._dest(self.project.steps[sid]))
+            self.memo.remember(sid, outcome.entry, self.restorer.dest(self.project.steps[sid]))
         if outcome.entry is not None and outcome.status.ok:  # a step's warnings (StepContext.warn), cached too
             for message in outcome.entry.metrics.get("warnings") or []:
                 self.reporter.emit(warning(f"{sid}: {message}", step=sid))
@@ -383,13 +351,13 @@ class Scheduler:
             raise StepError(f"input file disappeared: {exc.filename}") from None
         key = action.key
         reasons = self._reasons(spec, action)
-        dest = self._dest(spec)
+        dest = self.restorer.dest(spec)
         with self.store.shared_gc_lock():  # gc must not take the blobs between lookup and restore
             entry = self._lookup(spec, action)
             if entry is not None:
                 try:
                     if not self.options.dry_run:  # a dry run writes nothing, build/ included
-                        self._restore(spec, entry, dest)
+                        self.restorer.restore(spec, entry, dest)
                     return Outcome(Status.CACHED, key, entry)
                 except BlobGone as exc:
                     reasons.append(f"its cached result could not be restored ({exc})")
@@ -400,7 +368,7 @@ class Scheduler:
             return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
         if remote_entry is None and not self.options.retry_failed and (failed := self.failures.get(key)):
             if not self.options.dry_run:  # the log of the failure it repeats, where the message says
-                self._keep_failed_log(spec, failed.log.encode())
+                self.provenance.keep_failed_log(spec, failed.log.encode())
             return Outcome(Status.FAILED, key, reasons=["failed before with this key"], error=failed.describe())
         if remote_entry is None:
             if (missing := placement.missing()) is not None:
@@ -433,7 +401,7 @@ class Scheduler:
                                              reasons=reasons))
                 entry = self._build(spec, action, placement)
                 status = Status.BUILT
-            self._restore(spec, entry, dest)
+            self.restorer.restore(spec, entry, dest)
             if status == Status.BUILT and self.remote is not None and self.builder.local:  # a node pushes its own
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
@@ -457,17 +425,6 @@ class Scheduler:
                 self.remote.prefetch_listing()
         return self.remote.lookup(key, spec.id, spec.step.primary_output)
 
-    def _dest(self, spec: StepSpec) -> Path:
-        """``build/<recipe>/<step>`` as it really is, proven inside the build folder: the
-        recipe's folder is resolved once a run (a realpath per step adds up), the step's own
-        name is never resolved (``paths.confined``), and names hold no separator."""
-        if (folder := self._recipe_dirs.get(spec.recipe)) is not None:
-            return folder / spec.name
-        dest = confined(self.project.build_dir / spec.recipe / spec.name, self.project.build_dir,
-                        f"the outputs of {spec.id} to")
-        self._recipe_dirs[spec.recipe] = dest.parent
-        return dest
-
     def _reasons(self, spec: StepSpec, action: Action) -> list[str]:
         last = self.last_build.get(spec.id)
         if last is None:
@@ -475,46 +432,6 @@ class Scheduler:
         if last.get("key") == action.key:
             return ["not in the cache"]
         return describe_changes(last.get("ingredients") or {}, action.material())
-
-    def _restore(self, spec: StepSpec, entry: ActionEntry, dest: Path) -> None:
-        """Make ``dest`` hold the entry's outputs, recorded as written by optbuild (what
-        ``clean`` deletes, ``store.written``). Leftovers of restores killed in its folder
-        are swept (once a run), even when nothing needs restoring. BlobGone when a blob
-        vanished or proved corrupt: the caller rebuilds. A file optbuild did not write there
-        stops it: replacing the folder would delete it."""
-        build_dir, folder = self.project.build_dir, f"{spec.recipe}/{spec.name}"
-        if self.memo.materialized(spec.id, entry.key, dest) and written.is_recorded(build_dir, folder):
-            return  # as the last run left it, which checked it
-        try:
-            with self.store.lock_dest(dest):
-                if dest.parent not in self._swept:  # once per folder and run: a listdir per step adds up
-                    self._swept.add(dest.parent)
-                    self.store.sweep_leftovers(dest.parent)
-                files = {f"{folder}/{name}": (o.digest, o.size) for name, o in entry.outputs.items()}
-                if self.store.is_materialized(entry, dest):
-                    if not written.is_recorded(build_dir, folder):  # an earlier optbuild's, or a new record
-                        written.write(build_dir, folder, files)
-                    return
-                before = written.recorded_files(build_dir, folder)
-                if foreign := written.unrecorded(build_dir, folder, before, known=self._in_cache):
-                    raise StepError(f"cannot write the outputs of {spec.id}: optbuild replaces its folder {dest} "
-                                    f"whole, but did not write {foreign[0]} there. Move that out of the build "
-                                    "folder, then build again")
-                gone = {name: f for name, f in (before or {}).items() if name not in files}
-                written.write(build_dir, folder, {**gone, **files})  # recorded first: a kill leaves no file unrecorded
-                self.store.materialize(entry, dest)
-                if gone:
-                    written.write(build_dir, folder, files)
-        except OSError as exc:
-            raise StepError(f"cannot write the outputs of {entry.step}: {describe_os_error(exc, dest)}") from None
-
-    def _in_cache(self, path: Path) -> bool:
-        """Whether the bytes of ``path`` are a blob of the cache: an output an earlier
-        optbuild, which kept no record, wrote."""
-        try:
-            return self.store.blob_path(self.hasher.digest(path)).is_file()
-        except OSError:
-            return False
 
     def _entry(self, dep: str) -> ActionEntry:
         """The entry of ``dep``, a step done in this run."""
@@ -550,62 +467,13 @@ class Scheduler:
         try:
             entry = self.builder.build(request)
         except StepFailed as failed:
-            message = self._failure_message(failed.result, failed.log, self._keep_failed_log(spec, failed.log))
+            message = failure_message(failed.result, failed.log, self.provenance.keep_failed_log(spec, failed.log))
             if failed.result.repeats:
                 with contextlib.suppress(OSError):  # not remembering it must not hide why it failed
                     self.failures.put(key, spec.id, message, failed.log)
             raise StepError(message) from None
         self.failures.drop(key)  # built at last (--retry-failed): forget the failure
         return entry
-
-    def _failure_message(self, result: ChildResult, log: bytes, kept: str) -> str:
-        """The step's own message; with the log's tail when the failure was unexpected, and
-        ``kept``: where the full log is, or why it could not be kept."""
-        message = result.error or "step failed"
-        lines = log.decode(errors="replace").rstrip().splitlines()[-LOG_TAIL_LINES:]
-        if lines and not result.expected:
-            message += "\n--- log tail ---\n" + "\n".join(lines)
-        return message + f"\n({kept})"
-
-    def _keep_failed_log(self, spec: StepSpec, log: bytes) -> str:
-        """Copy a failed step's log to build/.logs/ (the scratch copy is removed); says where,
-        or, when the disk is full or a file optbuild did not write is in its place, why not:
-        that must not hide the step's own error. Written whole (never through a link)."""
-        path = confined(self.project.build_dir / ".logs" / spec.recipe / f"{spec.name}.log",
-                        self.project.build_dir, f"the log of {spec.id} to")
-        name = _log_name(spec.recipe, spec.name)
-        if os.path.lexists(path) and not written.is_intact(self.project.build_dir, name):
-            return f"the full log was not kept: optbuild did not write the {path} that is there (move it away)"
-        try:  # recorded first: a kill leaves no log unrecorded
-            written.write(self.project.build_dir, name, {name: (digest_bytes(log), len(log))})
-            write_atomic(path, log)
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            return f"the full log could not be kept: {describe_os_error(exc, path.parent)}"
-        return f"full log: {path}"
-
-    def _clean_logs(self) -> None:
-        """Remove the kept logs of steps that succeeded in this run and of steps the project
-        no longer has: a log left there would speak of a failure that is gone. Only logs
-        optbuild recorded writing, still as written, are removed (``store.written``), and a
-        step not run this time keeps its log. What cannot be removed is left."""
-        if self.options.dry_run:
-            return
-        logs = confined(self.project.build_dir / ".logs", self.project.build_dir, "the step logs to")
-        succeeded = {sid for sid, o in self.outcomes.items() if o.status.ok}
-        try:
-            if logs.is_symlink() or not logs.is_dir():
-                return
-            found = [(f.name, p.stem) for f in logs.iterdir() if f.is_dir() and not f.is_symlink()
-                     for p in f.glob("*.log")]
-        except OSError:
-            return
-        for recipe, name in found:
-            sid = f"{recipe}:{name}"
-            if sid in succeeded or sid not in self.project.steps:
-                with contextlib.suppress(OSError):
-                    written.delete(self.project.build_dir, _log_name(recipe, name), written.Deleted())
 
     def _check_inputs_unchanged(self, spec: StepSpec, action: Action) -> None:
         """Inputs edited during the build make its result a guess: do not cache it."""
@@ -627,43 +495,3 @@ class Scheduler:
                                 "ran: the step wrote to it (steps must not write to their inputs), or another "
                                 "build of this project replaced it. The result was not cached; a damaged "
                                 "cached copy was removed (the next build restores it)")
-
-    # --- provenance --------------------------------------------------------------------
-    def _write_lock(self) -> None:
-        if self.options.dry_run:
-            return
-        records = {}
-        for sid, outcome in self.outcomes.items():
-            if outcome.entry is not None and outcome.status.ok:
-                entry = outcome.entry
-                records[sid] = {
-                    "key": entry.key,
-                    "kind": entry.kind,
-                    "outputs": {n: o.digest for n, o in entry.outputs.items()},
-                    "tools": entry.ingredients.get("tools", {}),
-                    "host": entry.ingredients.get("host", {}),
-                    "ingredients": entry.ingredients,
-                    "metrics": lockfile.record_metrics(entry.metrics),  # bounded: for `optbuild diff`
-                }
-                if overrides := self.project.steps[sid].overrides:
-                    records[sid]["overrides"] = overrides  # set by -S for this build
-                if not self.builder.local:
-                    records[sid]["node"] = entry.built_on  # the node that built it (a Dask worker's name)
-        if not records:
-            return
-        if self.project.lock_file.exists() and all(self.last_build.get(sid) == r for sid, r in records.items()):
-            return  # nothing new since the run began: write nothing (the project may be read-only)
-        # a read-only cache cannot hold the lock's file: builders sharing it lock in build/
-        lock = (self.store.root / "locks" / "lockfile.lock" if self.store.writable
-                else self.project.build_dir / ".lockfile.lock")
-        try:
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            lockfile.update(self.project.lock_file, records, lock)
-        except OSError as exc:
-            raise OptbuildError(f"the steps are built and cached, but {self.project.lock_file} could not be "
-                                f"updated: {describe_os_error(exc, self.project.lock_file.parent)}") from None
-
-
-def _log_name(recipe: str, step: str) -> str:
-    """Where a failed step's log is kept, under the build folder (and the name of its record)."""
-    return f".logs/{recipe}/{step}.log"

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from optbuild.builder import lockfile
+from optbuild.builder.outcome import Options
 from optbuild.builder.report import Reporter
-from optbuild.builder.scheduler import Options, Scheduler
+from optbuild.builder.scheduler import Scheduler
 from optbuild.builder.status import Status
 from optbuild.store.remote import RemoteSession
 
