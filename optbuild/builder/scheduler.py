@@ -157,21 +157,8 @@ class Scheduler:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as threads:
             try:
                 while ready or held or building:
-                    while ready:
-                        sid = ready.popleft()
-                        if (parked := self._parked(sid)) is not None:
-                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[parked], parked=True)))
-                            continue
-                        if (why := blocked(sid)) is not None:
-                            settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
-                            continue
-                        decision = self._process(sid, self._decide)
-                        if isinstance(decision, Outcome):
-                            settle(sid, decision)
-                        else:
-                            if self.builder.local:
-                                self._prewarm(sid)
-                            held.append((sid, decision))
+                    with self.store.shared_gc_lock() if ready else contextlib.nullcontext():  # one flock a burst
+                        self._decide_ready(ready, held, settle, blocked)
                     while held and startable(held[0][0]):
                         sid, decision = held.popleft()
                         if stop is not None:  # a failure while it waited: as for steps not started
@@ -213,6 +200,26 @@ class Scheduler:
                               bytes_hashed=self.hasher.bytes_read)
         self.reporter.emit(self.done)
         return self.outcomes
+
+    def _decide_ready(self, ready: deque[str], held: deque[tuple[str, Callable[[StepSpec], Outcome]]],
+                      settle: Callable[[str, Outcome], None], blocked: Callable[[str], str | None]) -> None:
+        """Decide each ready step (and those its settling makes ready) in the main thread:
+        parked, blocked, settled from the caches, or held to be built."""
+        while ready:
+            sid = ready.popleft()
+            if (parked := self._parked(sid)) is not None:
+                settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[parked], parked=True)))
+                continue
+            if (why := blocked(sid)) is not None:
+                settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
+                continue
+            decision = self._process(sid, self._decide)
+            if isinstance(decision, Outcome):
+                settle(sid, decision)
+            else:
+                if self.builder.local:
+                    self._prewarm(sid)
+                held.append((sid, decision))
 
     def _end_run(self) -> None:
         """What a run ends with, however it ends: the stat cache written, the fork servers

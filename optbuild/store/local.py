@@ -33,6 +33,7 @@ import shutil
 import socket
 import stat
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -142,6 +143,7 @@ class LocalStore:
     def __init__(self, root: Path, hasher: FileHasher, *, read_only: bool = False):
         self.root = Path(root)
         self._cas = self.root / "cas"
+        self._gc_held = threading.local()  # how deep this thread holds shared_gc_lock
         self.hasher = hasher
         self.last_miss_reason: str | None = None  # why the last get_action missed, for users
         self._reflinks = True  # until the file system says it cannot clone
@@ -443,10 +445,22 @@ class LocalStore:
         """Held shared by builders while they store, exclusively by gc.
 
         So gc never deletes the blobs of an entry that is being written. Do not call gc
-        while holding it (same process or not, gc waits for it).
+        while holding it (same process or not, gc waits for it). Re-entrant in a thread: a
+        scheduler holds it over a burst of decisions, each of which takes it again for free.
         """
+        if getattr(self._gc_held, "depth", 0):
+            self._gc_held.depth += 1
+            try:
+                yield
+            finally:
+                self._gc_held.depth -= 1
+            return
         with self._flock(_GC_LOCK, shared=True):
-            yield
+            self._gc_held.depth = 1
+            try:
+                yield
+            finally:
+                self._gc_held.depth = 0
 
     @contextmanager
     def lock_dest(self, dest: Path) -> Iterator[None]:
