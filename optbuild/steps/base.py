@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from optbuild.common.callables import Call
 from optbuild.common.errors import StepError
@@ -125,8 +125,13 @@ class StepContext:
         return folder / model.name
 
 
-class Step:
-    """Base class of step kinds. Subclasses set the class attributes and implement run()."""
+P = TypeVar("P", bound=StepParams)  # a kind's parameters
+
+
+class Step(Generic[P]):
+    """Base class of step kinds. Subclasses set the class attributes and implement run();
+    a kind is generic over its parameters (``class Quantize(Step[QuantizeParams])``), so that
+    a type checker checks its code against its own ``self.params``."""
 
     # Bump when the implementation changes what it produces: every earlier entry is disowned.
     version: ClassVar[str] = "1"
@@ -147,8 +152,8 @@ class Step:
     # are left out and named in ``StepContext.missing`` (select chooses among what ran).
     partial_inputs: ClassVar[bool] = False
 
-    def __init__(self, params: StepParams, base_dir: Path, project_root: Path):
-        self.params = params
+    def __init__(self, params: P, base_dir: Path, project_root: Path):
+        self.params: P = params
         self.base_dir = base_dir
         self.project_root = project_root
 

@@ -153,7 +153,7 @@ class BenchmarkParams(StepParams):
         return self
 
 
-class Benchmark(Step):
+class Benchmark(Step[BenchmarkParams]):
     """Measures a model's latency and throughput on this host; outputs its files and a report.
 
     benchmark.json records what was measured: the shapes, the runtime and its level, `threads`

@@ -148,7 +148,7 @@ class CalibrateParams(StepParams):
         return self
 
 
-class Calibrate(fields.DataSourceStep):
+class Calibrate(fields.DataSourceStep[CalibrateParams]):
     """Activation ranges of an ONNX model over calibration data, as a portable calibration.json."""
 
     # 2: an infinite end of a range is bounded by the finite values (failed before); 3: Constant

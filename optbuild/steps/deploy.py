@@ -134,7 +134,7 @@ def _extra_config(text: str) -> Any:
     return extra
 
 
-class Deploy(Step):
+class Deploy(Step[DeployParams]):
     """A Triton model repository entry: the model under its version, and its config.pbtxt."""
 
     Params = DeployParams

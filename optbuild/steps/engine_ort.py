@@ -107,7 +107,7 @@ class OrtEngineParams(StepParams):
         raise ValueError(f"unknown execution provider {value!r}{suggestion} (one of: {', '.join(PROVIDERS)})")
 
 
-class OrtEngine(Step):
+class OrtEngine(Step[OrtEngineParams]):
     """An onnxruntime model optimized offline (graph level, ONNX or ORT format), checked.
 
     Levels: verify, benchmark and select open the engine at its level (engine.json's

@@ -222,7 +222,7 @@ class OpenVINOEngineParams(StepParams):
         return self.preset or ("mixed" if self.model_type == "transformer" else "performance")
 
 
-class OpenVINOEngine(fields.DataSourceStep):
+class OpenVINOEngine(fields.DataSourceStep[OpenVINOEngineParams]):
     """An OpenVINO IR (fp32, fp16 weights, or NNCF INT8) from an ONNX model, checked."""
 
     version = "1"

@@ -35,7 +35,7 @@ import time
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 
@@ -338,7 +338,10 @@ def _cache_entries(cache: Any) -> int | None:
 
 
 # --- the step ---------------------------------------------------------------------------------
-class _TensorRTBase(Step):
+EP = TypeVar("EP", bound=EngineParams)  # the parameters of one of the two TensorRT kinds
+
+
+class _TensorRTBase(Step[EP]):
     """Builds ``model.engine`` from the ONNX primary output of the step named by ``input``."""
 
     version = "1"
@@ -563,7 +566,7 @@ class _TensorRTBase(Step):
 _HW_LEVELS = {"ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
 
 
-class TensorRTEngine(_TensorRTBase):
+class TensorRTEngine(_TensorRTBase[TensorRTParams]):
     """TensorRT (10.x, 11.x): builds on and for this host's GPU; needs an NVIDIA GPU."""
 
     Params = TensorRTParams
@@ -632,7 +635,7 @@ class TensorRTEngine(_TensorRTBase):
                 "version_compatible": self.params.version_compatible}
 
 
-class TensorRTRTXEngine(_TensorRTBase):
+class TensorRTRTXEngine(_TensorRTBase[TensorRTRTXParams]):
     """TensorRT for RTX: compiles ahead of time, with no GPU, for the named compute capabilities."""
 
     Params = TensorRTRTXParams

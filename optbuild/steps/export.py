@@ -156,7 +156,7 @@ class ExportParams(StepParams):
         return self
 
 
-class Export(Step):
+class Export(Step[ExportParams]):
     """A PyTorch module to ONNX (TorchScript or dynamo exporter), checked against PyTorch."""
 
     # 2: stack traces stripped from dynamo exports; second-size dynamic check; 3: the

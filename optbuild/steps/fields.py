@@ -19,7 +19,7 @@ from pydantic import AfterValidator, Field
 
 from optbuild.common.callables import Call
 from optbuild.model.samples import check_data_source, data_calls, data_key_files
-from optbuild.steps.base import Step
+from optbuild.steps.base import P, Step
 
 # A data source as a recipe names it: an .npz file, a folder of .npy files, or 'file.py:callable'.
 DataSource = Annotated[str, AfterValidator(check_data_source)]
@@ -114,7 +114,7 @@ def tolerance_field(what: str, *, default: float | None, most: float | None = No
         examples=[example])
 
 
-class DataSourceStep(Step):
+class DataSourceStep(Step[P]):
     """A step that reads the data source parameter ``data_param`` (its callable's arguments
     in ``args_param``): the data files, or the callable's file and the project-local modules
     it imports, enter the key, and the callable is checked as it is called."""

@@ -35,7 +35,7 @@ class OpsetParams(StepParams):
     inputs: StepInputs = inputs_field()
 
 
-class Opset(Step):
+class Opset(Step[OpsetParams]):
     """Opset conversion by onnx.version_converter, checked against its input on random inputs."""
 
     Params = OpsetParams

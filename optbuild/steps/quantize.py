@@ -264,7 +264,7 @@ class QuantizeParams(StepParams):
         return self
 
 
-class Quantize(Step):
+class Quantize(Step[QuantizeParams]):
     """INT8 (dynamic, or static QDQ from a calibration table) or float16 versions of an ONNX model."""
 
     # 2: Constant weights become initializers, subgraphs quantized in dynamic mode,

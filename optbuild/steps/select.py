@@ -129,7 +129,7 @@ class SelectParams(StepParams):
         return self
 
 
-class Select(Step):
+class Select(Step[SelectParams]):
     """The best candidate that meets the constraints, measured together, and a report of the choice.
 
     The tie rule, measuring together: the fastest by the objective wins unless its lead over

@@ -69,7 +69,7 @@ class SimplifyParams(StepParams):
         return self
 
 
-class Simplify(Step):
+class Simplify(Step[SimplifyParams]):
     """Graph simplification by onnxsim or onnxslim, checked against its input on random inputs."""
 
     Params = SimplifyParams

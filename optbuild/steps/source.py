@@ -61,7 +61,7 @@ def uses_external_data(model: Any) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(model))
 
 
-class OnnxSource(Step):
+class OnnxSource(Step[OnnxSourceParams]):
     """An existing ONNX file as a pipeline's source, checked with onnx.checker."""
 
     Params = OnnxSourceParams

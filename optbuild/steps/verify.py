@@ -277,7 +277,7 @@ class VerifyParams(StepParams):
         return self
 
 
-class Verify(DataSourceStep):
+class Verify(DataSourceStep[VerifyParams]):
     """Compares a candidate model's outputs with a reference's and fails past thresholds."""
 
     Params = VerifyParams
