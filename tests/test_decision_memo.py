@@ -145,3 +145,22 @@ def test_a_file_changed_within_the_racy_window_is_not_vouched_for(chains):
     _run(chains, dry_run=False)  # now old enough to be remembered
     _, served = _run(chains, dry_run=True)
     assert served == CHAINS * LENGTH
+
+
+def test_a_memo_naming_an_output_outside_its_step_folder_is_not_followed(chains, monkeypatch, tmp_path):
+    """The memo is a file in the build folder: whatever it names, a restore writes only there."""
+    import json
+
+    monkeypatch.setattr(memo, "RACY_NS", 0)
+    for _ in range(3):  # built, then remembered as steady (a log blob the steps share settles)
+        _run(chains, dry_run=False)
+    assert _run(chains, dry_run=True)[1] == CHAINS * LENGTH
+    path = chains.root / "build" / ".optbuild" / memo.NAME
+    doc = json.loads(path.read_text())
+    record = doc["steps"]["c0:s1"]
+    record["entry"]["outputs"] = {"../../../escaped.txt": record["entry"]["outputs"]["data.txt"]}
+    path.write_text(json.dumps(doc))  # its entry and blobs unchanged: only the names it gives lie
+    outcomes, _ = _run(chains, dry_run=False)
+    assert outcomes["c0:s1"][0] == "cached"
+    assert not list(tmp_path.rglob("escaped.txt"))
+    assert (chains.root / "build" / "c0" / "s1" / "data.txt").read_text() == "input 0-1"

@@ -35,7 +35,7 @@ from optbuild.common.digest import DIGEST_HEX
 from optbuild.common.errors import OptbuildError
 from optbuild.common.paths import confined
 from optbuild.common.signatures import RACY_NS
-from optbuild.store.entry import ActionEntry, OutputFile
+from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path
 from optbuild.store.local import REFRESH_NS, LocalStore
 
 FORMAT = 1
@@ -54,13 +54,23 @@ def _sig(path: str) -> Sig | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Remembered:
-    """One step as the last run left it."""
+    """One step as the last run left it. The signatures are in the order of the paths they
+    are of (None: not vouched for): ``cache`` of its entry file then its blobs (sorted), ``folder``
+    of its step folder, subfolders and outputs (``_folder_paths``)."""
 
     key: str
     entry: dict[str, Any]  # the fields of its ActionEntry that a build reads (not the key material)
-    sigs: dict[str, Sig]  # path -> signature: its entry file, blobs, step folder and outputs
+    cache: list[Sig | None]
+    folder: list[Sig | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "entry": self.entry, "cache": self.cache, "folder": self.folder}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Remembered:
+        return cls(doc["key"], doc["entry"], _sigs(doc["cache"]), _sigs(doc["folder"]))
 
 
 class DecisionMemo:
@@ -74,9 +84,9 @@ class DecisionMemo:
         self._cache = str(store.root.resolve())
         self._ac, self._cas = str(store.root / "ac"), str(store.root / "cas")  # paths as text: a no-op asks 10,000 times
         self._old = self._load()
-        self._new: dict[str, dict[str, Any]] = {}
-        self._unchanged: dict[str, bool] = {}  # steps whose remembered entry served this run
-        self._in_place: dict[str, bool] = {}  # steps whose folder was as remembered this run
+        self._new: dict[str, Remembered] = {}
+        self._unchanged: set[str] = set()  # steps whose remembered entry served this run
+        self._in_place: set[str] = set()  # steps whose folder was as remembered this run
 
     def _load(self) -> dict[str, Remembered]:
         try:
@@ -85,8 +95,7 @@ class DecisionMemo:
             doc = json.loads(self.path.read_bytes())
             if doc.get("format") != FORMAT or doc.get("cache") != self._cache:
                 return {}
-            return {sid: Remembered(r["key"], r["entry"], {p: tuple(s) for p, s in r["sigs"].items()})
-                    for sid, r in doc["steps"].items()}
+            return {sid: Remembered.from_json(r) for sid, r in doc["steps"].items()}
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return {}  # absent, damaged or foreign: decide in full
 
@@ -97,39 +106,19 @@ class DecisionMemo:
         if old is None or old.key != key:
             return None
         try:
-            entry_path = self._entry_path(key)
-            paths = [entry_path, *(self._blob_path(d) for d in _digests(old.entry))]
-            if not all(p in old.sigs and _sig(p) == old.sigs[p] for p in paths):
+            paths = self._cache_paths(key, old.entry)
+            if not _unchanged(paths, old.cache):
                 return None
             found = ActionEntry.model_construct(key=key, kind=spec_kind, ingredients=ingredients,
                                                 **{**old.entry, "outputs": _outputs(old.entry)})
         except (TypeError, ValueError, KeyError, AttributeError):  # a damaged memo: ask the store
             return None
-        if time.time_ns() - old.sigs[entry_path][3] > REFRESH_NS and self.store.writable and not self.store.read_only:
-            self._refresh(old, entry_path)
-        self._unchanged[sid] = True
+        entry_sig = old.cache[0]
+        if (entry_sig is not None and time.time_ns() - entry_sig[3] > REFRESH_NS and self.store.writable
+                and not self.store.read_only):
+            old.cache[0] = self._refresh(paths[0])
+        self._unchanged.add(sid)
         return found
-
-    def _entry_path(self, key: str) -> str:
-        """``LocalStore.entry_path`` as text (``key``, computed here, is a digest)."""
-        return f"{self._ac}/{key[:2]}/{key[2:]}.json"
-
-    def _blob_path(self, digest: str) -> str:
-        """``LocalStore.blob_path`` as text; ValueError for what is not a digest (a memo is
-        a file, and no name read from it may point outside the cache)."""
-        if len(digest) != DIGEST_HEX or not _HEX.issuperset(digest):
-            raise ValueError(f"not a digest: {digest[:80]!r}")
-        return f"{self._cas}/{digest[:2]}/{digest[2:]}"
-
-    def _refresh(self, old: Remembered, entry_path: str) -> None:
-        """Refresh the entry's last use, as a hit through the store does (gc reads it), and
-        vouch for the signature that gives: the one before was checked just now."""
-        try:
-            os.utime(entry_path)
-        except OSError:
-            return
-        if (sig := _sig(entry_path)) is not None:
-            old.sigs[entry_path] = sig
 
     def materialized(self, sid: str, key: str, dest: Path) -> bool:
         """Whether ``dest`` is as the last run left it for ``key``: the folder (so nothing was
@@ -137,9 +126,13 @@ class DecisionMemo:
         old = self._old.get(sid)
         if old is None or old.key != key:
             return False
-        paths = _dest_paths(str(dest), old.entry["outputs"])
-        self._in_place[sid] = all(p in old.sigs and _sig(p) == old.sigs[p] for p in paths)
-        return self._in_place[sid]
+        try:
+            if not _unchanged(_folder_paths(str(dest), old.entry["outputs"]), old.folder):
+                return False
+        except (TypeError, ValueError, KeyError, AttributeError):
+            return False
+        self._in_place.add(sid)
+        return True
 
     def remember(self, sid: str, entry: ActionEntry, dest: Path | None) -> None:
         """Note that ``sid`` settled ok with ``entry``, just checked (restored in ``dest``;
@@ -147,8 +140,8 @@ class DecisionMemo:
         after the check; a path changed within RACY_NS of now is left out (checked in full
         next time). A step whose metrics are large is not remembered: its entry is read."""
         old = self._old.get(sid)
-        if old is not None and old.key == entry.key and self._unchanged.get(sid) and self._in_place.get(sid):
-            self._new[sid] = {"key": old.key, "entry": old.entry, "sigs": old.sigs}  # checked against them
+        if old is not None and old.key == entry.key and sid in self._unchanged and sid in self._in_place:
+            self._new[sid] = old  # checked against its signatures just now
             return
         fields = {"step": entry.step, "primary": entry.primary, "log": entry.log,
                   "outputs": {n: [o.digest, o.size] for n, o in entry.outputs.items()},
@@ -159,22 +152,15 @@ class DecisionMemo:
                 return
         except (TypeError, ValueError, RecursionError):
             return
-        paths = [self._entry_path(entry.key), *(self._blob_path(d) for d in _digests(fields))]
-        if dest is not None:
-            paths += _dest_paths(str(dest), fields["outputs"])
         now = time.time_ns()
-        sigs = {}
-        for path in paths:
-            sig = _sig(path)
-            if sig is not None and max(sig[3], sig[4]) < now - RACY_NS:
-                sigs[path] = sig
-        self._new[sid] = {"key": entry.key, "entry": fields, "sigs": sigs}
+        folder = _folder_paths(str(dest), fields["outputs"]) if dest is not None else []
+        self._new[sid] = Remembered(entry.key, fields, _vouched(self._cache_paths(entry.key, fields), now),
+                                    _vouched(folder, now))
 
     def save(self) -> None:
         """Write the memo of this run (atomically; best effort: a memo not written only costs
         speed). Steps not decided this run keep their record."""
-        steps = {sid: {"key": r.key, "entry": r.entry, "sigs": r.sigs} for sid, r in self._old.items()}
-        steps.update(self._new)
+        steps = {sid: r.to_json() for sid, r in {**self._old, **self._new}.items()}
         doc = {"format": FORMAT, "cache": self._cache, "steps": steps}
         try:
             self.path.parent.mkdir(exist_ok=True)
@@ -184,6 +170,44 @@ class DecisionMemo:
             write_atomic(path, json.dumps(doc, separators=(",", ":"), default=str).encode())
         except (OSError, OptbuildError):
             pass
+
+    def _cache_paths(self, key: str, fields: dict[str, Any]) -> list[str]:
+        """The entry file of ``key`` (a digest computed here), then the blobs ``fields`` name:
+        as text, each digest checked (a memo is a file, and no name read from it may point
+        outside the cache)."""
+        paths = [f"{self._ac}/{key[:2]}/{key[2:]}.json"]
+        for digest in _digests(fields):
+            if len(digest) != DIGEST_HEX or not _HEX.issuperset(digest):
+                raise ValueError(f"not a digest: {digest[:80]!r}")
+            paths.append(f"{self._cas}/{digest[:2]}/{digest[2:]}")
+        return paths
+
+    def _refresh(self, entry_path: str) -> Sig | None:
+        """Refresh the entry's last use, as a hit through the store does (gc reads it), and
+        vouch for the signature that gives: the one before was checked just now."""
+        try:
+            os.utime(entry_path)
+        except OSError:
+            return None
+        return _sig(entry_path)
+
+
+def _sigs(value: Any) -> list[Sig | None]:
+    return [None if s is None else (int(s[0]), int(s[1]), int(s[2]), int(s[3]), int(s[4])) for s in value]
+
+
+def _unchanged(paths: list[str], sigs: list[Sig | None]) -> bool:
+    """Whether every path has the signature recorded for it (none is vouched for without one)."""
+    return len(paths) == len(sigs) and all(sig is not None and _sig(p) == sig for p, sig in zip(paths, sigs))
+
+
+def _vouched(paths: list[str], now: int) -> list[Sig | None]:
+    """The signatures of ``paths``; None for one changed within RACY_NS of ``now`` (or absent)."""
+    sigs: list[Sig | None] = []
+    for path in paths:
+        sig = _sig(path)
+        sigs.append(sig if sig is not None and max(sig[3], sig[4]) < now - RACY_NS else None)
+    return sigs
 
 
 def _digests(fields: dict[str, Any]) -> list[str]:
@@ -195,10 +219,17 @@ def _digests(fields: dict[str, Any]) -> list[str]:
 
 
 def _outputs(fields: dict[str, Any]) -> dict[str, OutputFile]:
-    return {name: OutputFile(digest=digest, size=size) for name, (digest, size) in fields["outputs"].items()}
+    """The outputs as the entry names them: each name a safe relative path, as an entry's
+    (a restore writes there), their digests checked by ``_cache_paths``."""
+    outputs = {}
+    for name, (digest, size) in fields["outputs"].items():
+        if not isinstance(size, int):
+            raise TypeError("an output's size is not a number")
+        outputs[check_relative_path(name)] = OutputFile.model_construct(digest=digest, size=size)
+    return outputs
 
 
-def _dest_paths(dest: str, outputs: dict[str, Any]) -> list[str]:
+def _folder_paths(dest: str, outputs: dict[str, Any]) -> list[str]:
     """The step folder, its subfolders and its outputs: what ``materialized`` re-checks."""
     paths = {dest}
     for name in outputs:

@@ -14,7 +14,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from optbuild.builder import lockfile
 from optbuild.builder.keys import Keyer, describe_changes
@@ -74,7 +76,6 @@ class Scheduler:
         # a dry run changes nothing: corrupt items it meets are left for a real build to remove
         self.store = store.read_only_view() if self.options.dry_run else store
         self.failures = FailureStore(store.root, writable=self.store.writable)
-        self.last_build = lockfile.read(project.lock_file)
         self.memo = DecisionMemo(project.build_dir, self.store)
         self.restorer = Restorer(project, self.store, hasher, self.memo)
         self.provenance = Provenance(project, self.store, dry_run=self.options.dry_run)
@@ -351,8 +352,8 @@ class Scheduler:
                 continue
             if outcome.entry is None:  # dry run: upstream will build, key unknown yet
                 why = [f"upstream {dep} will build first"]
-                if (missing := placement.missing()) is not None:  # as the build will find
-                    return Outcome(Status.UNAVAILABLE, reasons=why, error=f"{spec.id} cannot run here: {missing}")
+                if (lacking := placement.missing()) is not None:  # as the build will find
+                    return Outcome(Status.UNAVAILABLE, reasons=why, error=f"{spec.id} cannot run here: {lacking}")
                 return Outcome(Status.WOULD_BUILD, reasons=why)
             upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
         try:
@@ -360,8 +361,8 @@ class Scheduler:
         except FileNotFoundError as exc:
             raise StepError(f"input file disappeared: {exc.filename}") from None
         key = action.key
-        reasons = self._reasons(spec, action)
         dest = self.restorer.dest(spec)
+        gone = None
         with self.store.shared_gc_lock():  # gc must not take the blobs between lookup and restore
             entry = self._lookup(spec, action)
             if entry is not None:
@@ -370,7 +371,10 @@ class Scheduler:
                         self.restorer.restore(spec, entry, dest)
                     return Outcome(Status.CACHED, key, entry)
                 except BlobGone as exc:
-                    reasons.append(f"its cached result could not be restored ({exc})")
+                    gone = f"its cached result could not be restored ({exc})"
+        reasons = self._reasons(spec, action)  # a miss only: the lock file is read when one asks
+        if gone:
+            reasons.append(gone)
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
         remote_entry = self._remote_lookup(spec, key) if self.remote is not None else None
@@ -381,11 +385,11 @@ class Scheduler:
                 self.provenance.keep_failed_log(spec, failed.log.encode())
             return Outcome(Status.FAILED, key, reasons=["failed before with this key"], error=failed.describe())
         if remote_entry is None:
-            if (missing := placement.missing()) is not None:
-                return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
+            if (lacking := placement.missing()) is not None:
+                return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {lacking}")
             if self.options.dry_run or self.options.fetch_only:
-                why = self.remote.miss_reason(key) if self.remote is not None else None
-                return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, why] if why else reasons)
+                miss = self.remote.miss_reason(key) if self.remote is not None else None
+                return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, miss] if miss else reasons)
         return lambda spec: self._build_locked(spec, action, reasons, dest, placement, remote_entry)
 
     def _build_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
@@ -434,6 +438,12 @@ class Scheduler:
             if self._selected >= LIST_REMOTE_FROM:
                 self.remote.prefetch_listing()
         return self.remote.lookup(key, spec.id, spec.step.primary_output)
+
+    @cached_property
+    def last_build(self) -> dict[str, dict[str, Any]]:
+        """optbuild.lock's records as the run found them (read at the first miss, or at the
+        end: a run that settles every step from the caches reads it once, to write it)."""
+        return lockfile.read(self.project.lock_file)
 
     def _reasons(self, spec: StepSpec, action: Action) -> list[str]:
         last = self.last_build.get(spec.id)
