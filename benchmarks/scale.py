@@ -5,9 +5,9 @@
 For each size, a synthetic project (bench.py's chains of a text source and nine joins) is
 built cold, then timed: `plan` with everything built, the first no-op build after it, the
 no-op builds until one takes the fast path (while the project's files are younger than the
-stamp's racy-timestamp window, a no-op decides every step), and one input file edited
-(`plan`, then `build`). For the --plan-only sizes,
-only `plan` of the never-built project. Each command runs in its own process, as a user's
+stamp's racy-timestamp window, a no-op decides every step), `plan` again (the decision memo
+now vouches for every step), and one input file edited (`plan`, then `build`). For the
+--plan-only sizes, only `plan` of the never-built project. Each command runs in its own process, as a user's
 does; its peak resident memory is reported beside its time. With --profile, each command
 also writes a cProfile file (DIR/<steps>-<what>.prof) to read with `python -m pstats`.
 """
@@ -90,6 +90,8 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
         rows["cold build"] = run(root, "build", profile=prof("build-cold"))  # [build] jobs = 2
         rows["plan, everything built"] = run(root, "plan", profile=prof("plan-built"))
         until_fast_path(root, rows)
+        # the decision memo (builder/memo.py) vouches only for files older than the racy window
+        rows["plan, everything built, memo kept"] = run(root, "plan", profile=prof("plan-memo"))
         (root / "data" / "in0.txt").write_text("input 0, edited")  # 10 steps downstream
         rows["one input edited: plan"] = run(root, "plan", profile=prof("plan-edited"))
         rows["one input edited: build"] = run(root, "build", profile=prof("build-edited"))
@@ -119,7 +121,7 @@ def print_table(results: dict[int, dict[str, Timed]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--steps", type=int, nargs="*", default=[1000, 10000])
     parser.add_argument("--plan-only", type=int, nargs="*", default=[], metavar="STEPS",
                         help="sizes measured for `plan` of a never-built project only (e.g. 100000)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR")
