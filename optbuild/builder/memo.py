@@ -35,8 +35,10 @@ from optbuild.common.digest import DIGEST_HEX
 from optbuild.common.errors import OptbuildError
 from optbuild.common.paths import confined
 from optbuild.common.signatures import RACY_NS
+from optbuild.store.actions import REFRESH_NS
 from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path
-from optbuild.store.local import REFRESH_NS, LocalStore
+from optbuild.store.layout import blob_name, entry_name
+from optbuild.store.local import LocalStore
 
 FORMAT = 1
 NAME = "decisions.json"  # under <build folder>/.optbuild/
@@ -82,7 +84,7 @@ class DecisionMemo:
         self.path = build_dir / ".optbuild" / NAME
         self.store = store
         self._cache = str(store.root.resolve())
-        self._ac, self._cas = str(store.root / "ac"), str(store.root / "cas")  # paths as text: a no-op asks 10,000 times
+        self._root = str(store.root)  # paths as text (``store.layout``): a no-op asks 10,000 times
         self._old = self._load()
         self._new: dict[str, Remembered] = {}
         self._unchanged: set[str] = set()  # steps whose remembered entry served this run
@@ -143,7 +145,7 @@ class DecisionMemo:
         if old is not None and old.key == entry.key and sid in self._unchanged and sid in self._in_place:
             self._new[sid] = old  # checked against its signatures just now
             return
-        fields = {"step": entry.step, "primary": entry.primary, "log": entry.log,
+        fields: dict[str, Any] = {"step": entry.step, "primary": entry.primary, "log": entry.log,
                   "outputs": {n: [o.digest, o.size] for n, o in entry.outputs.items()},
                   "metrics": entry.metrics, "duration_s": entry.duration_s, "created_at": entry.created_at,
                   "built_on": entry.built_on}
@@ -175,11 +177,11 @@ class DecisionMemo:
         """The entry file of ``key`` (a digest computed here), then the blobs ``fields`` name:
         as text, each digest checked (a memo is a file, and no name read from it may point
         outside the cache)."""
-        paths = [f"{self._ac}/{key[:2]}/{key[2:]}.json"]
+        paths = [f"{self._root}/{entry_name(key)}"]
         for digest in _digests(fields):
             if len(digest) != DIGEST_HEX or not _HEX.issuperset(digest):
                 raise ValueError(f"not a digest: {digest[:80]!r}")
-            paths.append(f"{self._cas}/{digest[:2]}/{digest[2:]}")
+            paths.append(f"{self._root}/{blob_name(digest)}")
         return paths
 
     def _refresh(self, entry_path: str) -> Sig | None:

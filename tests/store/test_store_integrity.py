@@ -22,7 +22,9 @@ from plugins.store import key_for, make_entry, store_entry
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import CacheError
 from optbuild.store.entry import OutputFile
-from optbuild.store.local import _HOST, BlobGone, LocalStore
+from optbuild.store.files import HOST
+from optbuild.store.local import LocalStore
+from optbuild.store.materialize import BlobGone
 
 HOUR_AGO = time.time() - 3600
 
@@ -233,8 +235,8 @@ def test_leftovers_of_killed_restores_are_swept_even_when_nothing_needs_restorin
     project.build()
     folder = project.root / "build/chain"
     pid = dead_pid()
-    dead = [folder / f".out.{pid}@{_HOST}@old-0123456789ab", folder / f".side.{pid}@{_HOST}@new-ba9876543210"]
-    live = folder / f".mid.{os.getpid()}@{_HOST}@new-0123456789ab"
+    dead = [folder / f".out.{pid}@{HOST}@old-0123456789ab", folder / f".side.{pid}@{HOST}@new-ba9876543210"]
+    live = folder / f".mid.{os.getpid()}@{HOST}@new-0123456789ab"
     for tree in [*dead, live]:
         (tree / "sub").mkdir(parents=True)
         (tree / "sub/data.txt").write_text("half")

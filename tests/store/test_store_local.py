@@ -30,8 +30,10 @@ from pydantic import ValidationError
 
 from optbuild.common.digest import digest_bytes
 from optbuild.common.errors import CacheError
+from optbuild.store.actions import GC_GRACE_S
 from optbuild.store.entry import ActionEntry, OutputFile
-from optbuild.store.local import GC_GRACE_S, Kept, LocalStore
+from optbuild.store.gc import Kept
+from optbuild.store.local import LocalStore
 
 SPAWN = multiprocessing.get_context("spawn")
 HOUR_AGO = time.time() - 3600

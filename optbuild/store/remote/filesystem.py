@@ -7,13 +7,15 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from optbuild.common.digest import new_hasher
 from optbuild.store.entry import MAX_ENTRY_BYTES
+from optbuild.store.layout import blob_name, entry_name
 from optbuild.store.remote.errors import Rejected, RemoteMissing
 from optbuild.store.remote.signing import SIGNATURE_LINE
 
@@ -39,7 +41,7 @@ class RemoteStore:
     def __init__(self, url: str, *, read: bool = True, write: bool = True, timeout_s: float = 10.0,
                  max_errors: int = 3, signing_key_env: str | None = None,
                  endpoint_url: str | None = None, options: dict[str, Any] | None = None,
-                 environ: dict[str, str] | None = None):
+                 environ: Mapping[str, str] | None = None):
         self.url = url
         self.display_url = redact(url)
         self.read = read
@@ -97,13 +99,13 @@ class RemoteStore:
         return fs, root.rstrip("/"), protocols
 
     def blob_path(self, digest: str) -> str:
-        return f"{self._root}/cas/{digest[:2]}/{digest[2:]}"
+        """Where the blob of ``digest`` lies on the remote (a ``layout.BlobStore``)."""
+        return f"{self._root}/{blob_name(digest)}"
 
     def entry_path(self, key: str, slot: str | None = None) -> str:
         """Where the entry of ``key`` lies; ``slot``: the key id of a signing key whose
         holders keep their entry beside one signed with another key (``RemoteSession.push``)."""
-        name = key[2:] if slot is None else f"{key[2:]}.{slot}"
-        return f"{self._root}/ac/{key[:2]}/{name}.json"
+        return f"{self._root}/{entry_name(key, slot)}"
 
     def _inside(self, path: str) -> str:
         """``path``, if it resolves to a place under the remote's root; else Rejected.
@@ -137,7 +139,7 @@ class RemoteStore:
             if getattr(fs, "async_impl", False):
                 answers = fs.cat(list(batch), on_error="return", start=0, end=MAX_ENTRY_BYTES + SIGNATURE_LINE + 1)
             else:
-                answers = {path: _answer(lambda k=key: self._read_entry(k, None, touch))
+                answers = {path: _answer(partial(self._read_entry, key, None, touch))
                            for path, key in batch.items()}
             for path, key in batch.items():
                 data = answers.get(path)
