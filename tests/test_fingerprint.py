@@ -21,6 +21,7 @@ from optbuild.builder.keys import describe_changes
 from optbuild.common.fingerprint import (
     PROBES,
     Fingerprint,
+    UnknownSection,
     cuda_visible_order,
     describe_change,
     register_section,
@@ -69,6 +70,25 @@ def test_tool_versions_come_from_metadata_without_importing_the_tools():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_runtime_section_no_one_registered_is_refused_not_answered_none():
+    code = (
+        "from optbuild.common.fingerprint import Fingerprint, UnknownSection\n"
+        "host = Fingerprint()\n"
+        "try:\n"
+        "    host.get('onnxruntime.version')\n"
+        "except UnknownSection as exc:\n"
+        "    print('refused:', exc)\n"
+        "import optbuild.backends\n"
+        "print('registered:', 'onnxruntime.version' in Fingerprint().as_dict())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "refused: host field 'onnxruntime.version': no fingerprint section 'onnxruntime'" in out
+    assert "optbuild/backends/<runtime>/probe.py" in out
+    assert "registered: True" in out
+    with pytest.raises(UnknownSection, match="'no_such_runtime'"):
+        Fingerprint().get("no_such_runtime.version")
 
 
 def test_tool_versions_match_installed_distributions():

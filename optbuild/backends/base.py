@@ -111,6 +111,9 @@ class Backend(ABC):
     short: ClassVar[str]  # for table rows: "TRT-RTX"
     extra: ClassVar[str]  # the optbuild pip extra that installs it
     suffixes: ClassVar[tuple[str, ...]] = ()  # artifacts it opens without an engine.json naming it
+    # The optimization levels it opens a model at, its default first and each lower after it:
+    # a check lowers a level that crashed it (optbuild.model.runmodels). Empty: none to choose.
+    levels: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def distributions(self) -> tuple[str, ...]:
@@ -124,6 +127,10 @@ class Backend(ABC):
     @abstractmethod
     def unavailable(self, host: Fingerprint, manifest: Manifest) -> str | None:
         """Why ``host`` cannot run ``manifest``'s artifact ("needs ..."), or None."""
+
+    def level_setting(self, level: str) -> str:
+        """How a server opens a model at ``level`` (one of ``levels``), for reports."""
+        return f"level {level}"
 
     def unfit(self, manifest: Manifest, feed: Mapping[str, np.ndarray]) -> str | None:
         """Why ``manifest``'s artifact cannot take ``feed`` (an engine's optimization

@@ -9,12 +9,12 @@ Verify, bench and the steps' checks find what runs an artifact here (``for_artif
 from __future__ import annotations
 
 import importlib
-import json
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.backends.base import Backend, Manifest, Runner
+from optbuild.backends.manifest import MANIFEST, ManifestError, read_manifest
 from optbuild.common import plugins
 from optbuild.common.errors import StepError
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
 ENTRY_POINT_GROUP = "optbuild.backends"
-MANIFEST = "engine.json"  # beside an engine: its backend and what it was built for
 
 BUILTIN: dict[str, str] = {
     "onnxruntime": "optbuild.backends.onnxruntime:BACKEND",
@@ -80,12 +79,6 @@ def open_onnx(model: Path, host: Fingerprint, *, threads: int | None = None, lit
     return backend.open(model, {"backend": backend.name}, host, threads=threads, literal=literal)
 
 
-def write_manifest(out_dir: Path, manifest: Manifest) -> None:
-    """Write an engine step's ``engine.json`` beside its engine: what ``for_artifact`` reads
-    back (its ``backend`` first of all), in one layout for every runtime."""
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-
-
 def for_artifact(model: Path, what: str) -> tuple[Backend, Manifest]:
     """What runs the artifact ``model``: the backend its ``engine.json`` names, else the one
     that opens its suffix. StepError, naming ``what`` ("the candidate r:engine"), when none
@@ -93,11 +86,10 @@ def for_artifact(model: Path, what: str) -> tuple[Backend, Manifest]:
     manifest_file = model.parent / MANIFEST
     if manifest_file.is_file():
         try:
-            manifest = json.loads(manifest_file.read_text())
-            name = manifest["backend"]
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise StepError(f"{what} has no readable {MANIFEST} beside {model.name} "
-                            f"({type(exc).__name__}: {exc})") from None
+            manifest = read_manifest(manifest_file)
+        except ManifestError as exc:
+            raise StepError(f"{what}: {exc}") from None
+        name = manifest["backend"]
         if name not in names():
             raise StepError(f"{what} is an engine of backend {name!r}, which no installed backend runs "
                             f"(they are {', '.join(names())})")

@@ -210,6 +210,19 @@ def register_section(section: str, probe: RuntimeProbe, words: Mapping[str, str]
     _FIELD_WORDS.update(words or {})
 
 
+class UnknownSection(LookupError):
+    """A field of a section that neither the host nor a registered runtime probes."""
+
+    def __init__(self, field: str):
+        section = field.split(".", 1)[0]
+        known = ", ".join([*PROBES, *sorted(RUNTIME_PROBES)])
+        super().__init__(
+            f"host field {field!r}: no fingerprint section {section!r} (known: {known}). A "
+            "runtime's section is registered by its probe (optbuild/backends/<runtime>/probe.py "
+            "SECTIONS) when optbuild.backends is imported: import the runtime's backend before "
+            "reading it, or fix the field's name")
+
+
 MAX_FILE = 1 << 20  # a recorded fingerprint is a few KiB
 
 
@@ -235,14 +248,19 @@ class Fingerprint:
         raise ValueError(f"{path} holds a JSON {type(fields).__name__}, not a fingerprint's fields (an object)")
 
     def get(self, field: str) -> Any:
+        """The field's value, None where its section has no such field. On the live host a
+        section no one registered is refused (UnknownSection), never answered None: else a
+        key's host value would depend on whether its runtime's backend was imported first.
+        A recorded fingerprint answers from its file alone."""
         section = field.split(".", 1)[0]
         if self._live and section not in self._probed:
             if section in PROBES:
-                self._probed.add(section)
                 self._fields.update(PROBES[section]())
             elif section in RUNTIME_PROBES:
-                self._probed.add(section)
                 self._fields.update(RUNTIME_PROBES[section](self))
+            else:
+                raise UnknownSection(field)
+            self._probed.add(section)
         return self._fields.get(field)
 
     def as_dict(self) -> dict[str, Any]:

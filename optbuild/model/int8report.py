@@ -62,18 +62,16 @@ def _run_exposed(model: Any, names: list[str], feeds: list[dict[str, Any]]) -> l
     """Run ``model`` with ``names`` made graph outputs (no graph optimization, so none is
     fused away); per feed, the values of ``names``."""
     import onnx
-    import onnxruntime
+
+    from optbuild.backends.onnxruntime.loader import session
 
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     known = {o.name for o in exposed.graph.output}
     exposed.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
                                 for n in names if n not in known)
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = onnxruntime.InferenceSession(exposed.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
-    return [session.run(names, feed) for feed in feeds]
+    sess = session(exposed.SerializeToString(), level="disable")
+    return [sess.run(names, feed) for feed in feeds]
 
 
 def layer_errors(reference: Path, quantized: Path, feeds: list[dict[str, Any]]) -> list[LayerError]:
@@ -212,8 +210,8 @@ def shared_scales(graph: Any, ranges: dict[str, list[float]]) -> list[SharedScal
         small_span, large_span = (spans[t][1] - spans[t][0] for t in (small, large))
         if large_span > SHARED_SCALE_RATIO * max(small_span, 1e-12):
             readers = [n.name for n in graph.node if set(node.output) & set(n.input)]
-            found.append(SharedScale(node.name, small, tuple(spans[small]), large, tuple(spans[large]),
-                                     [node.name, *readers]))
+            found.append(SharedScale(node.name, small, (spans[small][0], spans[small][1]), large,
+                                     (spans[large][0], spans[large][1]), [node.name, *readers]))
     return found
 
 

@@ -1,6 +1,7 @@
 """Opening and running the models of a check (verify, benchmark, select) where a native crash
-cannot end the step: each on the backend that runs its artifact, onnxruntime's at a graph
-optimization level lowered past the one that crashed it (optbuild.model.isolation).
+cannot end the step: each on the backend that runs its artifact, at an optimization level
+(``Backend.levels``: onnxruntime's graph optimization levels) lowered past the one that
+crashed it (optbuild.model.isolation).
 
 onnxruntime crashed (SIGSEGV) on a float16 ViT at "all", its default, and ran it at a lower
 level (issue 24): a model at onnxruntime's default is tried at the next level down, and the
@@ -16,7 +17,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from optbuild.backends import registry
 from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.common.errors import StepError, StepUnavailable, first_line
 from optbuild.model.isolation import ChildDied, Crash, Crashed, Stage, run_isolated
@@ -55,10 +55,6 @@ def model_entry(path: Path) -> dict[str, str]:
     return {"file": path.name, "digest": f"{ALGORITHM}:{hash_file(path)[0]}"}
 
 
-# onnxruntime's graph optimization levels, highest first
-LEVELS = ("all", "extended", "basic", "disable")
-_SESSION_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
-                   "disable": "ORT_DISABLE_ALL"}
 R = typing.TypeVar("R")
 
 
@@ -72,21 +68,22 @@ class ModelsCrashed(StepError):
 
 
 def start_level(side: tuple[Backend, Manifest]) -> str | None:
-    """The graph optimization level an onnxruntime model opens at: the one its engine step
-    optimized it at (engine.json's ``level``: kept, never lowered), else onnxruntime's default,
-    "all"; None for another backend."""
+    """The optimization level a model opens at on a backend that has levels (onnxruntime's
+    graph optimization levels): the one its engine step optimized it at (engine.json's
+    ``level``: kept, never lowered), else the backend's default; None for a backend without."""
     backend, manifest = side
-    if backend is not registry.onnx_backend():  # onnxruntime: the runtime of plain ONNX models
+    if not backend.levels:
         return None
-    return str(manifest.get("level") or LEVELS[0])
+    return str(manifest.get("level") or backend.levels[0])
 
 
 def lowered(side: tuple[Backend, Manifest], level: str | None) -> str | None:
-    """The level to try ``side`` at after it crashed at ``level``: the next one down, for an
-    onnxruntime model that its engine step did not fix a level for; None otherwise."""
-    if start_level(side) is None or side[1].get("level") or level not in LEVELS[:-1]:
+    """The level to try ``side`` at after it crashed at ``level``: the next one down, for a
+    model that its engine step did not fix a level for; None otherwise."""
+    levels = side[0].levels
+    if start_level(side) is None or side[1].get("level") or level not in levels[:-1]:
         return None
-    return LEVELS[LEVELS.index(level) + 1]
+    return levels[levels.index(level) + 1]
 
 
 def at_level(label: str, level: str | None) -> str:
@@ -123,10 +120,9 @@ def run_models(work: Callable[[dict[Any, str | None], Stage], R], sides: Mapping
     notes = []
     for key in dict.fromkeys(c.stage[0] for c in outcome.crashes):
         ran = outcome.attempt[key]
-        serve = _SESSION_LEVELS[ran] + (f", or an onnxruntime engine step with level = \"{ran}\""
-                                        if ran in ("basic", "extended") else "")
-        notes.append(f"{names[key]} crashed onnxruntime at {_crashes(outcome.crashes, key)}, and ran at level "
-                     f"{ran}: a server must open it at that level too (graph_optimization_level = {serve})")
+        backend = sides[key][0]
+        notes.append(f"{names[key]} crashed {backend.label} at {_crashes(outcome.crashes, key)}, and ran at level "
+                     f"{ran}: a server must open it at that level too ({backend.level_setting(ran)})")
     return outcome.value, outcome.attempt, notes
 
 
@@ -146,8 +142,8 @@ def _crash_message(crashes: list[Crash[dict[Any, str | None]]], sides: Mapping[A
     if key not in sides:
         doing = f" while {last.stage}" if last.stage is not None else ""
         message = f"{what}'s process that runs the models crashed ({last.signal}){doing}: a crash inside a native library"
-    elif lowered(sides[key], LEVELS[0]) is not None:  # went down the levels to the last
-        message = f"{names[key]} crashed onnxruntime at every graph optimization level: {_crashes(crashes, key)}"
+    elif (levels := sides[key][0].levels) and lowered(sides[key], levels[0]) is not None:  # went down them all
+        message = f"{names[key]} crashed {sides[key][0].label} at every graph optimization level: {_crashes(crashes, key)}"
         stack = "the log holds the Python stack of each crash"
     else:
         backend = sides[key][0]

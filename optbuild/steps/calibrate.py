@@ -333,15 +333,14 @@ def _bounded(ctx: StepContext, model: Path, unbounded: dict[str, tuple[float, fl
     meant); StepError for a tensor with NaN or no finite value."""
     import numpy as np
     import onnx
-    import onnxruntime
+
+    from optbuild.backends.onnxruntime.loader import session as ort_session
 
     proto = onnx.load(str(model))
     known = {o.name for o in proto.graph.output}
     proto.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
                               for name in unbounded if name not in known)
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = onnxruntime.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(proto.SerializeToString(), level="disable")
     names = list(unbounded)
     low = dict.fromkeys(names, np.inf)
     high = dict.fromkeys(names, -np.inf)

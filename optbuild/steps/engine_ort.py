@@ -39,9 +39,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from optbuild.backends.manifest import write_manifest
 from optbuild.backends.onnxruntime import BACKEND
 from optbuild.backends.onnxruntime.loader import session
-from optbuild.backends.registry import write_manifest
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, inputs_field

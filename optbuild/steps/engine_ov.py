@@ -70,9 +70,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.base import module_missing
+from optbuild.backends.manifest import write_manifest
 from optbuild.backends.openvino import LABEL, nncf_missing, openvino_missing
 from optbuild.backends.openvino.loader import PINNED_PRECISION, RT_INFO_HINT, RT_INFO_PRECISION
-from optbuild.backends.registry import write_manifest
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import RecipeTable, StepRef
 from optbuild.model.inputdecl import InputDecls, StepInputs

@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import Field, field_validator, model_validator
 
 from optbuild.backends.base import module_missing
-from optbuild.backends.registry import write_manifest
+from optbuild.backends.manifest import write_manifest
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
 from optbuild.backends.tensorrt import profiles as profile_form
 from optbuild.backends.tensorrt.diagnose import (

@@ -137,12 +137,10 @@ def _ort_type_error(model: Any) -> list[str]:
     """The node onnxruntime names when it refuses ``model`` for a type error, or []."""
     import re
 
-    import onnxruntime
+    from optbuild.backends.onnxruntime.loader import session
 
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session(model.SerializeToString(), level="disable")
     except Exception as exc:
         found = re.findall(r"Type Error: .* of node \(([^()]+)\)", str(exc))
         return found[-1:]

@@ -125,12 +125,16 @@ def tensorrt_signature(manifest: Path, source: Signature | None, source_name: st
     """A TensorRT engine's bindings from its engine.json (optbuild.steps.engine_trt), their
     data types from ``source``, the ONNX model it was built from; the batch limit from its
     profiles: the largest first dim every input takes in one profile."""
+    from optbuild.backends.manifest import ManifestError, read_manifest
+
     try:
-        data = json.loads(manifest.read_text())
+        data = read_manifest(manifest)
         inputs = [(b["name"], tuple(int(d) for d in b["shape"])) for b in data["inputs"]]
         outputs = [(b["name"], tuple(int(d) for d in b["shape"])) for b in data["outputs"]]
         profiles = data.get("profiles") or []
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except ManifestError as exc:
+        raise StepError(str(exc)) from None
+    except (KeyError, TypeError) as exc:
         raise StepError(f"{manifest}: not an engine.json as the tensorrt engine step writes it ({exc})") from None
     if source is None:
         raise StepError(f"{manifest.name} records no data types of the engine's inputs and outputs: set "

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 from optbuild.backends.base import Backend, Manifest, Runner, module_missing
-from optbuild.backends.onnxruntime.loader import CPU, NVIDIA
+from optbuild.backends.onnxruntime.loader import CPU, LEVELS, NVIDIA, SESSION_LEVELS
 
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
@@ -55,6 +55,11 @@ class OnnxRuntime(Backend):
     short = "ORT"
     extra = "onnx"
     suffixes = (".onnx", ".ort")
+    levels = LEVELS  # graph optimization levels; a level an engine step fixed is kept
+
+    def level_setting(self, level: str) -> str:
+        engine = f", or an onnxruntime engine step with level = \"{level}\"" if level in ("basic", "extended") else ""
+        return f"graph_optimization_level = {SESSION_LEVELS[level]}{engine}"
 
     def distributions(self) -> tuple[str, ...]:
         return (distribution(), "numpy")

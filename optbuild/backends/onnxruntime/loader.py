@@ -1,6 +1,7 @@
 """onnxruntime sessions, made one way for every caller (verify, benchmark, the engine step,
-the steps' checks) on the execution provider they name, and their inputs as ``TensorSpec``.
-onnxruntime is imported inside the functions."""
+the steps' checks, calibration and the INT8 report) on the execution provider they name, at
+one of onnxruntime's graph optimization levels (``LEVELS``), and their inputs as
+``TensorSpec``. onnxruntime is imported inside the functions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from typing import Any, Literal
 from optbuild.backends.base import TensorSpec
 
 Level = Literal["disable", "basic", "extended", "all"]
+# onnxruntime's graph optimization levels, highest first, and the GraphOptimizationLevel each
+# is (what a server sets: graph_optimization_level = ORT_ENABLE_BASIC, ...)
+LEVELS: tuple[Level, ...] = ("all", "extended", "basic", "disable")
+SESSION_LEVELS: dict[str, str] = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED",
+                                  "basic": "ORT_ENABLE_BASIC", "disable": "ORT_DISABLE_ALL"}
 
 CPU = "CPUExecutionProvider"
 # Providers that run on an NVIDIA GPU (gpu.0): their sessions take inputs and give outputs
@@ -39,13 +45,14 @@ def providers_for(provider: str) -> list[Any]:
     return [(provider, on_gpu) if provider in NVIDIA else provider, CPU]
 
 
-def session(path: Path, level: Level | None = None, threads: int = 0, provider: str = CPU, *,
+def session(path: Path | bytes, level: Level | None = None, threads: int = 0, provider: str = CPU, *,
             save: Path | None = None) -> Any:
-    """An InferenceSession over an .onnx or ORT-format (.ort) model on ``provider``
-    (``providers_for``); ``level`` None keeps onnxruntime's default graph optimizations,
-    "disable" runs the graph as written. ``save``: write the optimized graph there (ORT format
-    for a .ort name). The session's first provider is the one asked for, or RuntimeError:
-    onnxruntime falls back to the CPU when a listed provider does not load."""
+    """An InferenceSession over an .onnx or ORT-format (.ort) model, or a serialized ONNX
+    model's bytes, on ``provider`` (``providers_for``); ``level`` None keeps onnxruntime's
+    default graph optimizations, "disable" runs the graph as written. ``save``: write the
+    optimized graph there (ORT format for a .ort name). The session's first provider is the
+    one asked for, or RuntimeError: onnxruntime falls back to the CPU when a listed provider
+    does not load."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -53,19 +60,15 @@ def session(path: Path, level: Level | None = None, threads: int = 0, provider: 
     if threads:
         options.intra_op_num_threads = threads
     if level is not None:
-        options.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[level]
-    if Path(path).suffix == ".ort":
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, SESSION_LEVELS[level])
+    if not isinstance(path, bytes) and Path(path).suffix == ".ort":
         options.add_session_config_entry("session.load_model_format", "ORT")
     if save is not None:
         options.optimized_model_filepath = str(save)
         if save.suffix == ".ort":
             options.add_session_config_entry("session.save_model_format", "ORT")
-    sess = ort.InferenceSession(str(path), options, providers=providers_for(provider))
+    model = path if isinstance(path, bytes) else str(path)
+    sess = ort.InferenceSession(model, options, providers=providers_for(provider))
     if (got := sess.get_providers()[0]) != provider:
         raise RuntimeError(f"onnxruntime fell back to {got}: {provider} is listed but did not load "
                            f"(onnxruntime {ort.__version__} lists {', '.join(ort.get_available_providers())})")
