@@ -85,6 +85,10 @@ def test_graph_and_explain_show_instances(tmp_path):
     assert proj.build().ok
     explained = proj.cli("explain", "m:j[true,y]")
     assert explained.returncode == 0 and "-y" in explained.stdout
+    several = proj.cli("explain", "m:j")  # explain takes one step: the target names four
+    assert several.returncode == 2
+    assert ("error: m:j is a matrix step: name one of its instances: "
+            "m:j[false,x], m:j[false,y], m:j[true,x], m:j[true,y]") in several.stderr
 
 
 def test_an_unknown_axis_is_named_with_the_line_of_the_matrix_step_and_nothing_else(tmp_path):

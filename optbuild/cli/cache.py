@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.cli.build import add_remote_flags, remote_override
-from optbuild.common.units import human_size, parse_size
+from optbuild.common.units import human_size
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
-
-GC_GRACE_DAYS = 7  # with a damaged optbuild.lock, gc evicts only entries unused this long
+    from optbuild.app import GcResult
+    from optbuild.common.events import Event
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -52,57 +52,53 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild import api
-    from optbuild.builder import lockfile
-    from optbuild.store.local import GC_GRACE_S
-    from optbuild.store.remote import RemoteSession
+    from optbuild import api, app
 
     command = args.cache_command
     ws = api.open_workspace(args.directory, remote=remote_override(args))
-    store = ws.store
     try:
         if command == "ls":
-            for key, entry in sorted(store.iter_entries(), key=lambda kv: kv[1].step if kv[1] else ""):
+            for key, entry in app.entries(ws):
                 if entry is None:
                     print(f"{key[:16]}  CORRUPT ENTRY")
                     continue
                 size = sum(o.size for o in entry.outputs.values())
                 built = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.created_at))
                 print(f"{key[:16]}  {entry.step:<32} {entry.kind:<22} {human_size(size):>10}  {built}")
-            print(f"cache size on disk: {human_size(store.size_bytes())}")
+            print(f"cache size on disk: {human_size(ws.store.size_bytes())}")
             return 0
         if command == "verify":
-            report = store.verify(repair=args.repair)
+            report = app.verify(ws, repair=args.repair)
             print(report)
             return 0 if report.ok else 1
         if command == "audit":
-            if ws.remote is None:
-                print("error: no remote cache is configured", file=sys.stderr)
-                return 2
-            audit = RemoteSession(ws.remote, _WarningPrinter()).audit(rehash=args.rehash)
+            audit = app.audit(ws, _WarningPrinter(), rehash=args.rehash)
             print(audit)
             return 0 if audit.ok else 1
         if command in ("push", "pull"):
             return _transfer(ws, args)
         if command == "stats":
             return _stats(ws, args)
-        try:
-            max_size = parse_size(str(args.max_size or ws.project.config.cache.max_size))
-        except ValueError as exc:
-            print(f"error: --max-size: {exc}", file=sys.stderr)
-            return 2
-        lock = lockfile.LockState() if args.include_locked else lockfile.load(ws.project.lock_file)
-        keep = {record["key"] for record in lock.steps.values() if "key" in record}
-        min_age_s = GC_GRACE_S if args.grace_minutes is None else args.grace_minutes * 60
-        if lock.damage is not None:  # what it named is unknown: spare whatever was used lately
-            min_age_s = max(min_age_s, GC_GRACE_DAYS * 86400)
-            print(f"warning: {ws.project.lock_file} is damaged ({lock.damage}); gc keeps every "
-                  f"entry used in the last {GC_GRACE_DAYS} days", file=sys.stderr)
-        report = store.gc(max_size, keep=keep, min_age_s=min_age_s, waiting=_say_gc_waits(store.root))
-        print(_describe_gc(report, ws.project.lock_file.name, min_age_s, damaged=lock.damage is not None))
-        return 0
+        return _gc(ws, args)
     finally:
         ws.close()
+
+
+def _gc(ws: Workspace, args: argparse.Namespace) -> int:
+    from optbuild import app
+
+    try:
+        max_bytes = app.cache.gc_limit(ws, args.max_size)
+    except ValueError as exc:
+        print(f"error: --max-size: {exc}", file=sys.stderr)
+        return 2
+    grace_s = None if args.grace_minutes is None else args.grace_minutes * 60
+    policy = app.gc_policy(ws, include_locked=args.include_locked, grace_s=grace_s)
+    if policy.warning is not None:
+        print(f"warning: {policy.warning}", file=sys.stderr)
+    result = app.gc(ws, max_bytes, policy=policy, waiting=_say_gc_waits(ws.store.root))
+    print(_describe_gc(result))
+    return 0
 
 
 def _say_gc_waits(root: Path) -> Callable[[list[int]], None]:
@@ -118,45 +114,19 @@ def _say_gc_waits(root: Path) -> Callable[[list[int]], None]:
 
 # --- push / pull -------------------------------------------------------------------------
 def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
-    from optbuild.builder import runstats
-    from optbuild.cli import transfer
-    from optbuild.store.remote import RemoteSession
+    from optbuild import app
 
-    if ws.remote is None:
-        print("error: no remote cache: set [remote] url in optbuild.toml, $OPTBUILD_REMOTE or --remote URL",
-              file=sys.stderr)
-        return 2
     pushing = args.cache_command == "push"
-    if pushing and not ws.remote.write:
-        print(f"error: the remote {ws.remote.display_url} is read-only here ([remote] write = false)",
-              file=sys.stderr)
-        return 2
-    if not pushing and not ws.remote.read:
-        print(f"error: reading the remote {ws.remote.display_url} is off ([remote] read = false)",
-              file=sys.stderr)
-        return 2
     progress = _progress()
-    session = RemoteSession(ws.remote, _WarningPrinter(progress), progress=progress)
-    started = time.perf_counter()
+    sink = _WarningPrinter(progress)
     try:
         if pushing:
-            report = transfer.push(ws, session, args.targets, everything=args.all)
+            result = app.push(ws, args.targets, everything=args.all, sink=sink, progress=progress)
         else:
-            host = None
-            if args.fingerprint is not None:
-                from optbuild.common.fingerprint import Fingerprint
-
-                try:
-                    host = Fingerprint.load(args.fingerprint)
-                except (OSError, ValueError) as exc:
-                    print(f"error: cannot read fingerprint {args.fingerprint}: {exc}", file=sys.stderr)
-                    return 2
-            report = transfer.pull(ws, session, args.targets, host=host)
+            result = app.pull(ws, args.targets, host=args.fingerprint, sink=sink, progress=progress)
     finally:
         progress.close()
-    summary = session.summary()
-    runstats.append_stats(ws.store.root, {"command": args.cache_command, "ok": report.ok,
-                                          "local": None, "remote": summary})
+    report, summary = result.report, result.summary
     verb = "pushed" if pushing else "pulled"
     where = "on the remote already" if pushing else "in the local cache already"
     for sid in report.failed:
@@ -165,11 +135,11 @@ def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
         why = "not in the local cache: build it first" if pushing else "not on the remote: it must build"
         print(f"  missing  {sid}  ({why})", file=sys.stderr)
     print(f"{verb} {len(report.done)}, {len(report.present)} {where}, {len(report.missing)} missing, "
-          f"{len(report.failed)} failed in {time.perf_counter() - started:.2f}s "
+          f"{len(report.failed)} failed in {result.seconds:.2f}s "
           f"({human_size(summary['bytes_up' if pushing else 'bytes_down'])} "
           f"{'up' if pushing else 'down'}, {summary['errors']} remote errors)")
-    if summary["signature_mismatches"]:
-        print(f"warning: {runstats.describe_mismatches(summary['signature_mismatches'])}", file=sys.stderr)
+    if result.mismatch_warning is not None:
+        print(f"warning: {result.mismatch_warning}", file=sys.stderr)
     if not pushing and report.done:
         print("restore the outputs with `optbuild build --no-build`")
     return 0 if report.ok else 1
@@ -180,11 +150,9 @@ class _WarningPrinter:
 
     def __init__(self, progress: Any = None):
         self.progress = progress
-        self.events: list[dict] = []
 
-    def emit(self, event: dict) -> None:
-        self.events.append(event)
-        if event.get("event") == "warning":
+    def emit(self, event: Event) -> None:
+        if event["event"] == "warning":
             line = f"warning: {event['message']}"
             if self.progress is not None:
                 self.progress.print(line)
@@ -193,7 +161,7 @@ class _WarningPrinter:
 
 
 def _progress() -> Any:
-    from optbuild.store.remote import TransferProgress
+    from optbuild.app import TransferProgress
 
     class PlainProgress(TransferProgress):
         """One line per finished transfer (not a terminal)."""
@@ -261,9 +229,11 @@ def _progress() -> Any:
 
 
 # --- gc ----------------------------------------------------------------------------------
-def _describe_gc(report: Any, lock_name: str, grace_s: float, *, damaged: bool) -> str:
+def _describe_gc(result: GcResult) -> str:
     """What gc freed, and what it kept and why, naming the flag that lifts each protection:
     a gc that frees nothing must not leave people guessing."""
+    report, policy = result.report, result.policy
+    lock_name, grace_s, damaged = policy.lock_file.name, policy.min_age_s, policy.damage is not None
     state = "within" if report.ok else "over"
     lines = [f"evicted {_count(report.entries_evicted, 'entry')}, deleted {_count(report.blobs_deleted, 'blob')}, "
              + f"freed {human_size(report.bytes_freed)}; the cache now holds {human_size(report.bytes_now)}, "
@@ -307,46 +277,12 @@ def _duration(seconds: float) -> str:
 
 
 # --- stats -------------------------------------------------------------------------------
-def _local_counts(record: dict[str, Any]) -> dict[str, int] | None:
-    """A run's local hits, misses and unavailable steps (None: the run used no local cache).
-
-    A step this host cannot run is not a miss: no cache could have served a build of it.
-    Records written before unavailable steps had a count of their own counted them as
-    misses; their status counts say how many to move.
-    """
-    from optbuild.builder.status import Status
-
-    local = record.get("local")
-    if not isinstance(local, dict):
-        return None
-    counts = {name: _int(local.get(name)) for name in ("hits", "misses", "unavailable")}
-    if "unavailable" not in local:
-        status_counts = record.get("counts")
-        moved = min(counts["misses"], _int(status_counts.get(Status.UNAVAILABLE)) if isinstance(status_counts, dict) else 0)
-        counts["misses"] -= moved
-        counts["unavailable"] = moved
-    return counts
-
-
-def _int(value: Any) -> int:
-    """A counter from stats.jsonl, which anyone may have edited: anything else counts 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def _stats(ws: Workspace, args: argparse.Namespace) -> int:
-    from optbuild.builder.runstats import describe_mismatches, read_stats
+    from optbuild import app
+    from optbuild.app.cache import counter, local_counts
 
-    records = read_stats(ws.store.root)
-    totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0, "unavailable": 0},
-                              "remote": {"hits": 0, "misses": 0, "rejected": 0, "errors": 0,
-                                         "signature_mismatches": 0, "bytes_down": 0, "bytes_up": 0}}
-    for record in records:
-        for name, value in (_local_counts(record) or {}).items():
-            totals["local"][name] += value
-        remote = record.get("remote")
-        for name, value in (remote.items() if isinstance(remote, dict) else ()):
-            if name in totals["remote"]:
-                totals["remote"][name] += _int(value)
+    found = app.stats(ws)
+    records, totals = found.records, found.totals
     if args.json:
         print(json.dumps({"totals": totals, "recent": records[-args.last:] if args.last > 0 else []},
                          indent=1))
@@ -358,7 +294,7 @@ def _stats(ws: Workspace, args: argparse.Namespace) -> int:
           f"{'down':>10} {'up':>10}")
     for record in records[-args.last:] if args.last > 0 else []:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.get("time", 0)))
-        local = _local_counts(record)
+        local = local_counts(record)
         remote = record.get("remote") or {}
         local_text = f"{local['hits']}/{local['misses']}" if local else "-"
         unavailable_text = str(local["unavailable"]) if local else "-"
@@ -366,8 +302,8 @@ def _stats(ws: Workspace, args: argparse.Namespace) -> int:
                        if remote else "-")
         mismatches = remote.get("signature_mismatches")
         print(f"{when:<17} {record.get('command', '?'):<8} {local_text:>14} {unavailable_text:>11} "
-              f"{remote_text:>20} {human_size(_int(remote.get('bytes_down'))):>10} "
-              f"{human_size(_int(remote.get('bytes_up'))):>10}"
+              f"{remote_text:>20} {human_size(counter(remote.get('bytes_down'))):>10} "
+              f"{human_size(counter(remote.get('bytes_up'))):>10}"
               + (f"  {mismatches} signature mismatch(es)" if mismatches else ""))
     local, remote = totals["local"], totals["remote"]
     looked = local["hits"] + local["misses"]
@@ -376,7 +312,7 @@ def _stats(ws: Workspace, args: argparse.Namespace) -> int:
           f"{local['unavailable']} unavailable (steps this host cannot run: not misses); "
           f"remote {remote['hits']} hits, {remote['misses']} misses ({remote['rejected']} rejected), "
           f"{remote['errors']} errors, {human_size(remote['bytes_down'])} down, {human_size(remote['bytes_up'])} up")
-    if remote["signature_mismatches"]:
-        print(f"warning: {describe_mismatches(remote['signature_mismatches'])}: this host's signing key "
+    if found.mismatch_warning is not None:
+        print(f"warning: {found.mismatch_warning}: this host's signing key "
               "differs from the one that signed the remote's entries")
     return 0

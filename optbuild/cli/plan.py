@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 def _warn_shared_model_names(ws: Any, targets: list[str]) -> None:
     """Deploy steps that publish one model name: `optbuild deploy` would refuse them, so say
     it now, before anything builds."""
-    from optbuild.cli.deploy import deploy_models, shared_model_names
+    from optbuild.app.deploy import deploy_models, shared_model_names
 
     for line in shared_model_names(deploy_models(ws.project, ws.graph.select(targets))):
         print(f"warning: {line}: optbuild deploy refuses them", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import graphlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from optbuild.common.errors import OptbuildError, Problem, ProjectError
@@ -17,6 +18,16 @@ from optbuild.project.recipe import StepSpec
 
 if TYPE_CHECKING:
     import networkx
+
+
+@dataclass(frozen=True)
+class Target:
+    """A build target as written (``text``): the steps it names, in the recipes' order, without
+    their ancestors; ``recipe`` when it names a whole recipe."""
+
+    text: str
+    steps: tuple[str, ...]
+    recipe: bool = False
 
 
 class StepGraph:
@@ -57,10 +68,15 @@ class StepGraph:
         return problems
 
     def step(self, target: str) -> str:
-        """``target`` ("recipe:step", or a step name one recipe has) as a step id; else an
-        error that suggests the closest step and lists the steps it may have meant."""
-        if target in self.steps:
-            return target
+        """``target`` as one step id: a target (``target``) naming one step, or a step name
+        one recipe has; else an error that suggests the closest step and lists the steps it
+        may have meant."""
+        try:
+            named: Target | None = self.target(target)
+        except ProjectError:
+            named = None
+        if named is not None and not named.recipe and len(named.steps) == 1:
+            return named.steps[0]
         matches = [sid for sid in self.steps if sid.endswith(":" + target)]
         if len(matches) == 1:
             return matches[0]
@@ -69,6 +85,8 @@ class StepGraph:
             names.setdefault(spec.recipe, []).append(spec.name)
         if target in names:
             raise OptbuildError(f"{target} is a recipe: name one of its steps: {', '.join(names[target])}")
+        if named is not None:  # a matrix step
+            raise OptbuildError(f"{target} is a matrix step: name one of its instances: {', '.join(named.steps)}")
         if matches:
             raise OptbuildError(f"{target!r} is a step of several recipes: use one of {', '.join(matches)}")
         recipe, colon, _ = target.partition(":")
@@ -78,23 +96,26 @@ class StepGraph:
         raise OptbuildError("\n".join([f"unknown step {target!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""),
                                        *(f"steps of {r}: {', '.join(names[r])}" for r in listed)]))
 
+    def target(self, text: str) -> Target:
+        """``text`` as a build target: the one grammar of the commands' TARGET arguments
+        ("recipe", "recipe:step", or a matrix step's "recipe:step" naming all its instances);
+        else ProjectError suggesting the closest target."""
+        recipes = {spec.recipe for spec in self.steps.values()}
+        if text in self.steps:
+            named = [text]
+        elif text in recipes:
+            named = [s for s, spec in self.steps.items() if spec.recipe == text]
+        elif not (named := [s for s in self.steps if "[" in s and matrix.base_name(s) == text]):
+            hint = difflib.get_close_matches(text, [*recipes, *self.steps], n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ProjectError([Problem(f"unknown target {text!r}{suggestion}")])
+        return Target(text, tuple(named), recipe=text in recipes)
+
     def select(self, targets: list[str]) -> list[str]:
-        """Steps needed for ``targets`` ("recipe" or "recipe:step"), in build order."""
+        """Steps needed for ``targets`` (see ``target``), in build order."""
         if not targets:
             return list(self.order)
-        recipes = {spec.recipe for spec in self.steps.values()}
-        wanted: set[str] = set()
-        for target in targets:
-            if target in self.steps:
-                wanted.add(target)
-            elif target in recipes:
-                wanted.update(s for s, spec in self.steps.items() if spec.recipe == target)
-            elif instances := [s for s in self.steps if "[" in s and matrix.base_name(s) == target]:
-                wanted.update(instances)  # a matrix step: all its instances
-            else:
-                hint = difflib.get_close_matches(target, [*recipes, *self.steps], n=1)
-                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-                raise ProjectError([Problem(f"unknown target {target!r}{suggestion}")])
+        wanted = {sid for text in targets for sid in self.target(text).steps}
         stack = list(wanted)
         while stack:
             for dep in self.deps[stack.pop()]:

@@ -166,6 +166,8 @@ def test_no_build_on_an_unbuilt_project_fails_clearly(tmp_path):
     ("transformr", "error: unknown target 'transformr'; did you mean 'transformer'?"),
     ("transformer:simplfy", "error: unknown target 'transformer:simplfy'; did you mean 'transformer:simplify'?"),
     ("transformer:rtx[int8]", "error: transformer:rtx[int8] is a TensorRT-RTX engine (model.engine)"),
+    # the one target grammar (StepGraph.target): a matrix step names its instances, as in build and plan
+    ("transformer:rtx", "error: transformer:rtx[fp32] is a TensorRT-RTX engine (model.engine)"),
     ("transformer:calibrate", "error: transformer:calibrate is a calibrate step"),
 ])
 def test_targets_that_cannot_be_benched_are_clear_errors(examples, target, message):

@@ -55,32 +55,29 @@ def select(ws: Workspace, targets: list[str]) -> tuple[dict[str, list[str]], dic
     if not targets:
         raise BenchError("name a recipe or a recipe:step to bench")
     steps = ws.project.steps
-    recipes = {spec.recipe for spec in steps.values()}
     wanted: set[str] = set()
     skipped: dict[str, dict[str, list[str]]] = {}
     host = host_fingerprint()
-    for target in targets:
-        if target in steps:
-            if (why := not_benched(steps[target], host)) is not None:
-                raise BenchError(_refusal(steps[target], why))
-            wanted.add(target)
-        elif target in recipes:
-            found = False
-            for sid, spec in steps.items():
-                if spec.recipe != target:
-                    continue
-                if (why := not_benched(spec, host)) is None:
-                    wanted.add(sid)
-                    found = True
-                else:
-                    if (on := runs_on(spec)) is not None:
-                        why = f"{on[0].label} engines: {why}"
-                    skipped.setdefault(target, {}).setdefault(why, []).append(spec.name)
-            if not found:
-                raise BenchError(f"recipe {target!r} has no step that gives a model this host can run")
-        else:
-            ws.graph.select([target])  # raises "unknown target ...; did you mean ...?"
-            raise BenchError(f"unknown target {target!r}")
+    for text in targets:
+        target = ws.graph.target(text)  # "unknown target ...; did you mean ...?"
+        if not target.recipe:  # each step named must be benched
+            for sid in target.steps:
+                if (why := not_benched(steps[sid], host)) is not None:
+                    raise BenchError(_refusal(steps[sid], why))
+            wanted.update(target.steps)
+            continue
+        found = False
+        for sid in target.steps:
+            spec = steps[sid]
+            if (why := not_benched(spec, host)) is None:
+                wanted.add(sid)
+                found = True
+            else:
+                if (on := runs_on(spec)) is not None:
+                    why = f"{on[0].label} engines: {why}"
+                skipped.setdefault(text, {}).setdefault(why, []).append(spec.name)
+        if not found:
+            raise BenchError(f"recipe {text!r} has no step that gives a model this host can run")
     chosen: dict[str, list[str]] = {}
     for sid in ws.graph.order:
         if sid in wanted:
