@@ -58,7 +58,8 @@ class Keyer:
             kind_class = f"{_display_path(Path(impl_file), self.project_root)}:{class_name}"
         return Action(
             kind=spec.kind, version=step.version, params=params,
-            inputs={name: upstream[name] for name in sorted(spec.deps) if name not in (missing or {})},
+            inputs={name: step.outputs_read(name, upstream[name]) for name in sorted(spec.deps)
+                    if name not in (missing or {})},
             files=self._file_digests(spec), tools={name: self.toolchain.version(name) for name in step.tool_names()},
             host=step.host_key(host), salt=self.salt, kind_class=kind_class, missing=missing or {})
 

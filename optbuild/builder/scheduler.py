@@ -42,7 +42,8 @@ from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, StepSpec
 from optbuild.store.entry import ActionEntry
 from optbuild.store.failures import FailureStore
-from optbuild.store.local import BlobGone, LocalStore
+from optbuild.store.local import LocalStore
+from optbuild.store.materialize import BlobGone
 from optbuild.store.remote import RemoteSession
 
 LIST_REMOTE_FROM = 64  # steps in a run from which one listing of the remote beats a request per miss
@@ -459,15 +460,16 @@ class Scheduler:
         assert entry is not None
         return entry
 
-    def _artifact(self, dep: str) -> ArtifactSpec:
+    def _artifact(self, dep: str, read: dict[str, str]) -> ArtifactSpec:
+        """The outputs of ``dep`` the step reads (``read``: those its action holds) as it sees them."""
         spec = self.project.steps[dep]
         entry = self._entry(dep)
         directory = self.project.build_dir / spec.recipe / spec.name
         return ArtifactSpec(
             step=dep,
             dir=str(directory),
-            files={name: str(directory / name) for name in entry.outputs},
-            primary=str(directory / entry.primary) if entry.primary else None,
+            files={name: str(directory / name) for name in entry.outputs if name in read},
+            primary=str(directory / entry.primary) if entry.primary in read else None,
         )
 
     def _build(self, spec: StepSpec, action: Action, placement: Placement) -> ActionEntry:
@@ -478,7 +480,7 @@ class Scheduler:
         present = {f: dep for f, dep in spec.deps.items() if f not in action.missing}
         run = StepRun(step_id=spec.id, implementation=spec.implementation, action=action,
                       base_dir=spec.step.base_dir, project_root=self.project.root,
-                      inputs={f: self._artifact(dep) for f, dep in present.items()},
+                      inputs={f: self._artifact(dep, action.inputs[f]) for f, dep in present.items()},
                       primary=spec.step.primary_output, preload=spec.step.preload, state_dir=self.store.root / "state")
         upstream = {f: self._entry(dep) for f, dep in present.items()}
         request = BuildRequest(spec, placement, run, upstream, self.keyer.named_key_files(spec),

@@ -271,11 +271,12 @@ class DaskBuilder(Builder):
             self._ensure(blob.digest, blob.size, f"{spec.id} input {relative}")
         inputs = {}
         for field_name, entry in request.upstream.items():
-            for name, output in entry.outputs.items():
+            read = {name: output for name, output in entry.outputs.items() if name in request.action.inputs[field_name]}
+            for name, output in read.items():  # only what the step reads (its action's) travels
                 self._ensure(output.digest, output.size, f"{entry.step} {name}")
             self._ensure_entry(entry, spec.deps[field_name])
             inputs[field_name] = Upstream(step=spec.deps[field_name], key=entry.key, primary=entry.primary,
-                                          outputs=entry.outputs)
+                                          outputs=read)
         implementation = spec.implementation
         file, _, cls = implementation.rpartition(":")
         if file.endswith(".py"):
@@ -292,6 +293,7 @@ class DaskBuilder(Builder):
 
         if self._connected:
             return
+        assert self.context.remote is not None  # start() refused to run without one
         try:
             self.context.remote.require_read_write()
         except TransferError as exc:
@@ -311,6 +313,7 @@ class DaskBuilder(Builder):
                 if digest in self._present:
                     return
             ex = self.context
+            assert ex.remote is not None  # start() refused to run without one
             if not ex.store.blob_ok(digest, size):
                 raise StepError(f"{label} is missing from the local cache {ex.store.root} (run the build again)")
             try:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from optbuild.distributed.taskspec import BadTask, Task, TaskResult
 
 if TYPE_CHECKING:
+    from optbuild.common.events import Event
     from optbuild.distributed.nodeconfig import NodeConfig
     from optbuild.process.action import Action
 
@@ -138,9 +139,9 @@ class _Warnings:
     def __init__(self) -> None:
         self.messages: list[str] = []
 
-    def emit(self, event: dict[str, Any]) -> None:
-        if event.get("event") == "warning":
-            self.messages.append(str(event.get("message")))
+    def emit(self, event: Event) -> None:
+        if event["event"] == "warning":
+            self.messages.append(event["message"])
 
 
 def _place(store_path: Path, root: Path, name: str, what: str) -> Path:
@@ -240,7 +241,7 @@ def _check_upstream(task: Task, session: Any) -> None:
             raise Refused(f"the entry of its input {field} ({upstream.step}, key {upstream.key[:12]}…) cannot be "
                           f"read from the remote cache {session.url}: {why}; the node checks which output of "
                           "an upstream step is its main one against that entry")
-        if entry.outputs != upstream.outputs:
+        if any(entry.outputs.get(name) != output for name, output in upstream.outputs.items()):
             raise Refused(f"the outputs of {upstream.step} are not those its entry {upstream.key[:12]}… "
                           f"in the remote cache names")
         if entry.primary != upstream.primary:

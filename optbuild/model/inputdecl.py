@@ -22,6 +22,7 @@ The models here are validated when a recipe loads; numpy is imported inside the 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
@@ -86,6 +87,25 @@ class InputDecl(RecipeTable):
 InputDecls = dict[str, InputDecl]
 # The ``inputs`` parameter of a step: keyed only when set (steps had no such field before).
 StepInputs = Annotated[InputDecls | None, KEYED_WHEN_SET]
+
+
+# The parts of a declaration; a step kind says which it reads (StepParams.inputs_read).
+PARTS = ("shape", "dtype", "range", "values")
+
+
+def narrowed(decls: InputDecls | None, parts: tuple[str, ...] = PARTS,
+             names: Collection[str] | None = None) -> InputDecls | None:
+    """``decls`` with only the ``parts`` of the inputs in ``names`` (None: every input), what a
+    step reads of them: it runs on and is keyed on that alone, so that a shape only a benchmark
+    reads does not rebuild an export. None when nothing is left (and then not in the key)."""
+    kept = {}
+    for name, decl in (decls or {}).items():
+        if names is not None and name not in names:
+            continue
+        part = decl.model_copy(update={field: None for field in PARTS if field not in parts})
+        if any(getattr(part, field) is not None for field in PARTS):
+            kept[name] = part
+    return kept or None
 
 
 def merged(recipe: InputDecls | None, step: InputDecls | None) -> InputDecls | None:

@@ -174,6 +174,9 @@ class StepSpec:
     # finding an export's imports means reading its sources, which planning need not repeat.
     key_files: tuple[Path, ...] | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # -S for this run: param -> value
+    # The recipe's [inputs.NAME] with the step's own entries, whole: what `optbuild bench`
+    # feeds the step's model. The step runs on and is keyed on the part it reads (inputs_read).
+    declared: InputDecls | None = None
 
     @property
     def loc(self) -> tuple[str, ...]:
@@ -440,8 +443,12 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
     if infinite:
         problems.extend(infinite)
         return None
+    declared = getattr(params, "inputs", None)
+    if "inputs" in cls.Params.model_fields:  # only what the step reads runs and is keyed
+        params = params.model_copy(update={"inputs": params.inputs_read()})
     step = cls(params, base_dir, root)
-    return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, implementation, step, doc, enabled=enabled)
+    return StepSpec(f"{recipe}:{name}", recipe, name, name_in_registry, implementation, step, doc,
+                    enabled=enabled, declared=declared)
 
 
 def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
@@ -466,7 +473,7 @@ def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
     try:
         RecipeInputs.model_validate({"inputs": data.get("inputs", {})})
         if not (infinite := non_finite_problems(doc, ("inputs",), data.get("inputs", {}))):
-            inputs = data.get("inputs", {})  # given to the steps, in whose keys they are
+            inputs = data.get("inputs", {})  # given to the steps, keyed on the parts each reads
         problems.extend(infinite)
     except ValidationError as exc:
         problems.extend(validation_problems(doc, (), exc, RecipeInputs))

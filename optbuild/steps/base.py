@@ -44,6 +44,12 @@ TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.
 class StepParams(RecipeTable):
     """Base of every step's parameters."""
 
+    def inputs_read(self) -> Any:
+        """The part of the ``inputs`` declarations (recipe's and step's, merged) this step reads
+        with these parameters: the loader keeps only that, so the key holds only what the step
+        reads. A kind that reads less narrows it (optbuild.model.inputdecl.narrowed)."""
+        return getattr(self, "inputs", None)
+
 
 @dataclass(frozen=True)
 class Artifact:
@@ -134,7 +140,7 @@ class Step(Generic[P]):
     a type checker checks its code against its own ``self.params``."""
 
     # Bump when the implementation changes what it produces: every earlier entry is disowned.
-    version: ClassVar[str] = "1"
+    version: str = "1"  # a class attribute; a kind may set it per instance from its parameters (quantize)
     Params: ClassVar[type[StepParams]]
     # Python distributions whose versions change the output (their versions enter the key).
     tools: ClassVar[tuple[str, ...]] = ()
@@ -161,6 +167,13 @@ class Step(Generic[P]):
     def tool_names(self) -> tuple[str, ...]:
         """Distributions whose versions enter the key; override when params choose a tool."""
         return self.tools
+
+    def outputs_read(self, field: str, outputs: dict[str, str]) -> dict[str, str]:
+        """Of the outputs (name -> digest) of the step that parameter ``field`` names, those
+        this step reads: only they enter its key and are given to it. All of them unless a
+        kind says otherwise (deploy leaves out a select's report, whose timings change on
+        every run, so that the same choice deploys nothing new)."""
+        return outputs
 
     def step_refs(self) -> dict[str, str]:
         """Field name -> referenced step, for every StepRef field that is set; a list of

@@ -41,6 +41,10 @@ _REFUSED = {"runtime": "names the backend's library, which Triton would load: th
             "version_policy": "is optbuild deploy's: it pins the version it publishes"}
 
 
+# what a select or a benchmark writes beside the model it hands on: not served, not keyed
+REPORTS = frozenset({"selection.json", "selection.txt", "benchmark.json"})
+
+
 class DeployParams(StepParams):
     input: StepRef = Field(examples=["best"])
     """The step whose model Triton serves: an engine (onnxruntime, TensorRT, OpenVINO), a step
@@ -158,6 +162,12 @@ class Deploy(Step[DeployParams]):
     def runs_on(self) -> dict[str, Any] | None:
         return None  # Triton runs it, outside optbuild
 
+    def outputs_read(self, field: str, outputs: dict[str, str]) -> dict[str, str]:
+        """The model and the files beside it, not a select's or a benchmark's report: their
+        timings change on every run, and a select that chose the same model again must deploy
+        nothing new."""
+        return {name: digest for name, digest in outputs.items() if name not in REPORTS}
+
     def run(self, ctx: StepContext) -> None:
         from optbuild.steps import triton
 
@@ -234,14 +244,13 @@ def _onnx(artifact: Artifact) -> Path:
 
 def _manifest(artifact: Artifact) -> dict[str, Any]:
     """The engine.json an engine step wrote beside its model ({} when there is none)."""
-    import json
+    from optbuild.backends.manifest import MANIFEST, ManifestError, read_manifest
 
-    path = artifact.files.get("engine.json")
+    path = artifact.files.get(MANIFEST)
     try:
-        data = json.loads(path.read_text()) if path else {}
-    except (OSError, ValueError):
-        raise StepError(f"{artifact.step}: its engine.json is unreadable") from None
-    return data if isinstance(data, dict) else {}
+        return read_manifest(path) if path else {}
+    except ManifestError as exc:
+        raise StepError(f"{artifact.step}: {exc}") from None
 
 
 def _external_data(model: Path) -> dict[str, Path]:

@@ -57,7 +57,7 @@ from optbuild.common.errors import StepError, first_line, root_cause
 from optbuild.common.pyimports import local_imports
 from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, InputPath, StepRef
 from optbuild.model.compare import compare_outputs
-from optbuild.model.inputdecl import StepInputs
+from optbuild.model.inputdecl import InputDecls, StepInputs, narrowed
 from optbuild.steps.base import TORCH_TOOLS, Step, StepContext, StepParams
 
 if TYPE_CHECKING:
@@ -113,6 +113,12 @@ class ExportParams(StepParams):
     """What the exported model's inputs take (see 'Model inputs'), by input_names; replaces the
     recipe's [inputs.NAME] entry of the same input. The dynamic-axes re-check grows each dynamic
     axis to a size declared for it."""
+
+    def inputs_read(self) -> InputDecls | None:
+        """Only the shapes of inputs with dynamic axes: the re-check grows those axes to a
+        declared size; nothing else of a declaration reaches the export."""
+        dynamic = {name for name in self.input_names if self.dynamic_axes.get(name)}
+        return narrowed(self.inputs, ("shape",), dynamic)
 
     @field_validator("input_names", "output_names")
     @classmethod

@@ -351,9 +351,14 @@ multiples of 32, a sample rate that must be 8000 or 16000. A recipe says it once
 name, in `[inputs.NAME]` tables beside its steps; every step that runs the model on
 generated inputs (`simplify`, `opset`, `quantize`, `engine`, `verify` without `data`) uses
 them, and a TensorRT engine without `profiles` gets one profile from the declared shapes.
-A step's own `inputs` parameter replaces the recipe's entry of the same input. Declarations
-enter the keys of those steps; a name the model lacks, or a shape that contradicts the
-model, fails the step with a message that says so.
+A step's own `inputs` parameter replaces the recipe's entry of the same input. A step runs
+on, and is keyed on, only the parts of the declarations it reads with its parameters: export
+the shapes of its inputs with dynamic axes; select the values (range, values, dtype), not
+the shapes; `verify` with `data`, `quantize` with `check = false` (no `report`, no
+`exclude_until`) and `simplify` / `opset` with `check = 0` none; a check reads them all,
+except simplify the shape of an input `input_shapes` fixes. So a shape only a benchmark
+needs rebuilds the benchmark (and the checks that feed it), not the export. A name the model
+lacks, or a shape that contradicts the model, fails the step with a message that says so.
 
 ```toml
 [inputs.x]

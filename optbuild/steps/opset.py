@@ -15,7 +15,7 @@ from pydantic import Field
 
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import StepRef
-from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.model.inputdecl import InputDecls, StepInputs, inputs_field
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
@@ -33,6 +33,10 @@ class OpsetParams(StepParams):
     tolerance: float = tolerance_field("the converted model", default=1e-4, most=1)
     atol: Atol = atol_field()
     inputs: StepInputs = inputs_field()
+
+    def inputs_read(self) -> InputDecls | None:
+        """Only the numeric check reads declarations: none with check = 0."""
+        return self.inputs if self.check else None
 
 
 class Opset(Step[OpsetParams]):

@@ -76,7 +76,7 @@ from pydantic import Field, field_validator, model_validator
 from optbuild.backends.onnxruntime import distribution as ort_distribution
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import StepRef
-from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.model.inputdecl import InputDecls, StepInputs, inputs_field
 from optbuild.model.onnxgraph import (
     all_nodes,
     constants_to_initializers,
@@ -248,6 +248,10 @@ class QuantizeParams(StepParams):
                 raise ValueError("an empty list keeps nothing: write keep_io_types = false")
             return sorted(set(value))
         return value
+
+    def inputs_read(self) -> InputDecls | None:
+        """Only the run check and the report's samples feed declarations: none without them."""
+        return self.inputs if self.check or self.report or self.exclude_until is not None else None
 
     @model_validator(mode="after")
     def _mode_options(self) -> QuantizeParams:

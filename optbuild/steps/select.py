@@ -53,13 +53,14 @@ import json
 import time
 import typing
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
-from optbuild.model.inputdecl import StepInputs, inputs_field
+from optbuild.model.inputdecl import InputDecls, StepInputs, inputs_field, narrowed
 from optbuild.model.isolation import Stage
 from optbuild.steps import fields
 from optbuild.steps.base import ONNX_TOOLS, Artifact, Step, StepContext, StepParams, link_files
@@ -120,6 +121,10 @@ class SelectParams(StepParams):
                                        "values as declared, else as the benchmark draws them.")
     inputs: StepInputs = inputs_field(" Only values (range, values) are taken from it: the shapes are "
                                       "the benchmarks'.", example={"tokens": {"range": [0, 30521]}})
+
+    def inputs_read(self) -> InputDecls | None:
+        """Values only: the shapes timed are those the benchmarks recorded."""
+        return narrowed(self.inputs, ("dtype", "range", "values"))
 
     @model_validator(mode="after")
     def _rounds_filled(self) -> SelectParams:
@@ -202,7 +207,7 @@ class Select(Step[SelectParams]):
             p.objective != "size_bytes" or p.max_p50_ms is not None or p.min_throughput is not None)
 
     @property
-    def exclusive(self) -> bool:  # type: ignore[override]
+    def exclusive(self) -> bool:  # type: ignore[override]  # an instance property over Step's class attribute
         return self.measures()  # timings taken beside other builds would measure those
 
     def tool_names(self) -> tuple[str, ...]:
@@ -292,7 +297,7 @@ class Select(Step[SelectParams]):
                 return None, {}
             try:
                 measured, levels, notes = run_models(
-                    lambda at, stage, sides=sides: self._measure(ctx, [by_index[i] for i in sides], sides, at, stage),
+                    partial(self._measure, ctx, [by_index[i] for i in sides], sides),
                     sides, names, "select")
                 break
             except ModelsCrashed as exc:  # the others race without it

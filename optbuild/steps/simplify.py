@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import KEYED_WHEN_SET, StepRef
-from optbuild.model.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field
+from optbuild.model.inputdecl import InputDecl, InputDecls, StepInputs, inputs_field, narrowed
 from optbuild.steps.base import TORCH_TOOLS, Step, StepContext, StepParams
 from optbuild.steps.fields import check_field, input_field, tolerance_field
 from optbuild.steps.rewrite_check import Atol, atol_field, check_rewrite, input_model, interface
@@ -59,6 +59,15 @@ class SimplifyParams(StepParams):
     give distinct names to dims that may differ (paddle2onnx calls both height and width '?').
     Only symbolic dims, and not in an input that input_shapes fixes."""
     inputs: StepInputs = inputs_field()
+
+    def inputs_read(self) -> InputDecls | None:
+        """Only the numeric check reads declarations (none with check = 0), and not the shape
+        of an input that input_shapes fixes."""
+        if self.check == 0:
+            return None
+        fixed = set(self.input_shapes or {})
+        return {**(narrowed(self.inputs, names=set(self.inputs or {}) - fixed) or {}),
+                **(narrowed(self.inputs, ("dtype", "range", "values"), fixed) or {})} or None
 
     @model_validator(mode="after")
     def _fixed_or_named(self) -> SimplifyParams:

@@ -128,7 +128,7 @@ from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.common.errors import StepError
 from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, RecipeTable, StepRef
 from optbuild.model import compare
-from optbuild.model.inputdecl import StepInputs, check_declarations
+from optbuild.model.inputdecl import InputDecls, StepInputs, check_declarations
 from optbuild.model.isolation import Stage
 from optbuild.model.runmodels import at_level, entered_runner, model_entry, run_models
 from optbuild.model.samples import DataArg, non_default
@@ -256,6 +256,10 @@ class VerifyParams(StepParams):
             raise ValueError(f"int_range must be [low, high) with low < high, got {value}")
         return value
 
+    def inputs_read(self) -> InputDecls | None:
+        """Random inputs only: with data, no declaration is read."""
+        return self.inputs if self.data is None else None
+
     @model_validator(mode="after")
     def _consistent(self) -> VerifyParams:
         if self.reference == self.candidate:
@@ -330,17 +334,14 @@ class Verify(DataSourceStep[VerifyParams]):
     @staticmethod
     def _side(ctx: StepContext, role: str) -> tuple[Backend, Manifest]:
         """What runs the ``role`` model, from its artifact."""
-        art = ctx.inputs[role]
-        if art.primary is None:
-            raise StepError(f"the {role} {art.step} gives no model")
-        return registry.for_artifact(art.primary, f"the {role} {art.step}")
+        return registry.for_artifact(_model(ctx, role), f"the {role} {ctx.inputs[role].step}")
 
     @staticmethod
     def _open(ctx: StepContext, role: str, side: tuple[Backend, Manifest], stack: contextlib.ExitStack,
               level: str | None) -> Runner:
         """The entered runner of the ``role`` model (onnxruntime's: at ``level``)."""
         art = ctx.inputs[role]
-        runner = entered_runner(stack, side, art.primary, ctx.host, f"the {role} {art.step}", level=level)
+        runner = entered_runner(stack, side, _model(ctx, role), ctx.host, f"the {role} {art.step}", level=level)
         ctx.log(f"{role}: {at_level(runner.label, level)}")
         return runner
 
@@ -448,7 +449,7 @@ class Verify(DataSourceStep[VerifyParams]):
         stage("comparing the outputs")
         first = {n: results["reference"][n][0] for n in names}
         warnings: list[str] = []
-        top1_axes = self._top1_axes(ref_art.primary, names, first)
+        top1_axes = self._top1_axes(_model(ctx, "reference"), names, first)
         if p.min_top1 is not None and not top1_axes:
             warnings.append(self._top1_not_applied(names, first))
         if unknown := sorted(set(p.slices or {}) - set(names)):
@@ -473,8 +474,8 @@ class Verify(DataSourceStep[VerifyParams]):
                            "threshold": True, "ok": user_passed})
         return {
             "version": REPORT_VERSION,
-            "reference": model_entry(ref_art.primary),
-            "candidate": model_entry(cand_art.primary),
+            "reference": model_entry(_model(ctx, "reference")),
+            "candidate": model_entry(_model(ctx, "candidate")),
             "data": {"source": source, "samples": len(samples)},
             "thresholds": thresholds,
             "outputs": figures,
@@ -542,6 +543,14 @@ class Verify(DataSourceStep[VerifyParams]):
                 or any(r.shape != shape for r in reference)):  # parts of samples of other shapes: not guessed
             return None
         return axis, compare.scale_runs(reference, axis)
+
+
+def _model(ctx: StepContext, role: str) -> Path:
+    """The file of the ``role`` model: StepError when its step gives none."""
+    art = ctx.inputs[role]
+    if art.primary is None:
+        raise StepError(f"the {role} {art.step} gives no model")
+    return art.primary
 
 
 def _reference_warnings(figures: dict[str, dict[str, Any]], samples: int) -> list[str]:

@@ -31,8 +31,8 @@ def verified_int_range(ws: Workspace, verifies: list[str]) -> tuple[int, int]:
 
 
 def _declarations(ws: Workspace, sid: str) -> InputDecls | None:
-    """What the recipe declares of the step's model inputs, as its build read it: the step's
-    ``inputs`` (the recipe's [inputs.NAME] with the step's own entries), or for a kind without
+    """What the recipe declares of the step's model inputs: the recipe's [inputs.NAME] with the
+    step's own entries, whole (``StepSpec.declared``; the step reads a part), or for a kind without
     that parameter (an onnx source) the recipe's [inputs.NAME], read again from its file (the
     project keeps them only inside the steps' parameters)."""
     from optbuild.project import template
@@ -41,7 +41,7 @@ def _declarations(ws: Workspace, sid: str) -> InputDecls | None:
 
     spec = ws.project.steps[sid]
     if "inputs" in type(spec.step.params).model_fields:
-        return spec.step.params.inputs
+        return spec.declared
     data, _ = template.instantiate(load_toml(ws.project.recipes[spec.recipe]), [])
     return RecipeInputs.model_validate({"inputs": data.get("inputs", {})}).inputs or None
 
