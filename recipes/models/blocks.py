@@ -19,11 +19,3 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
-
-def randomize_batchnorm(module: nn.Module) -> None:
-    """Non-trivial running statistics, so folding BatchNorm is really exercised."""
-    generator = torch.Generator().manual_seed(1)
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=generator) * 0.1)
-            m.running_var.copy_(torch.rand(m.num_features, generator=generator) + 0.5)

@@ -100,7 +100,7 @@ def test_exports_are_self_contained_and_reproducible(name, tmp_path, tmp_path_fa
 
 def test_the_key_covers_the_model_file_its_local_imports_weights_and_extra_files(tmp_path):
     step = Export(ExportParams.model_validate(recipe_step("cnn", "export")), RECIPES, REPO)
-    assert step.key_files() == [MODELS / "cnn.py", MODELS / "blocks.py"]
+    assert step.key_files() == [MODELS / "cnn.py", MODELS / "blocks.py", MODELS / "calib.py"]  # fitted to its scenes
     assert step.tool_names() == ("torch", "onnx")
     step = Export(ExportParams(model="models/transformer.py:build", weights="w/encoder.pt",
                                extra_files=["config.yaml", "models/blocks.py"]), RECIPES, REPO)

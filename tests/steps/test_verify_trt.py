@@ -113,16 +113,16 @@ def test_host_key_holds_the_gpu_fields_that_change_the_verdict():
 
 def test_steps_without_an_engine_keep_their_key_material():
     # cnn:verify[int8] as recipes/cnn.toml and its template write it: its key was made from exactly this dump
-    step = verify_step(candidate="quantize_int8", data="models/calib.py:images", max_abs=0.02,
+    step = verify_step(candidate="quantize_int8", data="models/calib.py:images", max_abs=0.2,
                        data_args={"count": 64, "seed": 1}, min_cosine=0.99, min_top1=0.95)
     assert key_params(step.params) == {
         "reference": "simplify", "candidate": "quantize_int8", "data": "models/calib.py:images",
         "data_args": {"count": 64, "seed": 1}, "samples": None, "seed": 0, "dynamic_size": 1,
-        "int_range": [0, 8], "outputs": [], "max_abs": 0.02, "max_rel": None, "min_cosine": 0.99,
+        "int_range": [0, 8], "outputs": [], "max_abs": 0.2, "max_rel": None, "min_cosine": 0.99,
         "min_top1": 0.95, "top1_outputs": []}, "a parameter added later (inputs) enters keys only when set"
     assert step.tool_names() == (ort_distribution(), "numpy")
     engine = rtx_verify(targets=["8.9", "sm_86"], candidate="quantize_int8", data="models/calib.py:images",
-                        max_abs=0.02, data_args={"count": 64, "seed": 1}, min_cosine=0.99, min_top1=0.95)
+                        max_abs=0.2, data_args={"count": 64, "seed": 1}, min_cosine=0.99, min_top1=0.95)
     assert engine.params == step.params  # what the engine step says is not written in the verify step
     assert engine.sides["candidate"][1]["targets"] == ["sm86", "sm89"]
     assert engine.tool_names()[:2] == (ort_distribution(), "numpy")
