@@ -53,8 +53,14 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _mapping(record: dict[str, Any], name: str) -> dict[str, Any]:
+    """``record[name]`` when it is a table, else {}: a lock file edited by hand may hold anything."""
+    value = record.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def _section(record: dict[str, Any], section: str) -> dict[str, Any]:
-    ingredients = record.get("ingredients") if isinstance(record.get("ingredients"), dict) else {}
+    ingredients = _mapping(record, "ingredients")
     value = record.get(section) if section in ("tools", "host") and section in record else ingredients.get(section)
     return flatten(value) if isinstance(value, dict) else {}
 
@@ -75,8 +81,7 @@ def step_changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any
     """The changes between two records of one step: [{"what", "name", "old", "new"}], with
     "old" or "new" left out where that record has no such value."""
     changes: list[dict[str, Any]] = []
-    old_ing = old.get("ingredients") if isinstance(old.get("ingredients"), dict) else {}
-    new_ing = new.get("ingredients") if isinstance(new.get("ingredients"), dict) else {}
+    old_ing, new_ing = _mapping(old, "ingredients"), _mapping(new, "ingredients")
     for section, label in _SCALARS:
         a = old.get(section, old_ing.get(section, _ABSENT)) if section == "kind" else old_ing.get(section, _ABSENT)
         b = new.get(section, new_ing.get(section, _ABSENT)) if section == "kind" else new_ing.get(section, _ABSENT)
@@ -86,9 +91,7 @@ def step_changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any
     if isinstance(old.get("metrics"), dict) and isinstance(new.get("metrics"), dict):
         sections.append((flatten(old["metrics"]), flatten(new["metrics"]), "metric"))
     sections.append(({"": old.get("key")}, {"": new.get("key")}, "key"))
-    old_out = old.get("outputs") if isinstance(old.get("outputs"), dict) else {}
-    new_out = new.get("outputs") if isinstance(new.get("outputs"), dict) else {}
-    sections.append((old_out, new_out, "output"))
+    sections.append((_mapping(old, "outputs"), _mapping(new, "outputs"), "output"))
     for before, after, label in sections:
         for name in sorted(set(before) | set(after)):
             a, b = before.get(name, _ABSENT), after.get(name, _ABSENT)
@@ -106,6 +109,7 @@ def diff(base: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) ->
         old, new = base.get(sid), current.get(sid)
         if old is None or new is None:
             record = new if old is None else old
+            assert record is not None  # sid is in base or in current
             steps[sid] = {"status": "added" if old is None else "removed", "kind": record.get("kind"),
                           "key": record.get("key")}
             continue

@@ -14,15 +14,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from optbuild.builder.status import Status
-from optbuild.common.events import Event
+from optbuild.common.events import Event, StepEvent
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 # one lock for every writer of progress: reporters and bench's progress share stderr
 _WRITE_LOCK = threading.Lock()
 
-_STYLE = {
+_STYLE: dict[str, str] = {
     Status.CACHED: "green", Status.RESTORED: "green", Status.BUILT: "bold green",
     Status.WOULD_BUILD: "yellow", Status.RUNNING: "cyan", Status.FAILED: "bold red",
     Status.SKIPPED: "dim", Status.UNAVAILABLE: "magenta",
@@ -51,7 +54,7 @@ class Reporter:
         pass
 
     def steps_with(self, status: Status | str) -> list[str]:
-        return [e["step"] for e in self.events if e.get("event") == "step" and e["status"] == status]
+        return [e["step"] for e in self.events if e["event"] == "step" and e["status"] == status]
 
 
 class JsonReporter(Reporter):
@@ -76,8 +79,7 @@ def _line(event: Event) -> str | None:
     """The line of ``event`` in plain and rich output. An unavailable or skipped step's line
     is its name only: its reason is shown once for all the steps it covers
     (``summary_lines``); a failure's error stays inline, as it is the step's own."""
-    kind = event.get("event")
-    if kind == "step":
+    if event["event"] == "step":
         status = event["status"]
         if status == Status.RUNNING:
             why = "; ".join(event.get("reasons") or [])
@@ -90,24 +92,24 @@ def _line(event: Event) -> str | None:
         if event.get("error") and status != Status.UNAVAILABLE:
             text += "\n" + "\n".join("      " + line for line in str(event["error"]).splitlines())
         return text
-    if kind == "done":
+    if event["event"] == "done":
         counts = ", ".join(f"{n} {status}" for status, n in event["counts"].items() if n)
         verdict = "ok" if event["ok"] else "FAILED"
         return f"{verdict}: {counts or 'nothing to do'} in {event['duration_s']:.2f}s"
-    if kind == "warning":
+    if event["event"] == "warning":
         return f"warning: {event['message']}"
-    if kind == "note":
+    if event["event"] == "note":
         return f"note: {event['message']}"
     return None
 
 
-def _cancelled(event: Event) -> bool:
+def _cancelled(event: StepEvent) -> bool:
     """A step skipped because the build was interrupted: no summary follows an interrupt,
     so its reason goes on its line."""
     return event["status"] == Status.SKIPPED and event.get("reasons") == ["cancelled"]
 
 
-def unavailable_reason(event: Event) -> str:
+def unavailable_reason(event: StepEvent) -> str:
     """Why an unavailable step cannot run here, without its name (the scheduler's error
     reads "STEP cannot run here: WHY"), so that steps with the same need share it."""
     error = str(event.get("error") or "unknown")
@@ -121,7 +123,7 @@ def summary_lines(events: list[Event]) -> list[str]:
     before the build's last line; ``--json`` keeps each step's own reason instead."""
     groups: dict[str, dict[str, list[str]]] = {Status.UNAVAILABLE: {}, Status.SKIPPED: {}}
     for event in events:
-        if event.get("event") != "step" or event["status"] not in groups or _cancelled(event):
+        if event["event"] != "step" or event["status"] not in groups or _cancelled(event):
             continue
         if event["status"] == Status.UNAVAILABLE:
             reason = unavailable_reason(event)
@@ -147,7 +149,7 @@ def _steps(n: int) -> str:
 def is_result(event: Event) -> bool:
     """Whether ``event`` is part of a command's answer (a step's line, the summary), which
     ``results`` streams take, rather than a diagnostic (a warning, a note)."""
-    return event.get("event") in ("step", "done")
+    return event["event"] in ("step", "done")
 
 
 class Board:
@@ -162,16 +164,15 @@ class Board:
         self.doing: dict[str, str] = {}
 
     def update(self, event: Event) -> None:
-        kind = event.get("event")
-        if kind == "start":
+        if event["event"] == "start":
             self.total, self.done = len(event["steps"]), 0
-        elif kind == "step" and event["status"] == Status.RUNNING:
+        elif event["event"] == "step" and event["status"] == Status.RUNNING:
             self.running[event["step"]] = time.monotonic()
-        elif kind == "step":
+        elif event["event"] == "step":
             self.running.pop(event["step"], None)
             self.doing.pop(event["step"], None)
             self.done += 1
-        elif kind == "progress" and event["step"] in self.running:
+        elif event["event"] == "progress" and event["step"] in self.running:
             self.doing[event["step"]] = event["message"]
 
     def counter(self) -> str:
@@ -201,9 +202,9 @@ class PlainReporter(Reporter):
 
     def show(self, event: Event) -> None:
         self.board.update(event)
-        if event.get("event") == "done":
-            for line in summary_lines(self.events):
-                write_line(self.results, line)
+        if event["event"] == "done":
+            for summary in summary_lines(self.events):
+                write_line(self.results, summary)
             self.close()
         if (line := _line(event)) is not None:
             write_line(self.results if is_result(event) else self.stream, line)
@@ -268,22 +269,22 @@ class RichReporter(Reporter):
         self.console = Console(stderr=True, highlight=False)
         self.results = self.console if results is None else Console(file=results, highlight=False)
         self.board = Board()
-        self.live = None
+        self.live: Live | None = None
 
     def show(self, event: Event) -> None:
         self.board.update(event)
         line = _line(event)
-        if event.get("event") == "step":
+        if event["event"] == "step":
             status = event["status"]
             if line is not None:
                 self.results.print(line, style=_STYLE.get(status), markup=False)
             if status == Status.RUNNING and self.live is None:
                 self._start_live()
         elif line is not None:
-            if event.get("event") == "done":
+            if event["event"] == "done":
                 self.close()
                 self._summary()
-            style = "bold green" if event.get("ok") else "bold red" if event.get("event") == "done" else "yellow"
+            style = "yellow" if event["event"] != "done" else "bold green" if event["ok"] else "bold red"
             (self.results if is_result(event) else self.console).print(line, style=style, markup=False)
 
     def _summary(self) -> None:

@@ -265,8 +265,12 @@ def host_facts() -> dict[str, object]:
 
 
 def _python() -> dict[str, object]:
-    return {"executable": sys.executable, "version": sys.version,
-            "path": _sys_path if _sys_path is not None else python_path()}
+    return {"executable": sys.executable, "version": sys.version, "path": _build_path()}
+
+
+def _build_path() -> list[str]:
+    """The sys.path of the build: as the client gave it, or this process's."""
+    return _sys_path if _sys_path is not None else python_path()
 
 
 def _shown(path: str, root: str) -> str:
@@ -370,20 +374,22 @@ def _record(ws, result) -> str | None:
         inputs.update(_glob_folders(root, pattern))
     for target in project.config.kinds.values():
         inputs.add(os.path.abspath(os.path.join(root, target.rpartition(":")[0])))
-    inputs.update(p for p in _python()["path"])
+    inputs.update(_build_path())
     products: set[str] = {os.path.abspath(project.lock_file)}
     for path in getattr(ws.hasher, "consulted", ()):
         (products if path.startswith(product_roots) else inputs).add(path)
     inputs.update({os.path.dirname(p) for p in inputs if os.path.isfile(p)})
     inputs.update(module_files())
 
-    lines, counts = [], {}
+    lines: list[str] = []
+    counts: dict[str, int] = {}
     local = {"hits": 0, "misses": 0, "unavailable": 0}
     for event in result.reporter.events:
         if event.get("event") != "step" or event.get("status") == Status.RUNNING:
             continue
         sid, status = event["step"], str(event["status"])
         outcome = result.outcomes.get(sid)
+        line: str | None
         if status in _CACHED:
             status = "cached"
             line = f"  {'cached':<8} {sid}"
@@ -433,7 +439,7 @@ def _record(ws, result) -> str | None:
         sig = sigs[path] = signature(path)
         if unusable is not None or not changed_within(sig, recorded_ns):
             continue
-        if os.path.isfile(path) and sig[2] <= HASH_MAX:
+        if isinstance(sig, list) and os.path.isfile(path) and sig[2] <= HASH_MAX:
             digests[path] = _content_digest(path)
             if signature(path) == sig:
                 continue

@@ -146,9 +146,9 @@ def check(call: Call, base_dir: Path) -> list[tuple[tuple[str, ...], str]]:
     looks right or cannot be judged by reading."""
     file, _, name = call.ref.rpartition(":")
     path = (base_dir / file).resolve()
-    if (signature := file_signature(path)) is None:
+    if (stat := file_signature(path)) is None:
         return []
-    module = _read(path, signature)
+    module = _read(path, stat)
     if module is None or module.dynamic:
         return []
     head = name.partition(".")[0]

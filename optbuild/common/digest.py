@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TypeGuard
 
 import blake3
 
@@ -85,7 +86,7 @@ def _threads() -> int:
     return blake3.blake3.AUTO
 
 
-def _damaged(exc: BaseException) -> bool:
+def _damaged(exc: BaseException) -> TypeGuard[sqlite3.DatabaseError]:
     """A database whose file is not sound (corrupt page, not a database), as opposed to one
     that is busy, read-only or cannot be opened (OperationalError)."""
     return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)

@@ -8,6 +8,7 @@ import resource
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 
 class OptbuildError(Exception):
@@ -97,7 +98,7 @@ class DiskFullError(OptbuildError):
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
-def is_disk_full(exc: BaseException) -> bool:
+def is_disk_full(exc: BaseException) -> TypeGuard[OSError]:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 

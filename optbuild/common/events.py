@@ -44,6 +44,7 @@ class MessageEvent(TypedDict):
     source: NotRequired[str]  # "remote": from the remote cache
     step: NotRequired[str | None]  # the step it is about, if one
     key: NotRequired[str]  # the key it is about, if one
+    error: NotRequired[str]  # the error behind it, if one
     time: NotRequired[float]
 
 
@@ -66,8 +67,19 @@ class DoneEvent(TypedDict):
 Event = StartEvent | StepEvent | ProgressEvent | MessageEvent | CacheEvent | DoneEvent
 
 
-def warning(message: str, **extra: Any) -> MessageEvent:
-    return MessageEvent(event="warning", message=message, **extra)
+def warning(message: str, *, source: str | None = None, step: str | None = None,
+            key: str | None = None, error: str | None = None) -> MessageEvent:
+    """A warning; ``source``, ``step``, ``key`` and ``error`` only when given."""
+    event = MessageEvent(event="warning", message=message)
+    if source is not None:
+        event["source"] = source
+    if step is not None:
+        event["step"] = step
+    if key is not None:
+        event["key"] = key
+    if error is not None:
+        event["error"] = error
+    return event
 
 
 def note(message: str) -> MessageEvent:

@@ -90,12 +90,12 @@ def parsed(path: Path, signature: Signature) -> ast.Module | None:
 
 
 @lru_cache(maxsize=512)
-def _import_nodes(path: Path, signature: Signature) -> tuple[ast.AST, ...]:
+def _import_nodes(path: Path, signature: Signature) -> tuple[ast.Import | ast.ImportFrom | ast.Call, ...]:
     """The import statements and calls of ``path``, in source order."""
     tree = parsed(path, signature)
     if tree is None:
         return ()  # the file itself still keys the step; nothing inside it can be followed
-    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom, ast.Call))]
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom | ast.Call)]
     return tuple(sorted(nodes, key=lambda n: (n.lineno, n.col_offset)))
 
 
@@ -113,6 +113,7 @@ def _imported(path: Path, roots: list[Path]) -> list[Path]:
             if (module := _literal_import(node)) is not None:
                 found.extend(_absolute(module, roots)[0])
         else:
+            directory: Path | None
             if node.level:
                 package = path.parent
                 for _ in range(node.level - 1):

@@ -16,7 +16,7 @@ def changed_within(sig: list[int] | str, ref_ns: int, margin_ns: int | None = No
     """Whether a file of signature ``sig`` was modified less than ``margin_ns`` (RACY_NS)
     before ``ref_ns`` (or after): too recent for its signature to vouch for what was read then."""
     margin = RACY_NS if margin_ns is None else margin_ns
-    return sig != "absent" and max(sig[0], sig[1]) >= ref_ns - margin
+    return isinstance(sig, list) and max(sig[0], sig[1]) >= ref_ns - margin
 
 
 def signature(path: str) -> list[int] | str:

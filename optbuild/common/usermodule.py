@@ -37,8 +37,8 @@ class ImportFailed(ImportError):
     ImportError from an import still catches it)."""
 
     def __init__(self, path: Path, cause: BaseException):
-        super().__init__(f"importing {path} failed: {type(cause).__name__}: {cause}")
-        self.path, self.cause = path, cause
+        super().__init__(f"importing {path} failed: {type(cause).__name__}: {cause}", path=str(path))
+        self.cause = cause
 
 
 @contextmanager
@@ -60,7 +60,9 @@ def imported(path: Path, *, keep: bool = False) -> Iterator[ModuleType]:
     ok = False
     try:
         loader = SourceOnlyLoader(name, str(path))
-        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+        spec = importlib.util.spec_from_loader(name, loader)
+        assert spec is not None  # a loader with a file name always makes a spec
+        module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
             loader.exec_module(module)

@@ -41,7 +41,8 @@ def require_tls_settings(address: str, role: str) -> None:
     from distributed.security import Security
 
     security = Security()
-    if not (security.tls_ca_file and getattr(security, f"tls_{role}_cert")):
+    # Security sets its tls_* attributes from Dask's configuration at run time: not in its stubs
+    if not (security.tls_ca_file and getattr(security, f"tls_{role}_cert")):  # type: ignore[attr-defined]
         raise OptbuildError(f"{address} is a TLS address, and Dask's configuration gives this host no "
                             f"certificate: set distributed.comm.tls.ca-file, distributed.comm.tls.{role}.cert "
                             f"and distributed.comm.tls.{role}.key (or DASK_DISTRIBUTED__COMM__TLS__CA_FILE, "

@@ -55,7 +55,7 @@ def make_worker(scheduler: str, node: NodeConfig, *, nthreads: int = 1, host: st
     worker = Worker(scheduler, nthreads=nthreads, resources=offered(node.fields, nthreads), name=node.name,
                     host=host, dashboard=False, dashboard_address=f"{_bracketed(host)}:0" if host else None,
                     validate=False)
-    worker.optbuild_node = node
+    worker.optbuild_node = node  # type: ignore[attr-defined]  # ours, read back by getattr in node_info and task
     return worker
 
 

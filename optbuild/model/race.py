@@ -70,7 +70,8 @@ def _round(calls: Sequence[Callable[[], object]], times: list[list[list[int]]], 
     clock = time.perf_counter_ns
     for k in range(len(calls)):
         i = (r + k) % len(calls)
-        call, timed = calls[i], []
+        call = calls[i]
+        timed: list[int] = []
         times[i].append(timed)
         call()
         for _ in range(size):

@@ -268,7 +268,7 @@ def _load_from_callable(value: str, base_dir: Path, args: dict[str, Any], specs:
                             f"{exc}") from exc
         except Exception as exc:
             raise StepError(f"{value} raised {type(exc).__name__}: {exc}") from exc
-        feeds = []
+        feeds: list[dict[str, np.ndarray]] = []
         while limit is None or len(feeds) < limit:
             index = len(feeds)
             try:
@@ -427,7 +427,7 @@ def values(rng: Any, spec: TensorSpec, decl: InputDecl | None, shape: list[int],
         return rng.integers(0, 2, size=shape).astype(bool)
     low, high = decl.range if decl is not None and decl.range is not None else (None, None)
     if dtype.startswith(("int", "uint")):
-        lo, hi = (int(low), int(high)) if low is not None else int_range
+        lo, hi = (int(low), int(high)) if low is not None and high is not None else int_range
         return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
     if low is not None:
         return rng.uniform(low, high, size=shape).astype(dtype)

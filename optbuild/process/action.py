@@ -43,7 +43,7 @@ class Action:
     params: dict[str, Any]  # validated, as keyed: a parameter naming one upstream step is None
     inputs: dict[str, dict[str, str]]  # parameter -> the upstream step's outputs (name -> digest)
     files: dict[str, str]  # project-relative path -> digest of every file the step reads
-    tools: dict[str, str]  # tool -> version
+    tools: dict[str, str | None]  # tool -> version; None: not installed
     host: dict[str, Any]  # the host fields the step's output depends on
     salt: str = ""
     kind_class: str | None = None  # a project kind: "<file>:<Class>" (its bytes are in files)

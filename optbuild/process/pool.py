@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger("optbuild")
 
@@ -169,7 +169,7 @@ class ForkServer:
             message, fds, _, _ = socket.recv_fds(mine, MAX_MESSAGE, 1)
         except OSError:
             message, fds = b"", []
-        answer = json.loads(message) if message else {"error": f"it exited{self._stderr_tail()}"}
+        answer: dict[str, Any] = json.loads(message) if message else {"error": f"it exited{self._stderr_tail()}"}
         if "error" in answer:
             mine.close()
             self._give_up(answer["error"])

@@ -174,7 +174,7 @@ def _wait(proc: StepProcess | None, cancel: threading.Event, running: Running | 
 
 
 # signals of a native crash (a library's bug, not the step's code), and what to try
-_CRASHES = {sig: f": {name}, a crash inside a native library (the log holds the Python stack where it "
+_CRASHES: dict[int, str] = {sig: f": {name}, a crash inside a native library (the log holds the Python stack where it "
                  "happened); onnxruntime that crashes at one graph optimization level may not at a lower "
                  "one: verify, benchmark and select try a model at lower levels themselves, and an onnxruntime "
                  "engine step at level = \"basic\" gives a model that they open at that level"

@@ -265,7 +265,7 @@ def spawn(root: str, build_dir: str | None = None) -> None:
                 "from optbuild.cli.buildserver.server import serve; "
                 "serve(sys.argv[2], sys.argv[3], float(sys.argv[4]))")
         try:
-            flags = subprocess._args_from_interpreter_flags()
+            flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # private, not in typeshed
         except Exception:
             flags = []
         with open(log_path, "ab") as log:

@@ -76,7 +76,9 @@ def idle_limit(root: str) -> float:
     ``[build] server_idle_s``, else 900."""
     given = os.environ.get(ENV_IDLE) or setting(root, "server_idle_s", DEFAULT_IDLE_S)
     try:
-        value = float(given)  # type: ignore[arg-type]
+        if not isinstance(given, str | int | float):  # a TOML table, array or date
+            raise TypeError(type(given).__name__)
+        value = float(given)
     except (TypeError, ValueError):
         print(f"warning: the build server's idle time {given!r} is not a number of seconds; using "
               f"{DEFAULT_IDLE_S:g}", file=sys.stderr)

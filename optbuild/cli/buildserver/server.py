@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from optbuild.cli.buildserver.protocol import (
     LOG,
@@ -24,6 +25,9 @@ from optbuild.cli.buildserver.protocol import (
 from optbuild.cli.buildserver.session import client_context, fresh_caches
 from optbuild.common import signatures
 
+if TYPE_CHECKING:
+    from optbuild.process.pool import ServedPool
+
 REFUSED_LOG_S = 60.0  # refused connections: the first logged, then a count per this many seconds
 THREADS_GRACE_S = 2.0  # a thread a build started that still runs this long after it ends the server
 
@@ -40,7 +44,14 @@ class _State:
 
 
 _STATE: _State | None = None
-_POOL = None  # the served pool of the build now running (optbuild.cli.build asks for it)
+_POOL: ServedPool | None = None  # the served pool of the build now running (optbuild.cli.build asks for it)
+
+
+def _serving() -> _State:
+    """The state of the server this process runs: ``serve`` sets it before any request."""
+    if _STATE is None:
+        raise RuntimeError("optbuild's build server is not serving in this process")
+    return _STATE
 
 
 def served_pool(root: str | None):
@@ -129,7 +140,7 @@ class Server:
         self.identity = identity()
         self.sigs: dict[str, object] = {}  # module file -> its signature when first seen
         self.stale: str | None = None  # why the next request must be declined
-        self.pool = None
+        self.pool: ServedPool | None = None
         self.refused = _RefusedLog()
         from optbuild.cli import noop
 
@@ -183,10 +194,11 @@ class Server:
         import select
         import time
 
+        state = _serving()
         while True:
             self.refused.flush()
-            if _STATE.stop:
-                _log(f"stopping: {_STATE.stop}")
+            if state.stop:
+                _log(f"stopping: {state.stop}")
                 return
             if time.monotonic() - self.last_used > self.idle_s:
                 _log(f"stopping: idle for {self.idle_s:g} s")
@@ -212,8 +224,8 @@ class Server:
                         _log(f"request failed:\n{traceback.format_exc()}")
                         self.stale = self.stale or "a request failed in the server"
                 self.last_used = time.monotonic()
-                if self.stale and _STATE.stop is None:
-                    _STATE.stop = self.stale
+                if self.stale and state.stop is None:
+                    state.stop = self.stale
 
     def handle(self, conn) -> None:
         import socket
@@ -242,7 +254,7 @@ class Server:
             if op == "status":
                 send(conn, self.status())
             elif op == "stop":
-                _STATE.stop = "optbuild server stop"
+                _serving().stop = "optbuild server stop"
                 send(conn, {"stopping": True, "pid": os.getpid()})
             elif op == "build" and not fds:
                 conn.settimeout(None)
@@ -279,7 +291,7 @@ class Server:
         started = time.time_ns()
         self.builds += 1
         _log(f"build {self.builds} for pid {doc.get('pid')}: optbuild {' '.join(doc['argv'])} (in {doc['cwd']})")
-        state = _STATE
+        state = _serving()
         state.cancelled = False
         state.build_id += 1
         watcher = threading.Thread(target=_watch, args=(conn, threading.main_thread().ident, state, state.build_id),
@@ -421,8 +433,9 @@ def _run(server: Server, doc: dict) -> int:
         server.stale = server.stale or "a build raised an exception in the server"
         return 1
     finally:
-        with _STATE.lock:  # first: a signal handled after this no longer cancels anything
-            _STATE.building = False
+        state = _serving()
+        with state.lock:  # first: a signal handled after this no longer cancels anything
+            state.building = False
         _POOL = None
 
 

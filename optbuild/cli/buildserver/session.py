@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TextIO
 
 from optbuild.common import processstate
 from optbuild.process.forkserver import set_environment
@@ -34,8 +35,8 @@ class client_context:
         self.saved_env = dict(os.environ)
         self.saved_argv = sys.argv
         self.saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        for out in (sys.stdout, sys.stderr):
+            out.flush()
         for target, fd in enumerate(self.fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -47,7 +48,7 @@ class client_context:
         sys.argv = ["optbuild", *doc["argv"]]
         wrap = doc.get("stdio") or {}
 
-        def stream(fd: int, mode: str, line_buffering: bool = False, errors: str | None = None):
+        def stream(fd: int, mode: str, line_buffering: bool = False, errors: str | None = None) -> TextIO:
             import io
 
             encoding, theirs = (wrap.get(str(fd)) or [None, None])[:2]
@@ -61,9 +62,10 @@ class client_context:
     def __exit__(self, *exc: object) -> None:
         import logging
 
-        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        for out in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                if out is not None:
+                    out.flush()
             except (OSError, ValueError):
                 pass
         sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__

@@ -36,7 +36,7 @@ is a warning event and an error count; after ``max_errors`` of them the remote i
 for the rest of the run (circuit breaker) and steps build locally.
 
 What a whole run did with the caches (hits, misses, the stats file) is ``optbuild.builder.runstats``;
-``cache push`` / ``cache pull`` over a workspace are ``optbuild.cli.transfer``. This package, as
+``cache push`` / ``cache pull`` over a workspace are ``optbuild.app.transfer``. This package, as
 all of ``optbuild.store``, imports nothing above the store layer: warnings go to any
 ``EventSink`` (a Reporter is one), and the settings come as plain values.
 

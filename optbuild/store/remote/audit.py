@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from optbuild.store.entry import ActionEntry, is_digest
 from optbuild.store.remote.errors import Failed, Rejected
+from optbuild.store.remote.parts import SessionParts
 from optbuild.store.remote.signing import KEY_ID_HEX
 
 
@@ -59,7 +60,7 @@ def what_is(name: str | None) -> str:
     return "log" if name is None else f"output {name}"
 
 
-class Auditing:
+class Auditing(SessionParts):
     """``RemoteSession``'s check of the whole remote (``cache verify``): a mixin, whose
     breaker and reads are the session's."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ _OFF = {"off", "none", "no", "false", "0"}
 
 # --- configuration ---------------------------------------------------------------------
 def open_remote(url: str, override: str | bool | None = None, *, project_root: Path | None = None,
-                environ: dict[str, str] | None = None, **settings: Any) -> RemoteStore | None:
+                environ: Mapping[str, str] | None = None, **settings: Any) -> RemoteStore | None:
     """The remote for this run, or None: ``--no-remote`` (False) > ``--remote URL`` (str) >
     $OPTBUILD_REMOTE (a URL, or off/none/0 to disable) > ``url`` (``[remote] url``).
 

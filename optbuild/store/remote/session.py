@@ -7,7 +7,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,8 +80,8 @@ class RemoteSession(Writing, Auditing):
     _suspect: set[str] = field(default_factory=set)  # remote blobs found corrupt: re-upload
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _checked: bool = False
-    _uploads: list[Any] = field(default_factory=list)
-    _pool: Any = None
+    _uploads: list[Future[str]] = field(default_factory=list)
+    _pool: ThreadPoolExecutor | None = None
     _miss_reasons: dict[str, str] = field(default_factory=dict)  # key -> why the remote gave nothing
     _last_fault: str = ""
     _told_unchecked: bool = False  # the warning that signatures go unchecked was given
@@ -93,8 +93,9 @@ class RemoteSession(Writing, Auditing):
         return self.store.display_url
 
     # --- reporting and the breaker -----------------------------------------------------
-    def warn(self, message: str, **extra: Any) -> None:
-        event = warning(f"remote {self.url}: {message}", source="remote", **extra)
+    def warn(self, message: str, *, step: str | None = None, key: str | None = None,
+             error: str | None = None) -> None:
+        event = warning(f"remote {self.url}: {message}", source="remote", step=step, key=key, error=error)
         if self.reporter is not None:
             self.reporter.emit(event)
 
@@ -281,7 +282,7 @@ class RemoteSession(Writing, Auditing):
                 data = None
         if data is None:
             raise FileNotFoundError(key)
-        return None if data is _UNASKED else data  # type: ignore[return-value]
+        return data if isinstance(data, bytes) else None  # not bytes: _UNASKED, no answer
 
     def holds(self, entry: ActionEntry, step: str = "") -> bool:
         """Whether the remote's entry of ``entry.key`` is one this host accepts and names the
@@ -300,8 +301,9 @@ class RemoteSession(Writing, Auditing):
         already read): the one signed with its key where one lies beside the plain one."""
         if data is None:
             data = self._read(key, None, step)
-        if self._beside(key, data):
-            data = self._read(key, key_id(self.store.signing_key), step)  # type: ignore[arg-type]
+        signing_key = self.store.signing_key
+        if signing_key is not None and self._beside(key, data):
+            data = self._read(key, key_id(signing_key), step)
         return data
 
     def _read(self, key: str, slot: str | None, step: str = "") -> bytes:

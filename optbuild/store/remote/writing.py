@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from optbuild.store.entry import ActionEntry
 from optbuild.store.remote.errors import Failed, Rejected, describe
+from optbuild.store.remote.parts import SessionParts
 from optbuild.store.remote.signing import (
     decode_entry,
     encode_entry,
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from optbuild.store.local import LocalStore
 
 
-class Writing:
+class Writing(SessionParts):
     """``RemoteSession``'s writing half: a mixin, whose fields, breaker and counters are the
     session's."""
 

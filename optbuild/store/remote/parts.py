@@ -1,0 +1,44 @@
+"""What ``RemoteSession``'s mixins (``Writing``, ``Auditing``) use of the session, declared
+once so that a type checker checks the mixins against it; ``session`` defines each of them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+    from concurrent.futures import Future, ThreadPoolExecutor
+    from contextlib import AbstractContextManager
+
+    from optbuild.store.entry import ActionEntry
+    from optbuild.store.remote.filesystem import RemoteStore
+
+
+class SessionParts:
+    """The session's fields and methods its mixins call: annotations only at run time (the
+    session, a dataclass, takes its fields from its own annotations, not from here)."""
+
+    store: RemoteStore
+    _lock: threading.Lock
+    _suspect: set[str]
+    _uploads: list[Future[str]]
+    _pool: ThreadPoolExecutor | None
+
+    if TYPE_CHECKING:
+        def warn(self, message: str, *, step: str | None = None, key: str | None = None,
+                 error: str | None = None) -> None: ...
+
+        def _usable(self, writing: bool = False) -> bool: ...
+
+        def _call(self, what: str, fn: Callable[..., Any], *args: Any, upload_size: int | None = None,
+                  missing_ok: bool = False) -> Any: ...
+
+        def _count(self, **deltas: int) -> None: ...
+
+        def _read(self, key: str, slot: str | None, step: str = "") -> bytes: ...
+
+        def _decode(self, data: bytes, key: str) -> ActionEntry: ...
+
+        def _progress(self, direction: str, label: str,
+                      size: int | None) -> AbstractContextManager[Callable[..., Any]]: ...
