@@ -44,7 +44,8 @@ RECORDED = {
 }
 
 
-def test_keys_are_those_the_old_layout_computed(tmp_path):
+def _project(tmp_path) -> ProjectDir:
+    """A project of the two kinds above: read, then shout it twice."""
     proj = ProjectDir(tmp_path / "p")
     proj.write("kinds.py", KINDS)
     proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n\n[kinds]\nread = "kinds.py:Read"\n'
@@ -52,6 +53,11 @@ def test_keys_are_those_the_old_layout_computed(tmp_path):
     proj.write("data/input.txt", "hello\n")
     proj.write("recipes/r.toml", '[steps.read]\nkind = "read"\npath = "../data/input.txt"\n\n'
                                  '[steps.shout]\nkind = "shout"\ninput = "read"\ntimes = 2\n')
+    return proj
+
+
+def test_keys_are_those_the_old_layout_computed(tmp_path):
+    proj = _project(tmp_path)
     result = proj.build()
     assert result.ok
     assert {sid: outcome.key for sid, outcome in result.outcomes.items()} == RECORDED
@@ -64,13 +70,7 @@ def test_the_lock_file_holds_each_step_s_action_whose_digest_is_its_key(tmp_path
     from optbuild.builder import lockfile
     from optbuild.process.action import Action
 
-    proj = ProjectDir(tmp_path / "p")
-    proj.write("kinds.py", KINDS)
-    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n\n[kinds]\nread = "kinds.py:Read"\n'
-                                'shout = "kinds.py:Shout"\n')
-    proj.write("data/input.txt", "hello\n")
-    proj.write("recipes/r.toml", '[steps.read]\nkind = "read"\npath = "../data/input.txt"\n\n'
-                                 '[steps.shout]\nkind = "shout"\ninput = "read"\ntimes = 2\n')
+    proj = _project(tmp_path)
     assert proj.build().ok
     records = lockfile.read(proj.root / "optbuild.lock")
     assert {sid: Action.from_material(r["ingredients"]).key for sid, r in records.items()} == RECORDED
