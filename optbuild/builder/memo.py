@@ -34,18 +34,17 @@ from optbuild.common.atomic import write_atomic
 from optbuild.common.digest import DIGEST_HEX
 from optbuild.common.errors import OptbuildError
 from optbuild.common.paths import confined
-from optbuild.common.signatures import RACY_NS
-from optbuild.store.actions import REFRESH_NS
+from optbuild.common.signatures import RACY_NS, changed_within
 from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path
 from optbuild.store.layout import blob_name, entry_name
 from optbuild.store.local import LocalStore
 
-FORMAT = 1
+FORMAT = 2  # 1 held signatures in another order
 NAME = "decisions.json"  # under <build folder>/.optbuild/
 _HEX = frozenset("0123456789abcdef")
 MAX_METRICS_BYTES = 4096  # a step whose metrics are larger is not remembered (its entry is read)
 
-Sig = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
+Sig = tuple[int, int, int, int, int]  # mtime_ns, ctime_ns, size, inode, device (``signatures``' order)
 
 
 def _sig(path: str) -> Sig | None:
@@ -53,7 +52,7 @@ def _sig(path: str) -> Sig | None:
         st = os.lstat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev)
 
 
 @dataclass
@@ -116,9 +115,12 @@ class DecisionMemo:
         except (TypeError, ValueError, KeyError, AttributeError):  # a damaged memo: ask the store
             return None
         entry_sig = old.cache[0]
-        if (entry_sig is not None and time.time_ns() - entry_sig[3] > REFRESH_NS and self.store.writable
-                and not self.store.read_only):
-            old.cache[0] = self._refresh(paths[0])
+        assert entry_sig is not None  # _unchanged vouched for it
+        try:  # as a hit through the store does; the signature that gives is vouched for: the one before was just checked
+            if self.store.refresh_use(paths[0], entry_sig[0]):
+                old.cache[0] = _sig(paths[0])
+        except OSError:
+            pass
         self._unchanged.add(sid)
         return found
 
@@ -184,14 +186,6 @@ class DecisionMemo:
             paths.append(f"{self._root}/{blob_name(digest)}")
         return paths
 
-    def _refresh(self, entry_path: str) -> Sig | None:
-        """Refresh the entry's last use, as a hit through the store does (gc reads it), and
-        vouch for the signature that gives: the one before was checked just now."""
-        try:
-            os.utime(entry_path)
-        except OSError:
-            return None
-        return _sig(entry_path)
 
 
 def _sigs(value: Any) -> list[Sig | None]:
@@ -208,7 +202,7 @@ def _vouched(paths: list[str], now: int) -> list[Sig | None]:
     sigs: list[Sig | None] = []
     for path in paths:
         sig = _sig(path)
-        sigs.append(sig if sig is not None and max(sig[3], sig[4]) < now - RACY_NS else None)
+        sigs.append(sig if sig is not None and not changed_within(sig, now, RACY_NS) else None)
     return sigs
 
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 RACY_NS = 2_000_000_000  # a file changed within this of a moment may change again unseen
 
 
-def changed_within(sig: list[int] | str, ref_ns: int, margin_ns: int | None = None) -> bool:
+def changed_within(sig: Sequence[int] | str, ref_ns: int, margin_ns: int | None = None) -> bool:
     """Whether a file of signature ``sig`` was modified less than ``margin_ns`` (RACY_NS)
     before ``ref_ns`` (or after): too recent for its signature to vouch for what was read then."""
     margin = RACY_NS if margin_ns is None else margin_ns
-    return isinstance(sig, list) and max(sig[0], sig[1]) >= ref_ns - margin
+    return not isinstance(sig, str) and max(sig[0], sig[1]) >= ref_ns - margin  # "absent": never changed
 
 
 def signature(path: str) -> list[int] | str:

@@ -67,11 +67,18 @@ class ActionCache(ContentStore):
                                          f"{what}, whose intact blob holds {actual}){removed}")
                 self._drop_entry(path)
                 return None
-        if not self.read_only:
-            with suppress(OSError):
-                if time.time_ns() - os.stat(path).st_mtime_ns > REFRESH_NS:
-                    os.utime(path)
+        with suppress(OSError):
+            self.refresh_use(path, os.stat(path).st_mtime_ns)
         return entry
+
+    def refresh_use(self, path: Path | str, mtime_ns: int) -> bool:
+        """Mark the entry at ``path``, last used at ``mtime_ns``, as used now (its mtime, which
+        gc reads) when that is older than ``REFRESH_NS``; whether it did. A read-only store
+        refreshes nothing. OSError when the entry cannot be touched."""
+        if self.read_only or time.time_ns() - mtime_ns <= REFRESH_NS:
+            return False
+        os.utime(path)
+        return True
 
     def _drop_entry(self, path: Path) -> None:
         if not self.read_only:
