@@ -127,7 +127,14 @@ def update(path: Path, records: dict[str, dict[str, Any]], lock_path: Path) -> b
         merged = {**steps, **records}
         if merged == steps and path.exists():
             return False
-        text = json.dumps({"format": FORMAT, "steps": dict(sorted(merged.items()))}, indent=1,
-                          sort_keys=True) + "\n"
-        write_atomic(path, text.encode())
+        write_atomic(path, render(merged).encode())
         return True
+
+
+def render(steps: dict[str, dict[str, Any]]) -> str:
+    """The lock file's text: one step's record per line, in step order, so that a change to one
+    step is a one-line diff. (Each line is encoded by json's C encoder; an indented dump goes
+    through its pure-Python one, 1.2 s for 10,000 steps.)"""
+    lines = [f"{json.dumps(sid)}: {json.dumps(steps[sid], sort_keys=True)}" for sid in sorted(steps)]
+    body = "\n" + ",\n".join(lines) + "\n" if lines else ""
+    return f'{{"format": {FORMAT}, "steps": {{{body}}}}}\n'
