@@ -90,7 +90,7 @@ def expand(steps: dict[str, Any], docs: dict[str, TomlDocument],
                 problems.append(doc.problem(("steps", name, KEY), f"instance {instance!r} is also a step "
                                             "of its own in this recipe"))
                 continue
-            _alias_lines(doc, name, instance)
+            doc.alias(instance, name)
             docs[instance] = doc
             expanded[instance] = table
     return expanded, failed
@@ -213,10 +213,3 @@ def _substitute(value: Any, values: dict[str, Any], loc: tuple) -> Any:
         return token(found)
 
     return _PLACEHOLDER.sub(inline, value)
-
-
-def _alias_lines(doc: TomlDocument, name: str, instance: str) -> None:
-    prefix = ("steps", name)
-    for loc, line in list(doc.lines.items()):
-        if loc[:2] == prefix:
-            doc.lines.setdefault(("steps", instance, *loc[2:]), line)

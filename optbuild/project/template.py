@@ -118,7 +118,7 @@ def _load(recipe: TomlDocument, relative: Any, problems: list[Problem]) -> TomlD
             problems.append(template.problem((key,), f"unknown key (a template has {', '.join(SECTIONS)})"))
             return None
     # its problems name the recipe it was expanded for
-    return TomlDocument(template.path, template.data, template.lines, context=f"recipe {recipe.path.name}")
+    return TomlDocument(template.path, template.data, template.text, context=f"recipe {recipe.path.name}")
 
 
 def _defaults(template: TomlDocument) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """TOML documents that remember where each key was written, for error messages.
 
 tomllib gives values without positions, so the lines of table headers and keys are found
-by a light scan of the text. It is only used to point at a line; a key it cannot place
-falls back to the line of its nearest enclosing table.
+by a light scan of the text, made when a problem first asks for a line (a project of 1,000
+recipes that loads without one never scans). It is only used to point at a line; a key it
+cannot place falls back to the line of its nearest enclosing table.
 """
 
 from __future__ import annotations
@@ -32,8 +33,21 @@ def _split_key(dotted: str) -> tuple[str, ...]:
 class TomlDocument:
     path: Path
     data: dict[str, Any]
-    lines: dict[tuple, int] = field(default_factory=dict)
+    text: str = field(default="", repr=False)
     context: str = ""  # for a template: the recipe it was expanded for, named in its problems
+    aliases: dict[str, str] = field(default_factory=dict)  # a matrix step's instance -> the step written
+    _lines: dict[tuple, int] | None = field(default=None, repr=False)
+
+    @property
+    def lines(self) -> dict[tuple, int]:
+        """The line of each table and key written in the text (scanned at the first call)."""
+        if self._lines is None:
+            self._lines = _scan_lines(self.text)
+        return self._lines
+
+    def alias(self, instance: str, name: str) -> None:
+        """Point the lines of step ``instance`` (a matrix expansion) at those of step ``name``."""
+        self.aliases[instance] = name
 
     def line_of(self, loc: tuple) -> int | None:
         """Line of the key at ``loc`` (a path of keys and list indices), or of its parent."""
@@ -41,6 +55,9 @@ class TomlDocument:
         while loc:
             if loc in self.lines:
                 return self.lines[loc]
+            name = self.aliases.get(loc[1]) if len(loc) > 1 and loc[0] == "steps" else None
+            if name is not None and (written := ("steps", name, *loc[2:])) in self.lines:
+                return self.lines[written]
             loc = loc[:-1]
         return None
 
@@ -104,7 +121,7 @@ def load_toml(path: Path) -> TomlDocument:
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ProjectError([Problem("invalid TOML: arrays or inline tables nested too deeply",
                                     file=path, line=_deepest_line(text))]) from None
-    return TomlDocument(path, data, _scan_lines(text))
+    return TomlDocument(path, data, text)
 
 
 def _deepest_line(text: str) -> int:
