@@ -95,7 +95,7 @@ def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
     from optbuild import api
     from optbuild.builder.report import make_reporter
     from optbuild.builder.status import Status
-    from optbuild.cli import noop
+    from optbuild.cli import noop, noop_record
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     noop.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
@@ -116,5 +116,5 @@ def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
             print(f"  {sid}" + (f"  ({reasons})" if reasons else ""), file=sys.stderr)
     if not result.ok:
         return 1
-    noop.record(ws, result)  # the next `optbuild build` may settle from it (see optbuild.cli.noop)
+    noop_record.record(ws, result)  # the next build or plan may settle from it (see optbuild.cli.noop)
     return 0

@@ -64,7 +64,10 @@ unusable stamp is still written, saying why; the next normal build records a cle
 **Fast path.** ``try_fast_path`` runs first in ``optbuild.cli.main``. When the command is
 ``build`` and the stamp matches in every respect above, it prints the recorded step lines
 and the summary, appends the cache-statistics record (marked ``"fast_path": true``) as a
-normal no-op does, and returns 0. Anything else, including an unreadable stamp, returns
+normal no-op does, and returns 0. ``plan`` with the arguments of the recorded build takes it
+too when every step ended cached (its answer is then the no-op's: every step cached): the
+lines and summary go to stdout as a plan's do, with the warnings a plan gives before them
+(deploy steps that publish one model name, recorded with the stamp), and no statistics. Anything else, including an unreadable stamp, returns
 None: the normal path. What the fast path does not do, unlike a normal no-op: refresh the
 cache entries' last-use time (gc keeps the entries the lock file names anyway), sweep
 stale scratch folders, or trim the statistics file (the next normal run does).
@@ -79,10 +82,9 @@ import os
 import sys
 import time
 
-from optbuild.common import signatures
 from optbuild.common.projectroot import CONFIG_NAME, project_root
 from optbuild.common.quickhash import blake2b
-from optbuild.common.signatures import changed_within, module_files, signature
+from optbuild.common.signatures import signature
 
 FORMAT = 2  # 1 held unsalted digests of the environment
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
@@ -95,14 +97,14 @@ _ENV_IGNORED = (DEBUG_ENV, "OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUIL
 NOT_RECORDED = ("--json", "--retry-failed", "--no-build", "--remote")
 _ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
-_CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
+CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
 
 _started_ns: int | None = None
 _argv: list[str] | None = None
 _sys_path: list[str] | None = None
 
 
-def _debug(message: str) -> None:
+def debug(message: str) -> None:
     if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         print(f"optbuild: fast path: {message}", file=sys.stderr)
 
@@ -114,6 +116,11 @@ def mark_start(argv: list[str], *, started_ns: int | None = None, sys_path: list
     _started_ns = time.time_ns() if started_ns is None else started_ns
     _argv = list(argv)
     _sys_path = python_path() if sys_path is None else list(sys_path)
+
+
+def invocation() -> tuple[list[str] | None, int | None]:
+    """The arguments and start time ``mark_start`` was given (None, None before it)."""
+    return _argv, _started_ns
 
 
 def started_ns() -> int:
@@ -129,6 +136,13 @@ def python_path() -> list[str]:
 
 def split_build_args(argv: list[str]) -> tuple[str | None, list[str]] | None:
     """(-C folder or None, the arguments after ``build``); None for any other command."""
+    split = split_command_args(argv)
+    return (split[1], split[2]) if split is not None and split[0] == "build" else None
+
+
+def split_command_args(argv: list[str]) -> tuple[str, str | None, list[str]] | None:
+    """(``build`` or ``plan``, -C folder or None, the arguments after the command); None for
+    any other command."""
     directory, i = None, 0
     while i < len(argv):
         arg = argv[i]
@@ -140,9 +154,9 @@ def split_build_args(argv: list[str]) -> tuple[str | None, list[str]] | None:
             directory, i = arg[2:], i + 1
         else:
             break
-    if i >= len(argv) or argv[i] != "build":
+    if i >= len(argv) or argv[i] not in ("build", "plan"):
         return None
-    return directory, argv[i + 1:]
+    return argv[i], directory, argv[i + 1:]
 
 
 def _build_dir_setting(config_text: str) -> str:
@@ -175,7 +189,7 @@ def build_dir_of(root: str) -> str:
     return os.path.abspath(os.path.join(root, setting))
 
 
-def _content_digest(path: str) -> str:
+def content_digest(path: str) -> str:
     with open(path, "rb") as f:
         return blake2b()(f.read(), digest_size=16).hexdigest()
 
@@ -230,13 +244,13 @@ def salt(*, create: bool) -> bytes:
     return _read_salt(path)
 
 
-def _salt_id(key: bytes) -> str:
+def salt_id(key: bytes) -> str:
     """Names the salt a stamp was keyed with, so that a stamp of another user (or of another
     $XDG_CACHE_HOME) is declined as such; reveals nothing of the salt."""
     return blake2b()(b"optbuild noop salt id", digest_size=8, key=key).hexdigest()
 
 
-def _env(key: bytes) -> dict[str, str]:
+def env_digests(key: bytes) -> dict[str, str]:
     """Digests, keyed with the salt ``key``, of the environment variables the answer can
     depend on: any of them may be a secret (a signing key), so no digest is one an
     attacker could compute from a guess."""
@@ -264,16 +278,16 @@ def host_facts() -> dict[str, object]:
             "nvidia_driver": read("/proc/driver/nvidia/version")}
 
 
-def _python() -> dict[str, object]:
-    return {"executable": sys.executable, "version": sys.version, "path": _build_path()}
+def python_identity() -> dict[str, object]:
+    return {"executable": sys.executable, "version": sys.version, "path": build_path()}
 
 
-def _build_path() -> list[str]:
+def build_path() -> list[str]:
     """The sys.path of the build: as the client gave it, or this process's."""
     return _sys_path if _sys_path is not None else python_path()
 
 
-def _shown(path: str, root: str) -> str:
+def shown(path: str, root: str) -> str:
     if path == root:
         return "the project folder"
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
@@ -291,176 +305,7 @@ def forget(build_dir: os.PathLike | str) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:  # a read-only build folder: fail safe, never a stale stamp
-        _debug(f"cannot remove the stamp ({exc}); it may stay in place, unusable")
-
-
-def record(ws, result) -> None:
-    """Write the stamp after an ok ``build`` (best effort: a stamp never fails a build)."""
-    try:
-        why_not = _record(ws, result)
-    except Exception as exc:  # a stamp not written only costs speed
-        why_not = f"{type(exc).__name__}: {exc}"
-    if why_not:
-        _debug(f"not recorded: {why_not}")
-
-
-def _glob_folders(root: str, pattern: str) -> list[str]:
-    """The folders a recipe pattern's glob reads: its literal leading folder, and with a
-    wildcard in a folder part, every folder beneath it."""
-    parts = pattern.replace("\\", "/").split("/")
-    literal = []
-    for part in parts[:-1]:
-        if any(c in part for c in "*?["):
-            break
-        literal.append(part)
-    base = os.path.join(root, *literal)
-    folders = [base]
-    if len(literal) < len(parts) - 1:
-        for dirpath, dirnames, _files in os.walk(base):
-            folders.extend(os.path.join(dirpath, d) for d in dirnames)
-    return folders
-
-
-def _left_to_remote(result) -> str | None:
-    """The first selected step that did not end in the local cache, whose next lookup will
-    ask the remote; None when every one did (``_CACHED``)."""
-    return next((sid for sid, outcome in sorted(result.outcomes.items()) if str(outcome.status) not in _CACHED),
-                None)
-
-
-def _untouched(remote) -> dict | None:
-    """The remote statistics of a no-op, which never asks the remote (None: none configured)."""
-    if remote is None:
-        return None
-    from optbuild.store.remote import RemoteStats
-
-    return {"url": remote.display_url, **RemoteStats().__dict__}
-
-
-def _cache_line(local: dict, remote) -> str | None:
-    """The statistics line a build prints after its summary when a remote is configured."""
-    if remote is None:
-        return None
-    from optbuild.builder.runstats import describe_stats
-
-    return describe_stats({"local": local, "remote": _untouched(remote)})
-
-
-def _record(ws, result) -> str | None:
-    import json
-
-    from optbuild.builder.status import Status
-
-    if _argv is None or _started_ns is None or (split := split_build_args(_argv)) is None:
-        return "not run as `optbuild build`"
-    build_args = split[1]
-    if flag := next((a for a in build_args for f in NOT_RECORDED if a == f or a.startswith(f + "=")), None):
-        return f"{flag} is never taken by the fast path"
-    if ws.remote is not None and (missed := _left_to_remote(result)):
-        return f"a remote cache is configured and {missed} is not in the local cache: the next build asks the remote"
-    try:
-        key = salt(create=True)
-    except (OSError, ValueError) as exc:
-        return f"no private salt for the environment's digests: {exc}"
-    project, store = ws.project, ws.store
-    root = os.path.abspath(project.root)
-    build_dir = os.path.abspath(project.build_dir)
-    product_roots = (build_dir + os.sep, os.path.abspath(project.cache_dir) + os.sep)
-
-    inputs: set[str] = {os.path.abspath(project.config_file), sys.executable}
-    inputs.update(os.path.abspath(p) for p in project.recipes.values())
-    inputs.update(os.path.abspath(spec.doc.path) for spec in project.steps.values())  # templates
-    for pattern in project.config.project.recipes:
-        inputs.update(_glob_folders(root, pattern))
-    for target in project.config.kinds.values():
-        inputs.add(os.path.abspath(os.path.join(root, target.rpartition(":")[0])))
-    inputs.update(_build_path())
-    products: set[str] = {os.path.abspath(project.lock_file)}
-    for path in getattr(ws.hasher, "consulted", ()):
-        (products if path.startswith(product_roots) else inputs).add(path)
-    inputs.update({os.path.dirname(p) for p in inputs if os.path.isfile(p)})
-    inputs.update(module_files())
-
-    lines: list[str] = []
-    counts: dict[str, int] = {}
-    local = {"hits": 0, "misses": 0, "unavailable": 0}
-    for event in result.reporter.events:
-        if event.get("event") != "step" or event.get("status") == Status.RUNNING:
-            continue
-        sid, status = event["step"], str(event["status"])
-        outcome = result.outcomes.get(sid)
-        line: str | None
-        if status in _CACHED:
-            status = "cached"
-            line = f"  {'cached':<8} {sid}"
-        else:
-            from optbuild.builder.report import _line
-
-            line = _line(event)
-        if line is not None:
-            lines.append(line)
-        counts[status] = counts.get(status, 0) + 1
-        if outcome is None:
-            continue
-        if outcome.key:
-            local["hits" if status == "cached" else "unavailable" if status == "unavailable" else "misses"] += 1
-            products.add(os.path.abspath(store.entry_path(outcome.key)))
-        entry = outcome.entry
-        if entry is not None and status == "cached":
-            spec = project.steps[sid]
-            folder = os.path.join(build_dir, spec.recipe, spec.name)
-            products.add(folder)
-            for name in entry.outputs:
-                products.add(os.path.join(folder, name))
-                parent = os.path.dirname(name)
-                while parent:
-                    products.add(os.path.join(folder, parent))
-                    parent = os.path.dirname(parent)
-            products.update(os.path.abspath(store.blob_path(d)) for d in entry.blob_digests())
-    from optbuild.builder.report import summary_lines
-
-    lines.extend(summary_lines(result.reporter.events))  # the reasons, grouped, as the build showed them
-
-    # Inputs: older than the build's start (less the margin), or the stamp is unusable.
-    # Products: older than now (less the margin), or content-checked, or unusable.
-    sigs: dict[str, list[int] | str] = {}
-    racy = []
-    for path in sorted(inputs):
-        sig = sigs[path] = signature(path)
-        if changed_within(sig, _started_ns):
-            racy.append(_shown(path, root))
-    unusable = None
-    if racy:
-        more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
-        unusable = f"{', '.join(racy[:3])}{more} changed within {signatures.RACY_NS / 1e9:g} s of the build's start"
-    recorded_ns = time.time_ns()
-    digests: dict[str, str] = {}
-    for path in sorted(products):
-        sig = sigs[path] = signature(path)
-        if unusable is not None or not changed_within(sig, recorded_ns):
-            continue
-        if isinstance(sig, list) and os.path.isfile(path) and sig[2] <= HASH_MAX:
-            digests[path] = _content_digest(path)
-            if signature(path) == sig:
-                continue
-        unusable = f"{_shown(path, root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
-    stamp = {
-        "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
-        "salt": _salt_id(key), "env": _env(key), "python": _python(), "host": host_facts(), "unusable": unusable,
-        "sigs": sigs, "digests": digests, "lines": lines, "counts": counts,
-        "cache_dir": os.path.abspath(project.cache_dir),
-        "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
-                  "remote": _untouched(ws.remote), "fast_path": True},
-        "cache_line": _cache_line(local, ws.remote),
-    }
-    from pathlib import Path
-
-    from optbuild.common.atomic import write_atomic
-
-    path = stamp_path(build_dir)
-    write_atomic(Path(path), json.dumps(stamp, separators=(",", ":")).encode())
-    _debug(f"recorded {len(sigs)} signatures" + (f"; unusable: {unusable}" if unusable else ""))
-    return None
+        debug(f"cannot remove the stamp ({exc}); it may stay in place, unusable")
 
 
 # --- the fast path ----------------------------------------------------------------------
@@ -477,26 +322,31 @@ def try_fast_path(argv: list[str]) -> int | None:
             found, why = None, found
     if found is None:
         if why:
-            _debug(f"declined: {why}")
+            debug(f"declined: {why}")
         return None
-    _debug("taken: nothing changed since the last build")
-    for line in found["lines"]:
+    debug("taken: nothing changed since the last build")
+    plan = found["command"] == "plan"
+    answer = sys.stdout if plan else sys.stderr  # a plan's answer is its output (optbuild.cli.plan)
+    for line in found.get("plan_warnings", []) if plan else []:
         print(line, file=sys.stderr)
+    for line in found["lines"]:
+        print(line, file=answer)
     counts = ", ".join(f"{n} {status}" for status, n in found["counts"].items() if n)
     print(f"ok: {counts or 'nothing to do'} in {time.perf_counter() - started:.2f}s "
-          "(nothing changed since the last build: fast path)", file=sys.stderr)
+          "(nothing changed since the last build: fast path)", file=answer)
     if isinstance(cache_line := found.get("cache_line"), str):  # a remote is configured
         print(cache_line, file=sys.stderr)
-    _append_stats(found)
+    if not plan:  # a plan, a dry run, keeps no statistics
+        _append_stats(found)
     return 0
 
 
 def _check(argv: list[str]) -> dict | str | None:
     """The stamp when it holds; else why not (a string), or None when not a build at all."""
-    split = split_build_args(argv)
+    split = split_command_args(argv)
     if split is None:
         return None
-    directory, build_args = split
+    command, directory, build_args = split
     root = project_root(directory)
     if root is None:
         return f"no {CONFIG_NAME} found"
@@ -523,15 +373,15 @@ def _check(argv: list[str]) -> dict | str | None:
         return f"other arguments (last: {' '.join(stamp.get('argv') or []) or 'none'})"
     if stamp.get("unusable"):
         return f"the last build could not vouch for its files: {stamp['unusable']}"
-    if stamp.get("python") != _python():
+    if stamp.get("python") != python_identity():
         return "another Python interpreter or sys.path (python -c and -m put the current folder on it)"
     try:
         key = salt(create=False)
     except (OSError, ValueError) as exc:
         return f"no private salt for the environment's digests: {exc}"
-    if stamp.get("salt") != _salt_id(key):
+    if stamp.get("salt") != salt_id(key):
         return f"the record was keyed with another salt than {salt_path()} (another user, or it was renewed)"
-    env = _env(key)
+    env = env_digests(key)
     if stamp.get("env") != env:
         old = stamp.get("env") or {}
         changed = sorted(n for n in set(env) | set(old) if env.get(n) != old.get(n))
@@ -541,16 +391,18 @@ def _check(argv: list[str]) -> dict | str | None:
     sigs = stamp["sigs"]
     for path, sig in sigs.items():
         if signature(path) != sig:
-            return f"{_shown(path, root)} changed"
+            return f"{shown(path, root)} changed"
     for path, digest in stamp["digests"].items():
         try:
-            if _content_digest(path) != digest:
-                return f"{_shown(path, root)} changed"
+            if content_digest(path) != digest:
+                return f"{shown(path, root)} changed"
         except OSError:
-            return f"{_shown(path, root)} cannot be read"
+            return f"{shown(path, root)} cannot be read"
     if not isinstance(stamp.get("lines"), list) or not isinstance(stamp.get("counts"), dict):
         return "the record is damaged"
-    return stamp
+    if command == "plan" and set(stamp["counts"]) - {"cached"}:
+        return "the last build left steps that are not cached: a plan says more of them than it recorded"
+    return {**stamp, "command": command}
 
 
 def _append_stats(stamp: dict) -> None:

@@ -718,12 +718,12 @@ def test_the_server_switches_do_not_change_the_no_op_stamp(monkeypatch):
     from optbuild.cli import noop
 
     salt = bytes(range(noop.SALT_BYTES))
-    before = noop._env(salt)
+    before = noop.env_digests(salt)
     for name in ("OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER"):
         monkeypatch.setenv(name, "1")
-    assert noop._env(salt) == before
+    assert noop.env_digests(salt) == before
     monkeypatch.setenv("OPTBUILD_REMOTE", "file:///x")
-    assert noop._env(salt) != before
+    assert noop.env_digests(salt) != before
 
 
 def test_a_build_that_leaves_a_stalled_transfer_behind_ends_the_server(tmp_path, servers):

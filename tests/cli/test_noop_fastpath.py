@@ -88,6 +88,39 @@ def test_the_fast_path_replays_the_reasons_grouped_as_the_build_printed_them(tmp
     assert step_lines(fast) == step_lines(normal)
 
 
+def test_a_noop_plan_answers_from_the_build_stamp_on_stdout_and_keeps_no_statistics(built):
+    """`plan` after a no-op build with the same arguments: every step cached, said as a
+    normal plan says it (on stdout), without loading the project; an edit takes the normal
+    path."""
+    stats = built.root / "cache" / "stats.jsonl"
+    normal = optbuild(built, "plan", env={"OPTBUILD_UNRELATED": "1"})  # another environment: declined
+    kept = stats.read_text()
+    fast = optbuild(built, "plan")
+    assert fast.returncode == 0 and fast.fast and not normal.fast, fast.stderr
+    lines = sorted(line for line in fast.stdout.splitlines() if line.startswith("  "))
+    assert lines == sorted(line for line in normal.stdout.splitlines() if line.startswith("  "))
+    assert lines == [f"  cached   chain:{s}" for s in ("mid", "out", "side", "src")]
+    assert "ok: 4 cached in" in fast.stdout and "fast path" in fast.stdout
+    assert not {m.partition(".")[0] for m in fast.modules} & set(HEAVY)
+    assert stats.read_text() == kept  # a plan keeps no statistics, fast or not
+    built.write("data/input.txt", "edited")
+    edited = optbuild(built, "plan")
+    assert not edited.fast and "would-build" in edited.stdout, edited.stdout + edited.stderr
+
+
+def test_a_plan_after_a_build_that_left_steps_uncached_takes_the_normal_path(tmp_path):
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
+    proj.write("needs.py", UNICORN)
+    proj.write("optbuild.toml", KINDS)
+    proj.write("recipes/r.toml", '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n'
+               '[steps.horn]\nkind = "needs"\ninput = "src"\n')
+    assert optbuild(proj, "build", "--skip-unavailable").returncode == 0
+    assert optbuild(proj, "build", "--skip-unavailable").returncode == 0  # a usable stamp
+    plan = optbuild(proj, "plan", "--skip-unavailable")
+    assert not plan.fast and "not cached" in plan.declined, plan.stderr
+    assert "unavailable" in plan.stdout
+
+
 def test_the_fast_path_is_taken_again_and_with_minus_c_from_elsewhere(built, tmp_path):
     assert optbuild(built, "build").fast
     assert optbuild(built, "build").fast
