@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from optbuild.builder import lockfile
+from optbuild.builder import lockfile, upstream
 from optbuild.builder.keys import Keyer, describe_changes
 from optbuild.builder.local import LocalBuilder
 from optbuild.builder.memo import DecisionMemo
@@ -134,7 +134,7 @@ class Scheduler:
             was skipped too, the failure behind it), else the stop, if any. A step that takes
             partial inputs (select) starts while one of its listed inputs succeeded."""
             bad = [d for d in self.graph.deps[sid] if not self.outcomes[d].status.usable]
-            if not bad or (stop is None and self._partial_ok(sid, bad)):
+            if not bad or (stop is None and upstream.partial_ok(self.project.steps[sid], bad)):
                 return stop
             dep = next((d for d in bad if self.outcomes[d].status != Status.SKIPPED), bad[0])
             outcome = self.outcomes[dep]
@@ -199,7 +199,7 @@ class Scheduler:
         if not self.options.dry_run:
             append_stats(self.store.root, {"command": "build", "ok": ok, "counts": counts, **stats})
         else:
-            for text in self._plan_notes(would_stop):
+            for text in upstream.plan_notes(self.outcomes, would_stop, self.last_build):
                 self.reporter.emit(note(text))
         self.done = DoneEvent(event="done", ok=ok, counts=counts, duration_s=time.perf_counter() - started,
                               bytes_hashed=self.hasher.bytes_read)
@@ -212,7 +212,7 @@ class Scheduler:
         parked, blocked, settled from the caches, or held to be built."""
         while ready:
             sid = ready.popleft()
-            if (parked := self._parked(sid)) is not None:
+            if (parked := upstream.parked(self.project, self.graph, self.outcomes, sid)) is not None:
                 settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[parked], parked=True)))
                 continue
             if (why := blocked(sid)) is not None:
@@ -242,59 +242,6 @@ class Scheduler:
             self.reporter.emit(warning(f"{exc}; building on this host (--executor auto)"))
             self.builder.close()
             self.builder = LocalBuilder(self.context)
-
-    def _plan_notes(self, would_stop: str | None) -> list[str]:
-        """Where a build's counts may differ from a plan's: at the step that would stop it
-        (which steps had started by then is timing), and below steps that will build (a
-        rebuild that reproduces its output leaves the steps after it cached; only those built
-        before can be)."""
-        notes = []
-        if would_stop is not None:
-            if self.outcomes[would_stop].status == Status.FAILED:
-                what, flags = "fails", "-k"
-            else:
-                what, flags = "cannot run here", "--skip-unavailable or -k"
-            notes.append(f"{would_stop} {what}: without {flags}, the build stops there and skips the steps "
-                         "not started by then")
-        after = [sid for sid, o in self.outcomes.items()
-                 if o.key is None and o.status in (Status.WOULD_BUILD, Status.UNAVAILABLE) and sid in self.last_build]
-        if after:
-            notes.append(f"{len(after)} step{'s come' if len(after) > 1 else ' comes'} after steps that will "
-                         "build: their keys are known only then, and any whose inputs come out unchanged "
-                         "will be cached, not built")
-        return notes
-
-    def _parked(self, sid: str) -> str | None:
-        """Why ``sid`` is parked: ``enabled = false`` on it, or on a step it depends on (for
-        a step that takes partial inputs, on all the steps it depends on)."""
-        if not self.project.steps[sid].enabled:
-            return f"disabled (enabled = false in {self.project.recipes[self.project.steps[sid].recipe].name})"
-        parked = [d for d in self.graph.deps[sid] if d in self.outcomes and self.outcomes[d].parked]
-        if not parked or self._partial_ok(sid, parked):
-            return None
-        return f"upstream {parked[0]} is disabled"
-
-    def _partial_ok(self, sid: str, bad: list[str]) -> bool:
-        """Whether ``sid`` may run without ``bad``: its kind takes partial inputs, each of them
-        is one of a list (select's candidates), and one of its inputs is left."""
-        spec = self.project.steps[sid]
-        if not spec.step.partial_inputs:
-            return False
-        fields = {dep: field_name for field_name, dep in spec.deps.items()}
-        return all("." in fields[d] for d in bad) and len(set(bad)) < len(set(spec.deps.values()))
-
-    def _missing(self, spec: StepSpec) -> dict[str, dict[str, str]]:
-        """The inputs of ``spec`` whose steps did not succeed (or are disabled): field ->
-        {"step", "why": its status and the first line of its error or reason}."""
-        missing = {}
-        for field_name, dep in spec.deps.items():
-            outcome = self.outcomes[dep]
-            if outcome.status.usable:
-                continue
-            why = "disabled" if outcome.parked else str(outcome.status)
-            detail = (outcome.error or (outcome.reasons[0] if outcome.reasons else "")).strip().splitlines()
-            missing[field_name] = {"step": dep, "why": why + (f": {detail[0][:200]}" if detail and not outcome.parked else "")}
-        return missing
 
     def _finish(self, sid: str, outcome: Outcome) -> Outcome:
         self.outcomes[sid] = outcome
@@ -344,9 +291,9 @@ class Scheduler:
 
     def _decide(self, spec: StepSpec) -> Outcome | Callable[[StepSpec], Outcome]:
         """Key and cache lookup: an Outcome if settled now, else the build to run."""
-        upstream = {}
+        outputs: dict[str, dict[str, str]] = {}  # per input field: the digests of its upstream's outputs
         placement = self.builder.place(spec)  # the host its key is for: the one that will build it
-        missing = self._missing(spec)  # only a step that takes partial inputs gets here with some
+        missing = upstream.missing(spec, self.outcomes)  # only a step that takes partial inputs gets here with some
         for field_name, dep in spec.deps.items():
             outcome = self.outcomes[dep]
             if field_name in missing:
@@ -356,9 +303,9 @@ class Scheduler:
                 if (lacking := placement.missing()) is not None:  # as the build will find
                     return Outcome(Status.UNAVAILABLE, reasons=why, error=f"{spec.id} cannot run here: {lacking}")
                 return Outcome(Status.WOULD_BUILD, reasons=why)
-            upstream[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
+            outputs[field_name] = {n: o.digest for n, o in outcome.entry.outputs.items()}
         try:
-            action = self.keyer.action(spec, upstream, placement.host, missing)
+            action = self.keyer.action(spec, outputs, placement.host, missing)
         except FileNotFoundError as exc:
             raise StepError(f"input file disappeared: {exc.filename}") from None
         key = action.key
