@@ -611,9 +611,9 @@ def test_a_stopped_server_is_named_and_skipped_and_server_stop_ends_it(tmp_path,
 SILENT = """
 import signal, socket, sys, time
 from optbuild.cli.buildserver import protocol
-from optbuild.cli.buildserver.server import _claim
+from optbuild.cli.buildserver.protocol import claim
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a server stuck in a build that never ends
-folder, _ = _claim(sys.argv[1])
+folder, _ = claim(sys.argv[1])
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 listener.bind(folder.file(protocol.socket_name(sys.argv[1])))
 listener.listen(16)

@@ -1,4 +1,5 @@
-"""Ctrl-Z for a build that runs in the server. A local build's processes share the terminal's
+"""A client's signals for the build that runs in the server for it (``watch_client``): Ctrl-C
+and SIGTERM cancel it, a client gone cancels it too, and Ctrl-Z stops it. A local build's processes share the terminal's
 foreground process group, so SIGTSTP stops them all; the server runs in a session of its
 own, so the client asks it to stop its build, and it stops every process below it with
 SIGSTOP: the fork servers, the steps forked from them, and whatever those started. Its own
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 SWEEP_S = 0.25  # while stopped: how soon a process started since is stopped too
 
@@ -65,3 +67,53 @@ def _signal(pid: int, signum: int) -> bool:
     except OSError:  # it ended
         return False
     return True
+
+
+def watch_client(conn, main_thread: int, state: Any, build_id: int) -> None:
+    """Act on the client's signals for the build (the main thread): the first Ctrl-C or
+    SIGTERM cancels it, Ctrl-Z stops its processes and SIGCONT resumes them; a client gone
+    resumes them and cancels it as SIGTERM would. ``state``: the server's (``server._State``:
+    its lock, whether it is building, which build, whether that one was cancelled)."""
+    import json
+    import signal
+
+    suspension = Suspension(os.getpid())
+    while True:
+        conn.settimeout(SWEEP_S if suspension.active else None)
+        try:
+            data = conn.recv(4096)
+        except TimeoutError:  # stopped: stop what was started since, too
+            suspension.stop()
+            continue
+        except OSError:
+            data = b""
+        try:
+            signum = int(json.loads(data)["signal"]) if data else signal.SIGTERM
+        except (ValueError, KeyError, TypeError):
+            continue
+        if signum == signal.SIGTSTP:
+            suspension.stop()
+            continue
+        suspension.resume()  # SIGCONT; and a cancelled build must be able to end
+        if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the client's terminal closed
+            with state.lock:
+                if state.building and not state.cancelled and state.build_id == build_id:
+                    state.cancelled = True
+                    signal.pthread_kill(main_thread, signum)
+        if not data:
+            return
+
+
+def client_gone(conn) -> bool:
+    """Whether the client has closed its end (it was interrupted while it waited)."""
+    import select
+    import socket
+
+    if not select.select([conn], [], [], 0)[0]:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

@@ -1,6 +1,7 @@
-"""What client and server share: the switches, the address, the identity a server must
-share with its client, and the messages (one JSON document per SOCK_SEQPACKET packet, file
-descriptors attached with SCM_RIGHTS). Standard library only: the client imports it."""
+"""What client and server share: the switches, the address (and the server's claim of it),
+the identity a server must share with its client, and the messages (one JSON document per
+SOCK_SEQPACKET packet, file descriptors attached with SCM_RIGHTS). Standard library only at
+import: the client imports it."""
 
 from __future__ import annotations
 
@@ -309,3 +310,30 @@ def request(root: str, doc: dict, timeout: float = 10.0) -> dict | None:
     with sock:
         send(sock, doc)
         return recv(sock)
+
+
+def claim(root: str) -> tuple[PrivateDir, int]:
+    """The project's server address, this process's: its private folder, and its lock file
+    held (flock; with this pid in it) for as long as this process runs, a stale socket of a
+    server that died replaced. Waits a little for a server that is ending (it declined a
+    client); BlockingIOError if another one runs."""
+    import time
+
+    from optbuild.store.flock import try_lock
+
+    folder = PrivateDir(socket_dir(root), create=True)
+    fd = os.open(folder.file(lock_name(root)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + 3
+    while not try_lock(fd):
+        if time.monotonic() > deadline:
+            os.close(fd)
+            folder.close()
+            raise BlockingIOError(f"another build server holds {lock_name(root)}")
+        time.sleep(0.1)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.unlink(folder.file(socket_name(root)))
+    except FileNotFoundError:
+        pass
+    return folder, fd

@@ -8,18 +8,17 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from optbuild.cli.buildserver.jobcontrol import client_gone, watch_client
 from optbuild.cli.buildserver.protocol import (
     LOG,
     MAX_REQUEST,
     QUIET_ENV,
-    PrivateDir,
+    claim,
     differences,
     identity,
-    lock_name,
     peer_uid,
     same_user,
     send,
-    socket_dir,
     socket_name,
 )
 from optbuild.cli.buildserver.session import client_context, fresh_caches
@@ -294,7 +293,7 @@ class Server:
         state = _serving()
         state.cancelled = False
         state.build_id += 1
-        watcher = threading.Thread(target=_watch, args=(conn, threading.main_thread().ident, state, state.build_id),
+        watcher = threading.Thread(target=watch_client, args=(conn, threading.main_thread().ident, state, state.build_id),
                                    name="optbuild-server-client", daemon=True)
         code: int | None = None  # None: the build was not started (the client builds in-process)
         threads: set[threading.Thread] = set()
@@ -354,7 +353,7 @@ class Server:
         """Why this client's build must run in its own process; None to serve it."""
         try:
             why = self.why_stale(doc)
-            if why is None and _closed(conn):
+            if why is None and client_gone(conn):
                 why = "the client left"
             if why is None:
                 try:
@@ -439,90 +438,12 @@ def _run(server: Server, doc: dict) -> int:
         _POOL = None
 
 
-def _watch(conn, main_thread: int, state: _State, build_id: int) -> None:
-    """Act on the client's signals for the build (the main thread): the first Ctrl-C or
-    SIGTERM cancels it, Ctrl-Z stops its processes and SIGCONT resumes them; a client gone
-    resumes them and cancels it as SIGTERM would."""
-    import json
-    import signal
-
-    from optbuild.cli.buildserver.jobcontrol import SWEEP_S, Suspension
-
-    suspension = Suspension(os.getpid())
-    while True:
-        conn.settimeout(SWEEP_S if suspension.active else None)
-        try:
-            data = conn.recv(4096)
-        except TimeoutError:  # stopped: stop what was started since, too
-            suspension.stop()
-            continue
-        except OSError:
-            data = b""
-        try:
-            signum = int(json.loads(data)["signal"]) if data else signal.SIGTERM
-        except (ValueError, KeyError, TypeError):
-            continue
-        if signum == signal.SIGTSTP:
-            suspension.stop()
-            continue
-        suspension.resume()  # SIGCONT; and a cancelled build must be able to end
-        if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the client's terminal closed
-            with state.lock:
-                if state.building and not state.cancelled and state.build_id == build_id:
-                    state.cancelled = True
-                    signal.pthread_kill(main_thread, signum)
-        if not data:
-            return
-
-
-def _closed(conn) -> bool:
-    """Whether the client has closed its end (it was interrupted while it waited)."""
-    import select
-    import socket
-
-    if not select.select([conn], [], [], 0)[0]:
-        return False
-    try:
-        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-
-
 def _file_id(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _claim(root: str) -> tuple[PrivateDir, int]:
-    """The project's server address, this process's: its private folder, and its lock file
-    held (flock; with this pid in it) for as long as this process runs, a stale socket of a
-    server that died replaced. Waits a little for a server that is ending (it declined a
-    client); BlockingIOError if another one runs."""
-    import time
-
-    from optbuild.store.flock import try_lock
-
-    folder = PrivateDir(socket_dir(root), create=True)
-    fd = os.open(folder.file(lock_name(root)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    deadline = time.monotonic() + 3
-    while not try_lock(fd):
-        if time.monotonic() > deadline:
-            os.close(fd)
-            folder.close()
-            raise BlockingIOError(f"another build server holds {lock_name(root)}")
-        time.sleep(0.1)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    try:
-        os.unlink(folder.file(socket_name(root)))
-    except FileNotFoundError:
-        pass
-    return folder, fd
 
 
 def serve(root: str, build_dir: str, idle_s: float) -> None:
@@ -538,7 +459,7 @@ def serve(root: str, build_dir: str, idle_s: float) -> None:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
     try:
-        folder, lock = _claim(root)
+        folder, lock = claim(root)
     except BlockingIOError:  # it serves; or the next build starts one
         _log("another server runs for this project; exiting")
         return
