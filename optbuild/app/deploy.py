@@ -68,6 +68,13 @@ def shared_model_names(published: list[tuple[str, str]]) -> list[str]:
             "its own model_name" for model, sids in sorted(by_model.items()) if len(sids) > 1]
 
 
+def plan_warnings(project: Project, sids: list[str]) -> list[str]:
+    """What a plan of ``sids`` warns of before its answer: deploy steps that publish one
+    model name, which `optbuild deploy` would refuse, said before anything builds (a no-op
+    build records them for plan's fast path, ``cli.noop``)."""
+    return [f"warning: {line}: optbuild deploy refuses them" for line in shared_model_names(deploy_models(project, sids))]
+
+
 def one_step_per_model(published: list[tuple[str, str]]) -> None:
     """OptbuildError when two deploy steps publish one model name into the repository."""
     if clashes := shared_model_names(published):

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from optbuild.app.deploy import plan_warnings
 from optbuild.cli.noop import (
     CACHED,
     FORMAT,
@@ -26,7 +27,6 @@ from optbuild.cli.noop import (
     split_build_args,
     stamp_path,
 )
-from optbuild.cli.plan import warnings_before
 from optbuild.common import signatures
 from optbuild.common.signatures import changed_within, module_files, signature
 
@@ -189,7 +189,7 @@ def _record(ws, result) -> str | None:
         "cache_dir": os.path.abspath(project.cache_dir),
         "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
                   "remote": _untouched(ws.remote), "fast_path": True},
-        "cache_line": _cache_line(local, ws.remote), "plan_warnings": warnings_before(ws.project, list(result.outcomes)),
+        "cache_line": _cache_line(local, ws.remote), "plan_warnings": plan_warnings(ws.project, list(result.outcomes)),
     }
     from pathlib import Path
 

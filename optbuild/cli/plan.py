@@ -40,14 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _warn_shared_model_names(ws: Any, targets: list[str]) -> None:
-    for line in warnings_before(ws.project, ws.graph.select(targets)):
+    from optbuild.app.deploy import plan_warnings
+
+    for line in plan_warnings(ws.project, ws.graph.select(targets)):
         print(line, file=sys.stderr)
-
-
-def warnings_before(project: Any, sids: list[str]) -> list[str]:
-    """What a plan of ``sids`` warns of before its answer (a no-op build records them for
-    plan's fast path, ``cli.noop``): deploy steps that publish one model name, which
-    `optbuild deploy` would refuse, said before anything builds."""
-    from optbuild.app.deploy import deploy_models, shared_model_names
-
-    return [f"warning: {line}: optbuild deploy refuses them" for line in shared_model_names(deploy_models(project, sids))]
