@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "worker": "a build node for the dask executor: a Dask worker offering this host's fingerprint",
     "server": "the project's build server: status, stop",
     "deploy": "publish deploy steps into a Triton model repository, switched atomically; --rollback",
+    "report": "write one HTML page of what the build chose: variants, latencies, the choice and why, keys",
     "completion": "print a shell completion script (bash, zsh, fish): targets, step kinds, flags",
 }
 
