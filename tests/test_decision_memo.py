@@ -147,6 +147,31 @@ def test_a_file_changed_within_the_racy_window_is_not_vouched_for(chains):
     assert served == CHAINS * LENGTH
 
 
+def test_a_builds_own_products_old_enough_when_it_ends_are_vouched_for_once_their_content_checks(
+        chains, monkeypatch):
+    """Every product is young when its step settles; a build that ends RACY_NS later vouches
+    for those whose bytes still check out, so the next run decides from the memo at once.
+    One changed in place meanwhile (same size) is not vouched for: its step is read again."""
+    monkeypatch.setattr(memo, "RACY_NS", 300_000_000)
+    damaged = chains.root / "build" / "c0" / "s2" / "data.txt"  # a hard link of its blob
+    real_save = memo.DecisionMemo.save
+
+    def ends_later(self):
+        data = damaged.read_bytes()
+        damaged.chmod(0o644)
+        damaged.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+        time.sleep(0.4)  # the rest of a long build
+        real_save(self)
+
+    monkeypatch.setattr(memo.DecisionMemo, "save", ends_later)
+    assert all(status == "built" for status, _ in _run(chains, dry_run=False)[0].values())
+    monkeypatch.setattr(memo.DecisionMemo, "save", real_save)
+    planned, served = _run(chains, dry_run=True)
+    assert planned["c0:s2"][0] == "would-build"  # the cache found its blob damaged: it builds again
+    assert served == CHAINS * LENGTH - 3  # all but c0:s2 and the two steps whose keys wait on it
+    assert planned == _from_scratch_plan(chains)
+
+
 def test_a_memo_naming_an_output_outside_its_step_folder_is_not_followed(chains, monkeypatch, tmp_path):
     """The memo is a file in the build folder: whatever it names, a restore writes only there."""
     import json

@@ -12,9 +12,13 @@ the metrics the lock file records) and the stat signatures (``os.lstat``: device
 size, mtime, ctime) of its entry file, its blobs, its step folder and the outputs there. A
 step whose key is the one recorded, and whose files all still have those signatures, takes
 the recorded entry and needs no restoring; any other step is decided as without a memo. The
-guarantees are the no-op fast path's (``cli.noop``): a file younger than ``RACY_NS`` when the
-memo was written is not vouched for (a racy timestamp), so it is not recorded and its step
-is checked in full next time; an entry whose last use gc would soon count as old is
+guarantees are the no-op fast path's (``cli.noop``): a file younger than ``RACY_NS`` when its
+signature is taken is not vouched for (a racy timestamp). A build's own products are all
+young when their step settles, so ``save`` looks at them again at the end of the run: one
+now older than ``RACY_NS`` and small (``CHECK_MAX``) has its content checked (a blob or
+output against its digest, the entry file against the entry, a folder against its listing:
+git's answer to racy-clean files) and is then vouched for; any other is not recorded, and
+its step is checked in full next time; an entry whose last use gc would soon count as old is
 refreshed as a hit through the store refreshes it (and the signature that gives is vouched
 for, the one before having been checked); a vanished or pulled entry or blob has another
 signature. The memo holds only what the local cache and the build folder hold, so a damaged
@@ -25,17 +29,20 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from optbuild.common.atomic import write_atomic
-from optbuild.common.digest import DIGEST_HEX
+from optbuild.common.digest import DIGEST_HEX, hash_file
 from optbuild.common.errors import OptbuildError
 from optbuild.common.paths import confined
 from optbuild.common.signatures import RACY_NS, changed_within
-from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path
+from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path, read_entry
 from optbuild.store.layout import blob_name, entry_name
 from optbuild.store.local import LocalStore
 
@@ -43,6 +50,7 @@ FORMAT = 2  # 1 held signatures in another order
 NAME = "decisions.json"  # under <build folder>/.optbuild/
 _HEX = frozenset("0123456789abcdef")
 MAX_METRICS_BYTES = 4096  # a step whose metrics are larger is not remembered (its entry is read)
+CHECK_MAX = 256 << 10  # a young product up to this size is content-checked at save (cli.noop's HASH_MAX)
 
 Sig = tuple[int, int, int, int, int]  # mtime_ns, ctime_ns, size, inode, device (``signatures``' order)
 
@@ -87,6 +95,7 @@ class DecisionMemo:
         self._old = self._load()
         self._new: dict[str, Remembered] = {}
         self._unchanged: set[str] = set()  # steps whose remembered entry served this run
+        self._dests: dict[str, str] = {}  # step -> its folder, for the records made this run
         self._in_place: set[str] = set()  # steps whose folder was as remembered this run
 
     def _load(self) -> dict[str, Remembered]:
@@ -160,10 +169,13 @@ class DecisionMemo:
         folder = _folder_paths(str(dest), fields["outputs"]) if dest is not None else []
         self._new[sid] = Remembered(entry.key, fields, _vouched(self._cache_paths(entry.key, fields), now),
                                     _vouched(folder, now))
+        if dest is not None:
+            self._dests[sid] = str(dest)
 
     def save(self) -> None:
         """Write the memo of this run (atomically; best effort: a memo not written only costs
         speed). Steps not decided this run keep their record."""
+        self._vouch_young()
         steps = {sid: r.to_json() for sid, r in {**self._old, **self._new}.items()}
         doc = {"format": FORMAT, "cache": self._cache, "steps": steps}
         try:
@@ -174,6 +186,25 @@ class DecisionMemo:
             write_atomic(path, json.dumps(doc, separators=(",", ":"), default=str).encode())
         except (OSError, OptbuildError):
             pass
+
+    def _vouch_young(self) -> None:
+        """The signatures left out of this run's records as young: each path now older than
+        RACY_NS whose content checks out is vouched for (see the module's docstring)."""
+        now = time.time_ns()
+        for sid, record in self._new.items():
+            if None not in record.cache and None not in record.folder:
+                continue
+            try:
+                checks: list[Callable[[str], bool]] = [partial(_entry_holds, record=record)]
+                checks += [partial(_file_holds, digest=d) for d in _digests(record.entry)]
+                record.cache = _recheck(self._cache_paths(record.key, record.entry), record.cache, checks, now)
+                if (dest := self._dests.get(sid)) is not None:
+                    expected = _folder_contents(dest, record.entry["outputs"])
+                    folder = _folder_paths(dest, record.entry["outputs"])
+                    record.folder = _recheck(folder, record.folder,
+                                             [partial(_holds, expected=expected[p]) for p in folder], now)
+            except (OSError, TypeError, ValueError, KeyError, AttributeError):
+                continue  # left as it was: checked in full next run
 
     def _cache_paths(self, key: str, fields: dict[str, Any]) -> list[str]:
         """The entry file of ``key`` (a digest computed here), then the blobs ``fields`` name:
@@ -204,6 +235,56 @@ def _vouched(paths: list[str], now: int) -> list[Sig | None]:
         sig = _sig(path)
         sigs.append(sig if sig is not None and not changed_within(sig, now, RACY_NS) else None)
     return sigs
+
+
+def _recheck(paths: list[str], sigs: list[Sig | None], checks: list[Callable[[str], bool]],
+             now: int) -> list[Sig | None]:
+    """``sigs`` with each None (young when taken) replaced by the path's signature when it is
+    now older than RACY_NS, it is small, its content passes its check, and the signature is
+    the same after the check as before it (nothing wrote meanwhile)."""
+    result = list(sigs)
+    for i, (path, sig) in enumerate(zip(paths, sigs)):
+        if sig is not None:
+            continue
+        before = _sig(path)
+        if before is None or changed_within(before, now, RACY_NS) or before[2] > CHECK_MAX:
+            continue
+        if checks[i](path) and _sig(path) == before:
+            result[i] = before
+    return result
+
+
+def _entry_holds(path: str, record: Remembered) -> bool:
+    """Whether the entry file at ``path`` is the entry ``record`` remembers."""
+    entry = read_entry(Path(path), record.key)
+    return ({n: [o.digest, o.size] for n, o in entry.outputs.items()} == record.entry["outputs"]
+            and entry.log == record.entry["log"] and entry.primary == record.entry["primary"])
+
+
+def _file_holds(path: str, digest: str) -> bool:
+    """Whether ``path`` is a regular file whose bytes have ``digest``."""
+    return stat.S_ISREG(os.lstat(path).st_mode) and hash_file(Path(path))[0] == digest
+
+
+def _holds(path: str, expected: str | frozenset[str]) -> bool:
+    """A folder holds exactly the names ``expected`` (a set); a file has the digest ``expected``."""
+    if isinstance(expected, frozenset):
+        return not os.path.islink(path) and frozenset(os.listdir(path)) == expected
+    return _file_holds(path, expected)
+
+
+def _folder_contents(dest: str, outputs: dict[str, Any]) -> dict[str, str | frozenset[str]]:
+    """What each of ``_folder_paths`` must hold: a folder its names, an output its digest."""
+    names: dict[str, set[str]] = {dest: set()}
+    expected: dict[str, str | frozenset[str]] = {}
+    for name, (digest, _size) in outputs.items():
+        parts = name.split("/")
+        for i in range(len(parts)):
+            parent = os.path.join(dest, *parts[:i])
+            names.setdefault(parent, set()).add(parts[i])
+        expected[os.path.join(dest, *parts)] = digest
+    expected.update({folder: frozenset(children) for folder, children in names.items()})
+    return expected
 
 
 def _digests(fields: dict[str, Any]) -> list[str]:
