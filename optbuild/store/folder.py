@@ -74,7 +74,14 @@ class CacheFolder:
             remove(tmp)
 
     def _publish(self, tmp: Path, dest: Path, digest: str | None = None) -> None:
-        """Make a finished temp file visible at ``dest``: read-only, on disk, renamed whole.
+        """Make a finished temp file visible at ``dest``: read-only, its bytes on disk, renamed
+        whole.
+
+        Its bytes are fsynced before the rename, so that a crash never leaves ``dest`` with
+        other bytes than these. The rename itself is not: one that a crash loses leaves no
+        entry, or an entry whose blob is missing, and either is a miss that rebuilds (an entry
+        is served only when its blobs are there and verify). Syncing the folder too cost a
+        second fsync per file, three per step, for nothing a crash could make wrong.
 
         A blob's signature is recorded with its ``digest``, so a later edit of the blob
         (through a hard link) changes the signature and makes the next check re-read it.
@@ -83,9 +90,7 @@ class CacheFolder:
         fsync_path(tmp)
         if not dest.parent.is_dir():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fsync_path(dest.parent.parent)
         os.replace(tmp, dest)
-        fsync_path(dest.parent)
         if digest is not None:
             self.hasher.record(dest, digest)
 
