@@ -31,6 +31,7 @@ MAX_METRIC_LIST = 16  # items of a list-valued metric
 _SKIP = object()
 log = logging.getLogger(__name__)
 _warned: set[Path] = processstate.fresh_set()  # damaged lock files already reported
+_last_parsed: dict[Path, tuple[bytes, dict[str, dict[str, Any]]]] = processstate.fresh_dict()  # ``load``'s last file: its bytes, records
 
 
 @dataclass
@@ -42,14 +43,23 @@ class LockState:
 
 
 def load(path: Path) -> LockState:
-    """The lock file's records, telling an absent file (no records) from a damaged one."""
+    """The lock file's records, telling an absent file (no records) from a damaged one.
+    Bytes this process parsed last time are not parsed again (a build reads the file at its
+    start and again under the lock to merge: 0.15 s each at 10,000 steps)."""
     try:
         text = path.read_bytes()
     except FileNotFoundError:
         return LockState()
     except OSError as exc:
         return LockState(damage=f"cannot read it: {exc.strerror}")
-    return parse(text)
+    last = _last_parsed.get(path)
+    if last is not None and last[0] == text:
+        return LockState(dict(last[1]))
+    state = parse(text)
+    if state.damage is None:
+        _last_parsed.clear()  # one file's: a build reads one lock file
+        _last_parsed[path] = (text, dict(state.steps))
+    return state
 
 
 def parse(text: bytes) -> LockState:

@@ -17,6 +17,13 @@ def fresh_set() -> set:
     return remembered
 
 
+def fresh_dict() -> dict:
+    """An empty dict that ``reset`` empties again."""
+    remembered: dict = {}
+    _RESETS.append(remembered.clear)
+    return remembered
+
+
 def reset() -> None:
     """Forget what every module remembered for this process."""
     for forget in _RESETS:
