@@ -108,17 +108,20 @@ def test_a_noop_plan_answers_from_the_build_stamp_on_stdout_and_keeps_no_statist
     assert not edited.fast and "would-build" in edited.stdout, edited.stdout + edited.stderr
 
 
-def test_a_plan_after_a_build_that_left_steps_uncached_takes_the_normal_path(tmp_path):
+def test_a_plan_after_a_build_with_unavailable_steps_answers_as_a_normal_plan_does(tmp_path):
     proj = ProjectDir.with_test_kinds(tmp_path / "proj")
     proj.write("needs.py", UNICORN)
     proj.write("optbuild.toml", KINDS)
     proj.write("recipes/r.toml", '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n'
-               '[steps.horn]\nkind = "needs"\ninput = "src"\n')
+               '[steps.horn]\nkind = "needs"\ninput = "src"\n[steps.after]\nkind = "join"\ninput = "horn"\n')
     assert optbuild(proj, "build", "--skip-unavailable").returncode == 0
     assert optbuild(proj, "build", "--skip-unavailable").returncode == 0  # a usable stamp
-    plan = optbuild(proj, "plan", "--skip-unavailable")
-    assert not plan.fast and "not cached" in plan.declined, plan.stderr
-    assert "unavailable" in plan.stdout
+    normal = optbuild(proj, "plan", "--skip-unavailable", env={"OPTBUILD_UNRELATED": "1"})
+    fast = optbuild(proj, "plan", "--skip-unavailable")
+    assert fast.fast and not normal.fast, fast.stderr
+    answer = [line for line in normal.stdout.splitlines()[:-1] if not line.startswith("ok: ")]
+    assert [line for line in fast.stdout.splitlines()[:-1] if not line.startswith("ok: ")] == answer
+    assert "  unavailable r:horn" in answer and "1 step skipped:" in answer, normal.stdout
 
 
 def test_the_fast_path_is_taken_again_and_with_minus_c_from_elsewhere(built, tmp_path):
