@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from optbuild.model import compare
 from optbuild.model.inputdecl import InputDecl
-from optbuild.project.recipe import load_project, validation_problems
+from optbuild.project.problems import validation_problems
+from optbuild.project.recipe import load_project
 from optbuild.project.tomlsource import load_toml
 from optbuild.steps.benchmark import BenchmarkParams
 from optbuild.steps.deploy import DeployParams

@@ -46,7 +46,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 def scheduler_override(args: argparse.Namespace) -> str | None:
     """--scheduler, checked as [build] scheduler is."""
     from optbuild.common.errors import OptbuildError
-    from optbuild.project.recipe import check_scheduler
+    from optbuild.project.config import check_scheduler
 
     try:
         return check_scheduler(args.scheduler) if args.scheduler else None

@@ -7,23 +7,19 @@ fixes a broken project in one pass; nothing is built when the project does not v
 from __future__ import annotations
 
 import difflib
-import math
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from optbuild.common import callables
 from optbuild.common.errors import Problem, ProjectError
 from optbuild.common.paths import folder_problem, name_problem
 from optbuild.common.projectroot import CONFIG_NAME, project_root
-from optbuild.common.recipetable import RecipeTable
 from optbuild.model.inputdecl import InputDecls
 from optbuild.project import matrix, template
+from optbuild.project.config import ProjectConfig, RecipeInputs, RecipeSection
 from optbuild.project.overrides import (
     Override,
     apply_overrides,
@@ -31,130 +27,10 @@ from optbuild.project.overrides import (
     parse_override,
     unknown_override_recipes,
 )
+from optbuild.project.problems import non_finite_problems, unknown_key, validation_problems
 from optbuild.project.tomlsource import TomlDocument, load_toml
 from optbuild.steps import registry
 from optbuild.steps.base import Step
-
-
-class _Section(RecipeTable):
-    """An optbuild.toml table: as strict as a recipe's (jobs = "4" or keep_going = "yes" is an
-    error), and inf and nan (which TOML reads) are no timeout, size or count."""
-
-    model_config = ConfigDict(allow_inf_nan=False)
-
-
-class ProjectSection(_Section):
-    recipes: list[str] = ["recipes/*.toml"]
-    build_dir: str = "build"
-    lock_file: str = "optbuild.lock"
-    # build_dir and [cache] dir may lie outside the project folder only when this says so:
-    # a cloned project's settings must not aim builds, and `clean`, at folders elsewhere.
-    allow_outside: bool = False
-
-
-class CacheSection(_Section):
-    dir: str = "cache"
-    max_size: str | int = "20 GiB"
-    # Changing the salt disowns every earlier cache entry at once.
-    salt: str = ""
-
-    @field_validator("max_size")
-    @classmethod
-    def _size(cls, value: str | int) -> str | int:
-        from optbuild.common.units import parse_size
-
-        parse_size(str(value))
-        return value
-
-
-class BuildSection(_Section):
-    jobs: int = Field(0, ge=0, description="parallel steps; 0 = one per CPU (on Dask: the farm's slots)")
-    keep_going: bool = False
-    # Default of build / plan --skip-unavailable: steps this host cannot run (a GPU step on a
-    # CPU host) are reported unavailable, with what they need, and the rest builds green.
-    skip_unavailable: bool = False
-    # Steps run in children forked from a server that has imported their tools once (Linux);
-    # false: a fresh Python process per step, which imports them every time.
-    preload: bool = True
-    # true: `optbuild build` hands changed builds to a build server that stays loaded between
-    # them (optbuild.cli.buildserver; Linux; $OPTBUILD_SERVER overrides), ended after
-    # server_idle_s seconds without a build. Unset: off.
-    server: bool | None = None
-    server_idle_s: float = Field(900.0, gt=0)
-    # Where steps build: "local" (worker processes on this host), "dask" (Dask workers that
-    # `optbuild worker` started; needs [remote] url, see docs/distributed.md) or "auto"
-    # (dask when its scheduler answers, else local).
-    executor: typing.Literal["local", "dask", "auto"] = "local"
-    scheduler: str = ""  # the Dask scheduler's address (tcp://HOST:PORT) for executor = "dask"
-
-    @field_validator("scheduler")
-    @classmethod
-    def _scheduler(cls, value: str) -> str:
-        return check_scheduler(value)
-
-
-def check_scheduler(address: str) -> str:
-    """``address`` if it is empty or a Dask scheduler's address, else ValueError."""
-    if address and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+", address):
-        raise ValueError(f"{address!r} is not a Dask scheduler address (expected tcp://HOST:PORT)")
-    return address
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_OPTIONS = {"key", "secret", "token", "password", "secret_access_key", "aws_secret_access_key",
-                   "aws_session_token", "session_token", "account_key", "sas_token"}
-
-
-class RemoteSection(_Section):
-    """A shared cache behind an fsspec URL (see docs/remote-cache.md). No secrets here."""
-
-    url: str = ""  # file:///mnt/cache, s3://bucket/prefix, gs://bucket/prefix...; "" = no remote
-    read: bool = True  # fetch what other hosts built
-    write: bool = True  # upload what this host builds
-    timeout_s: float = Field(10.0, gt=0, description="a remote call silent this long has failed")
-    max_errors: int = Field(3, ge=1, description="errors after which the run stops using the remote")
-    signing_key_env: str = ""  # NAME of the environment variable that holds the HMAC key
-    endpoint_url: str = ""  # S3-compatible servers (MinIO, Ceph, R2...): http://host:9000
-    options: dict[str, Any] = {}  # further fsspec storage options (credentials come from the environment)
-
-    @field_validator("signing_key_env")
-    @classmethod
-    def _env_name(cls, value: str) -> str:
-        if value and not _ENV_NAME.match(value):
-            raise ValueError("must be the NAME of an environment variable holding the key "
-                             "(e.g. OPTBUILD_SIGNING_KEY), never the key itself")
-        return value
-
-    @field_validator("options")
-    @classmethod
-    def _no_secrets(cls, value: dict[str, Any]) -> dict[str, Any]:
-        secrets = sorted(k for k in value if k.lower() in _SECRET_OPTIONS)
-        if secrets:
-            raise ValueError(f"{', '.join(secrets)}: credentials do not belong in optbuild.toml; "
-                             "set them in the environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
-        return value
-
-
-class ProjectConfig(_Section):
-    project: ProjectSection = ProjectSection()
-    # Project-local step kinds: name -> "path/to/file.py:Class" (relative to optbuild.toml).
-    kinds: dict[str, str] = {}
-    cache: CacheSection = CacheSection()
-    build: BuildSection = BuildSection()
-    remote: RemoteSection = RemoteSection()
-
-
-class RecipeSection(_Section):
-    description: str = ""
-    template: str = ""  # a template file (optbuild.project.template), relative to the recipe
-    args: dict[str, Any] = {}  # the template's arguments
-
-
-class RecipeInputs(_Section):
-    """A recipe's ``[inputs.NAME]`` tables: what its model's inputs take (see inputdecl),
-    given to every step that runs the model, unless the step declares that input itself."""
-
-    inputs: InputDecls = {}
 
 
 @dataclass
@@ -217,135 +93,6 @@ def find_config(start: Path) -> Path:
         f"no {CONFIG_NAME} in {start.resolve()} or any parent directory. It marks the project's root "
         f"(build/ and cache/ go beside it): create one there, e.g. `touch {CONFIG_NAME}`. An empty "
         "file means the defaults: recipes in recipes/*.toml, outputs in build/, the cache in cache/")])
-
-
-def _table_model(annotation: Any, loc: tuple) -> type[BaseModel] | None:
-    """The model of the table at ``loc`` inside a value of type ``annotation``, following
-    fields, list items, dict values and Optional; None where that is ambiguous."""
-    while typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    origin = typing.get_origin(annotation)
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if origin in (typing.Union, types.UnionType):
-        return _table_model(args[0], loc) if len(args) == 1 else None
-    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
-    if not loc:
-        return annotation if is_model else None
-    part, rest = loc[0], loc[1:]
-    if is_model:
-        field_info = annotation.model_fields.get(str(part))
-        return _table_model(field_info.annotation, rest) if field_info is not None else None
-    if origin is list and isinstance(part, int):
-        return _table_model(args[0], rest)
-    if origin is dict:
-        return _table_model(args[1], rest)
-    return None
-
-
-def unknown_key(key: str, known: list[str], expected: str | None = None) -> str:
-    """"unknown key" with the closest known key, or else ``expected`` (default: the known keys)."""
-    if hint := difflib.get_close_matches(key, known, n=1):
-        return f"unknown key; did you mean {hint[0]!r}?"
-    if expected is None and known:
-        expected = f"expected one of: {', '.join(known)}"
-    return f"unknown key ({expected})" if expected else "unknown key"
-
-
-_EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false"}
-_ALSO_EXPECTED = {"list_type": "a list", "string_type": "a string", "dict_type": "a table", "model_type": "a table"}
-
-
-def _union_member(model: type[BaseModel], loc: tuple) -> bool:
-    """Whether ``loc``'s last part names a member of a union field (pydantic's
-    ``keep_io_types.bool``): no key the recipe wrote."""
-    table = _table_model(model, loc[:-2]) if len(loc) >= 2 else None
-    field_info = table.model_fields.get(str(loc[-2])) if table is not None else None
-    if field_info is None:
-        return False
-    members = [a for a in typing.get_args(field_info.annotation) if a is not type(None)]
-    return typing.get_origin(field_info.annotation) in (typing.Union, types.UnionType) and len(members) > 1
-
-
-def _merge_unions(errors: list[dict], model: type[BaseModel]) -> list[dict]:
-    """The errors of a union field's members as one error at the field, where each says what
-    the member expects (``bool | list[str]`` given "yes": "expected true or false or a list,
-    got the string 'yes'"); other errors as they are."""
-    merged: dict[tuple, dict] = {}
-    out = []
-    for error in errors:
-        expected = _EXPECTED.get(error["type"]) or _ALSO_EXPECTED.get(error["type"])
-        if expected is None or not _union_member(model, error["loc"]):
-            out.append(error)
-            continue
-        loc = error["loc"][:-1]
-        if loc not in merged:
-            merged[loc] = {**error, "loc": loc, "type": "union_type", "expected": []}
-            out.append(merged[loc])
-        merged[loc]["expected"].append(expected)
-    for error in merged.values():
-        error["msg"] = f"expected {' or '.join(error['expected'])}, got {_written(error['input'])}"
-    return out
-
-
-def _written(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    return repr(value) if isinstance(value, (int, float)) else f"a {type(value).__name__}"
-
-
-def wrong_type(kind: str, value: Any) -> str:
-    """Why ``value`` is not of the strict type ``kind`` (pydantic's error type), and the fix:
-    a recipe's numbers and booleans are taken as written, never converted."""
-    message = f"expected {_EXPECTED[kind]}, got {_written(value)}"
-    if isinstance(value, str) and kind != "bool_type":
-        return f"{message}: write the number without quotes"
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return f"{message}: write {value.lower()} without quotes"
-    if kind == "int_type" and isinstance(value, float) and value.is_integer():
-        return f"{message}: write {int(value)}"
-    return message
-
-
-def validation_problems(doc: TomlDocument, prefix: tuple, exc: ValidationError, model: type[BaseModel],
-                        top_keys: tuple[str, ...] = ()) -> list[Problem]:
-    """``exc`` (from validating ``model`` at ``prefix`` of ``doc``) as located problems, in
-    the recipe's words. ``top_keys``: keys valid beside ``model``'s fields at its top level
-    (a step's ``kind``), offered when an unknown key is near one."""
-    problems = []
-    for error in _merge_unions(exc.errors(), model):
-        loc = (*prefix, *error["loc"])
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            table = _table_model(model, error["loc"][:-1])
-            known = [] if table is None else list(table.model_fields)
-            if len(error["loc"]) == 1:
-                known = [*top_keys, *known]
-            message = unknown_key(str(error["loc"][-1]), known)
-        elif error["type"] == "missing":
-            message = "required key is missing"
-        elif error["type"] == "value_error":  # our validators' words, without pydantic's prefix
-            message = str(error["ctx"]["error"])
-        elif error["type"] in _EXPECTED:
-            message = wrong_type(error["type"], error["input"])
-        problems.append(doc.problem(loc, message))
-    return problems
-
-
-def non_finite_problems(doc: TomlDocument, prefix: tuple, value: Any) -> list[Problem]:
-    """A problem for each infinite or NaN number in ``value`` (at ``prefix`` of ``doc``), nested
-    tables and arrays included. TOML reads ``inf``, ``nan`` and ``1e999`` (which overflows) as
-    floats, and a parameter enters the step's key as JSON, which has no such numbers."""
-    if isinstance(value, float) and not math.isfinite(value):
-        written = "nan" if math.isnan(value) else ("-" if value < 0 else "") + "inf (or a number too large for a float)"
-        return [doc.problem(prefix, f"{written} is not a finite number: a parameter enters the step's key, which "
-                                    "holds finite numbers only; write a finite value")]
-    if isinstance(value, dict):
-        return [p for key, item in value.items() for p in non_finite_problems(doc, (*prefix, key), item)]
-    if isinstance(value, list):
-        return [p for index, item in enumerate(value) for p in non_finite_problems(doc, (*prefix, index), item)]
-    return []
 
 
 def _load_config(path: Path) -> tuple[ProjectConfig, TomlDocument]:

@@ -296,7 +296,7 @@ def test_skip_unavailable_defaults_to_the_config_and_the_flags_override_it(unico
 def test_the_repository_config_skips_unavailable_steps():
     import tomllib
 
-    from optbuild.project.recipe import ProjectConfig
+    from optbuild.project.config import ProjectConfig
 
     with open(REPO / "optbuild.toml", "rb") as f:
         assert ProjectConfig.model_validate(tomllib.load(f)).build.skip_unavailable is True

@@ -36,7 +36,7 @@ def _declarations(ws: Workspace, sid: str) -> InputDecls | None:
     that parameter (an onnx source) the recipe's [inputs.NAME], read again from its file (the
     project keeps them only inside the steps' parameters)."""
     from optbuild.project import template
-    from optbuild.project.recipe import RecipeInputs
+    from optbuild.project.config import RecipeInputs
     from optbuild.project.tomlsource import load_toml
 
     spec = ws.project.steps[sid]
