@@ -33,7 +33,7 @@ class Keyer:
         self.toolchain = toolchain
         self.salt = salt
         self.project_root = project_root
-        self._imports: dict[Path, list[Path]] = {}
+        self._kinds: dict[str, tuple[str | None, list[Path]]] = {}  # implementation -> ``_kind``
         self._names: dict[Path, str] = {}  # key file -> its name in actions
         self._digests: dict[Path, str] = {}  # key file -> its digest, as this build read it
 
@@ -52,10 +52,7 @@ class Keyer:
         for field_name in spec.deps:
             if "." not in field_name:  # a list of steps (select's candidates) stays: its report names them
                 params[field_name] = None  # the name of the upstream step is not content
-        impl_file, _, class_name = spec.implementation.rpartition(":")
-        kind_class = None
-        if impl_file.endswith(".py"):  # a project kind: its file's bytes are in files, which class of it runs here
-            kind_class = f"{_display_path(Path(impl_file), self.project_root)}:{class_name}"
+        kind_class, _ = self._kind(spec.implementation)
         return Action(
             kind=spec.kind, version=step.version, params=params,
             inputs={name: step.outputs_read(name, upstream[name]) for name in sorted(spec.deps)
@@ -90,17 +87,24 @@ class Keyer:
         """Files whose bytes key ``spec``: the step's own, plus a project-local kind's source and
         the project modules that source imports (editing a helper of the kind changes its code)."""
         files = list(spec.key_files if spec.key_files is not None else spec.step.key_files())
-        impl_file, _, _ = spec.implementation.rpartition(":")
-        if impl_file.endswith(".py"):
-            kind_file = Path(impl_file)
-            files += [path for path in (kind_file, *self._local_imports(kind_file)) if path not in files]
+        files += [path for path in self._kind(spec.implementation)[1] if path not in files]
         return files
 
-    def _local_imports(self, kind_file: Path) -> list[Path]:
-        if (found := self._imports.get(kind_file)) is None:
-            from optbuild.common.pyimports import local_imports
+    def _kind(self, implementation: str) -> tuple[str | None, list[Path]]:
+        """For a project kind ("/abs/file.py:Class"), the class as its action names it (the
+        project-relative file and the class: which class of the file runs) and the files whose
+        bytes key it (its source and the project modules that imports); (None, []) for a
+        built-in kind. Worked out once per kind and build."""
+        if (found := self._kinds.get(implementation)) is None:
+            impl_file, _, class_name = implementation.rpartition(":")
+            found = (None, [])
+            if impl_file.endswith(".py"):
+                from optbuild.common.pyimports import local_imports
 
-            found = self._imports[kind_file] = list(local_imports(kind_file, self.project_root))
+                kind_file = Path(impl_file)
+                found = (f"{_display_path(kind_file, self.project_root)}:{class_name}",
+                         [kind_file, *local_imports(kind_file, self.project_root)])
+            self._kinds[implementation] = found
         return found
 
 
