@@ -135,18 +135,18 @@ def build(
                 pool.close()
             raise
     remote = RemoteSession(ws.remote, reporter, dry_run=dry_run) if ws.remote is not None else None
-    scheduler = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
-                          options=options, remote=remote, pool=pool, builder=_builder(options))
+    runner = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
+                       options=options, remote=remote, pool=pool, builder=_builder(options))
     try:
-        outcomes = scheduler.run(selected)
+        outcomes = runner.run(selected)
     except OSError as exc:  # materializing into the build folder, say
         if not is_disk_full(exc):
             raise
         raise DiskFullError(describe_os_error(exc, ws.project.build_dir)) from None
     finally:
         reporter.close()
-    assert scheduler.done is not None  # a run that returns has ended with its summary
-    return BuildResult(outcomes, reporter, scheduler.done)
+    assert runner.done is not None  # a run that returns has ended with its summary
+    return BuildResult(outcomes, reporter, runner.done)
 
 
 def _builder(options: Options) -> Callable[[BuildContext], Builder] | None:

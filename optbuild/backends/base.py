@@ -53,7 +53,11 @@ class Runner(ABC):
 
     label: str = ""  # what runs it, for reports: "onnxruntime 1.23.2 (CPU)", from what loaded
     load_ms: float = 0.0  # the time ``__enter__`` took
-    on_gpu: bool = False  # it runs on an NVIDIA GPU (once entered)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether it runs on an NVIDIA GPU (once entered)."""
+        return False
 
     def __enter__(self) -> Self:
         started = time.perf_counter()

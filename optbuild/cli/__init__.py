@@ -16,6 +16,7 @@ from optbuild import __version__
 
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
 SUBCOMMANDS = {
     "build": "build and cache the selected steps",
@@ -97,7 +98,7 @@ class _sigterm_as_interrupt:  # lower case: used as the function it replaced
         import signal
         import threading
 
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, Any] = {}  # signal.getsignal's answer, given back as it was
         if threading.current_thread() is threading.main_thread():
             for signum in _ENDING:
                 if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:

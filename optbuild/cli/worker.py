@@ -65,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
 
     remote = _remote(args)
     name = args.name or socket.gethostname()
-    node = NodeConfig(name, _fields(args.fingerprint), remote, NodeCache.at(args.cache, int(args.cache_max_gb * 1e9)))
+    cache = NodeCache.at(args.cache, int(args.cache_max_gb * 1e9))
+    node = NodeConfig(name, _fields(args.fingerprint), remote, cache)
     host = args.host or reaching(args.scheduler)
     signed = f"signing with ${remote.signing_key_env}" if remote.signing_key else "signing nothing (no key)"
     print(f"optbuild worker {name}: joining {args.scheduler} with {args.nthreads} thread(s); remote "
-          f"{remote.display_url}, {signed}; {node.cache.describe()}", file=sys.stderr, flush=True)
+          f"{remote.display_url}, {signed}; {cache.describe()}", file=sys.stderr, flush=True)
 
     def started(worker: Any) -> None:
         print(f"optbuild worker {name}: listening on {worker.listen_address}", file=sys.stderr, flush=True)

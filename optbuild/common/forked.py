@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 # the signals of a native crash (a library's bug, which another attempt may avoid), by name
-CRASH_SIGNALS = {signal.SIGSEGV: "SIGSEGV", signal.SIGBUS: "SIGBUS", signal.SIGILL: "SIGILL",
+CRASH_SIGNALS: dict[int, str] = {signal.SIGSEGV: "SIGSEGV", signal.SIGBUS: "SIGBUS", signal.SIGILL: "SIGILL",
                  signal.SIGFPE: "SIGFPE"}
 
 

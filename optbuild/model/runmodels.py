@@ -120,6 +120,7 @@ def run_models(work: Callable[[dict[Any, str | None], Stage], R], sides: Mapping
     notes = []
     for key in dict.fromkeys(c.stage[0] for c in outcome.crashes):
         ran = outcome.attempt[key]
+        assert ran is not None  # a side that crashed ran again at a lowered level (``lowered``), a named one
         backend = sides[key][0]
         notes.append(f"{names[key]} crashed {backend.label} at {_crashes(outcome.crashes, key)}, and ran at level "
                      f"{ran}: a server must open it at that level too ({backend.level_setting(ran)})")

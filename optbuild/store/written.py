@@ -114,7 +114,7 @@ def unrecorded(build_dir: Path, written: str, names: Mapping[str, object] | None
     folder = build_dir / written
     if not folder.is_dir() or folder.is_symlink():
         return [folder] if folder.is_symlink() else []
-    found = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(folder):
         found.extend(Path(dirpath, name) for name in dirnames if os.path.islink(os.path.join(dirpath, name)))
         for name in filenames:

@@ -132,11 +132,11 @@ def dim_name_conflicts(profile: Mapping[str, tuple[Sequence[int], Sequence[int],
                 if dim_name is not None:
                     groups.setdefault(dim_name, []).append((name, axis))
     conflicts = []
-    for dim_name, dims in groups.items():
-        bounds = [tuple(shape[axis] for shape in profile[name]) for name, axis in dims]
+    for dim_name, placed in groups.items():
+        bounds = [tuple(shape[axis] for shape in profile[name]) for name, axis in placed]
         if len(set(bounds)) > 1:
             conflicts.append((dim_name, [f"{name!r} dim {axis} (min {lo}, opt {mid}, max {hi})"
-                                         for (name, axis), (lo, mid, hi) in zip(dims, bounds)]))
+                                         for (name, axis), (lo, mid, hi) in zip(placed, bounds)]))
     return conflicts
 
 

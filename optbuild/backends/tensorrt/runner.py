@@ -49,7 +49,9 @@ class TrtRunner(Runner):
     """Runs an engine on feed dicts; see the module docstring. ``load`` gives the engine
     (``loader.open_engine`` over a file, ``loader.load_engine`` over a fresh plan)."""
 
-    on_gpu = True
+    @property
+    def on_gpu(self) -> bool:
+        return True
 
     def __init__(self, load: Callable[[], LoadedEngine]):
         self._load = load
