@@ -60,16 +60,16 @@ Shape = Annotated[list[int | list[int]], AfterValidator(_check_shape)]
 class InputDecl(RecipeTable):
     """One model input: its shape with values for symbolic dims, its dtype, its values."""
 
-    shape: Shape | None = Field(None, examples=[[1, 3, 48, [32, 320]]])
+    shape: Shape | None = Field(default=None, examples=[[1, 3, 48, [32, 320]]])
     """The input's shape, one entry per dim: a size, [min, max] or [min, opt, max]. Checks take
     each range's opt (when given), min, max in turn; a TensorRT engine without profiles gets one
     profile from it."""
-    dtype: Dtype | None = Field(None, examples=["float32"])
+    dtype: Dtype | None = Field(default=None, examples=["float32"])
     """The element type the model takes (checked against the model's declaration)."""
-    range: tuple[float, float] | None = Field(None, examples=[[0.0, 1.0]])
+    range: tuple[float, float] | None = Field(default=None, examples=[[0.0, 1.0]])
     """[low, high]: values drawn uniformly from it (integers: both ends included). Default:
     floats from N(0, 1), integers from 0 to 7."""
-    values: list[int | float | bool] | None = Field(None, examples=[[8000, 16000]])
+    values: list[int | float | bool] | None = Field(default=None, examples=[[8000, 16000]])
     """The only values the input takes: each element is drawn from them; a scalar (one element)
     takes each in turn, check by check."""
 

@@ -150,8 +150,9 @@ class Step(Generic[P]):
     preload: ClassVar[tuple[str, ...]] = ()
     # Host fingerprint fields the output depends on (see optbuild.common.fingerprint).
     host_fields: ClassVar[tuple[str, ...]] = ()
-    # Name of the main output file inside out_dir, handed to downstream steps as `primary`.
-    primary_output: ClassVar[str | None] = "model.onnx"
+    # Name of the main output file inside out_dir, handed to downstream steps as `primary`
+    # (a kind may set it per step, from its parameters: the onnxruntime engine's format).
+    primary_output: str | None = "model.onnx"
     # Builds with nothing else building beside it (a measurement that other steps would skew).
     exclusive: ClassVar[bool] = False
     # Runs while one of a list of its inputs (``candidates = [...]``) succeeded: the others

@@ -140,6 +140,8 @@ class OrtEngine(Step[OrtEngineParams]):
     (extended) or `level: -1` (basic).
     """
 
+    primary_output: str = "model.onnx"  # or model.ort: set per step from its format
+
     Params = OrtEngineParams
     preload = ONNX_TOOLS
     version = "2"  # 2: engine.json names the provider the model runs on

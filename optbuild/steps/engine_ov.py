@@ -246,8 +246,8 @@ class OpenVINOEngine(fields.DataSourceStep[OpenVINOEngineParams]):
             needs.append(nncf_missing())
         if self.params.check:
             needs.append(module_missing("onnxruntime", "onnxruntime", "onnx"))
-        needs = [n for n in needs if n]
-        return "needs " + " and ".join(needs) if needs else None
+        missing = [n for n in needs if n]
+        return "needs " + " and ".join(missing) if missing else None
 
     # --- execution -------------------------------------------------------------------------
     def run(self, ctx: StepContext) -> None:

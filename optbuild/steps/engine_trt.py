@@ -551,6 +551,7 @@ class _TensorRTBase(Step[EP]):
                 feed = random_feed(runner)
                 for _ in range(runs + 1):
                     runner.infer(feed)
+                    assert runner.last_inference_ms is not None  # infer() has just timed it
                     times.append(runner.last_inference_ms)
         except (StepUnavailable, UnsupportedEngine) as exc:
             ctx.metrics["inference"] = f"skipped: {exc}"

@@ -289,6 +289,7 @@ class Export(Step[ExportParams]):
                 raise StepError(f"weights_from: {upstream.step} gives no file to load")
             path = upstream.primary
         else:
+            assert p.weights is not None  # called when weights or weights_from is set
             path = ctx.path(p.weights)
         if not path.is_file():
             raise StepError(f"weights {path}: no such file")
@@ -322,7 +323,7 @@ class Export(Step[ExportParams]):
         import torch
 
         p = self.params
-        common = {"input_names": list(p.input_names) or None,
+        common: dict[str, Any] = {"input_names": list(p.input_names) or None,
                   "output_names": list(p.output_names) or None, "opset_version": p.opset}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

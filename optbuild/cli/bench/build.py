@@ -50,9 +50,9 @@ def build_models(ws: Workspace, models: list[str], verifies: list[str], options:
     for sid in verifies:
         outcome = outcomes.get(sid)
         if outcome is None or not outcome.status.ok:
-            status = outcome.status if outcome is not None else "not built"
-            what = {Status.FAILED: "failed (a threshold is exceeded or it could not run: see the build output)",
-                    Status.WOULD_BUILD: "is not built (--no-build)"}.get(status, f"is {status}")
+            status = str(outcome.status) if outcome is not None else "not built"
+            what = {str(Status.FAILED): "failed (a threshold is exceeded or it could not run: see the build output)",
+                    str(Status.WOULD_BUILD): "is not built (--no-build)"}.get(status, f"is {status}")
             notes[sid] = f"{sid} {what}: no verify figures from it"
     return outcomes, notes
 

@@ -112,7 +112,7 @@ def _baseline(rows: list[Row]) -> Row | None:
         return None
     models = [row for row in rows if not row.runtime.startswith("torch")]
     fp32 = [row for row in models if row.precision == "fp32" and "-optimized " not in row.label]
-    return (fp32 or models or rows or [None])[0]
+    return (fp32 or models or rows)[0]
 
 
 def _host(rows: list[Row], torch_version: str | None) -> dict[str, Any]:
@@ -189,7 +189,8 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
                             say(f"  load     {sid} (torch{'' if device == 'cpu' else ', ' + device})")
                             runners.append(stack.enter_context(
                                 torch_runner(ws, sid, path, options, int_range, outcomes, device)))
-                say(f"  load     {sid} ({runs_on(ws.project.steps[sid])[0].name})")
+                found = runs_on(ws.project.steps[sid])
+                say(f"  load     {sid} ({found[0].name if found is not None else 'no runtime'})")
                 runner, row_notes = model_runner(ws, sid, path, options, int_range, stack)
                 runners.append(runner)
                 notes += [note for note in row_notes if note not in notes]  # the recipe's models share inputs

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from optbuild.cli.bench.results import BenchError, BenchOptions, Row
 from optbuild.cli.bench.targets import host_fingerprint, label, precision
@@ -127,6 +127,13 @@ def model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, int
     return Runner(row, runner.timed_call(feeds)), notes  # on a GPU: device time, not the host's copies
 
 
+@runtime_checkable
+class _LoadsModule(Protocol):
+    """A step that builds its PyTorch module as it exports it (``steps.export.Export``)."""
+
+    def load_module(self, ctx: Any) -> AbstractContextManager[tuple[Any, tuple]]: ...
+
+
 @contextmanager
 def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOptions,
                   int_range: tuple[int, int], outcomes: dict[str, Any], device: str = "cpu") -> Iterator[Runner]:
@@ -140,7 +147,9 @@ def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpti
     from optbuild.steps.base import Artifact, StepContext
 
     spec = ws.project.steps[sid]
-    step = spec.step  # an optbuild.steps.export.Export
+    step = spec.step
+    if not isinstance(step, _LoadsModule):
+        raise BenchError(f"{sid} is a {spec.kind} step, not an export: it has no PyTorch module to run")
     upstream = {}  # what its worker saw: the outputs of the steps it names (weights_from)
     for field_name, dep in spec.deps.items():
         dep_spec, outcome = ws.project.steps[dep], outcomes.get(dep)
