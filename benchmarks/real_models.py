@@ -27,7 +27,7 @@ those of this host at that moment: on a loaded host select's leads are noisy (ea
 records the load average it ran under). So after each build, fp32 and every variant select kept
 are measured again, interleaved, at 1 thread (`optbuild bench --threads 1`), and the table says
 whether the fastest there is select's choice. Verify figures in the table are the worst over the
-outputs and the parts verify judged (optbuild.model.compare.worst: a detector's scores beside its
+outputs and the parts verify judged (optbuild.model.thresholds.worst: a detector's scores beside its
 boxes), naming the part.
 
 Workarounds the models still need are in WORKAROUNDS below, each saying why; tvfix.py is one
@@ -47,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-from optbuild.model import compare
+from optbuild.model import thresholds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -332,7 +332,7 @@ def summarise(project: Path, name: str) -> dict:
         outputs = report.get("outputs") or {}
         figs = {output: {k: f.get(k) for k in ("cosine", "top1", "max_abs")} for output, f in outputs.items()}
         # the worst over outputs and the parts verify judged (a detector's scores beside its boxes)
-        worst = {metric: compare.worst(outputs, metric) for metric in ("cosine", "top1")}
+        worst = {metric: thresholds.worst(outputs, metric) for metric in ("cosine", "top1")}
         variants[report_path.parent.name] = {"passed": report.get("passed"), "outputs": figs, "worst": worst,
                                              "failed": [c for c in report.get("checks") or [] if not c.get("ok")]}
     out["verify"] = variants

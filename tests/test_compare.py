@@ -1,4 +1,6 @@
-"""optbuild.model.compare: one set of metrics for the per-feed checks and verify's figures."""
+"""optbuild.model.compare and the modules it measures with (metrics) and verify judges and shows
+its figures with (thresholds, verifyreport): one set of metrics for the per-feed checks and
+verify's figures."""
 
 from __future__ import annotations
 
@@ -10,30 +12,30 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-from optbuild.model import compare
+from optbuild.model import compare, metrics, thresholds, verifyreport
 
 
 def test_max_errors_are_relative_to_the_reference_scale():
     ref = np.array([[10.0, -20.0], [0.0, 5.0]], np.float32)
     cand = ref + np.array([[0.0, 0.5], [0.01, 0.0]], np.float32)
-    max_abs, max_rel = compare.max_errors(ref, cand)
+    max_abs, max_rel = metrics.max_errors(ref, cand)
     assert max_abs == pytest.approx(0.5) and max_rel == pytest.approx(0.5 / 20)
-    assert compare.max_errors(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
+    assert metrics.max_errors(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
 
 
 def test_nan_and_inf_in_the_same_places_are_equal_elsewhere_infinite():
     ref = np.array([1.0, np.nan, np.inf])
-    assert compare.max_errors(ref, ref.copy()) == (0.0, 0.0)
-    assert compare.max_errors(ref, np.array([1.0, 0.0, np.inf]))[0] == math.inf
+    assert metrics.max_errors(ref, ref.copy()) == (0.0, 0.0)
+    assert metrics.max_errors(ref, np.array([1.0, 0.0, np.inf]))[0] == math.inf
 
 
 def test_cosine():
     a = np.array([1.0, 2.0, 3.0])
-    assert compare.cosine(a, 2 * a) == pytest.approx(1.0)
-    assert compare.cosine(a, -a) == pytest.approx(-1.0)
-    assert compare.cosine(np.zeros(3), np.zeros(3)) == 1.0
-    assert compare.cosine(a, np.zeros(3)) == 0.0
-    assert math.isnan(compare.cosine(a, np.array([1.0, np.nan, 3.0])))
+    assert metrics.cosine(a, 2 * a) == pytest.approx(1.0)
+    assert metrics.cosine(a, -a) == pytest.approx(-1.0)
+    assert metrics.cosine(np.zeros(3), np.zeros(3)) == 1.0
+    assert metrics.cosine(a, np.zeros(3)) == 0.0
+    assert math.isnan(metrics.cosine(a, np.array([1.0, np.nan, 3.0])))
 
 
 def test_the_per_feed_check_and_the_figures_share_their_metrics():
@@ -54,7 +56,7 @@ def test_the_per_feed_check_and_the_figures_share_their_metrics():
 def test_figures_of_mismatched_shapes_fail_a_shape_check():
     figures = {"y": compare.output_figures([np.zeros((1, 2))], [np.zeros((1, 3))], top1_axis=None)}
     assert figures["y"]["shape_mismatch"] == "sample 0: (1, 3) vs (1, 2)"
-    checks = compare.threshold_checks(figures, {"max_abs": 1.0}, [])
+    checks = thresholds.threshold_checks(figures, {"max_abs": 1.0}, [])
     assert checks == [{"output": "y", "metric": "shape", "value": "sample 0: (1, 3) vs (1, 2)", "op": "==",
                        "threshold": "reference", "ok": False}]
 
@@ -62,8 +64,8 @@ def test_figures_of_mismatched_shapes_fail_a_shape_check():
 def test_threshold_checks_take_each_set_threshold_and_fail_nan():
     figures = {"a": {"max_abs": 0.5, "max_rel": 0.01, "cosine": 0.99, "top1": 0.9},
                "b": {"max_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan"), "top1": None}}
-    thresholds = {"max_abs": 1.0, "max_rel": None, "min_cosine": 0.995, "min_top1": 0.8}
-    checks = compare.threshold_checks(figures, thresholds, top1_outputs=["a"])
+    limits = {"max_abs": 1.0, "max_rel": None, "min_cosine": 0.995, "min_top1": 0.8}
+    checks = thresholds.threshold_checks(figures, limits, top1_outputs=["a"])
     assert [(c["output"], c["metric"], c["ok"]) for c in checks] == [
         ("a", "max_abs", True), ("a", "cosine", False), ("a", "top1", True),
         ("b", "max_abs", False), ("b", "cosine", False)]
@@ -80,14 +82,14 @@ def test_the_table_and_strict_json():
         "latency_ms": {"reference": 1.0, "candidate": 0.5},
         "runtime": {"reference": "onnxruntime (CPU)", "candidate": "onnxruntime (CPU)"},
     }
-    text = compare.table(report)
+    text = verifyreport.table(report)
     lines = text.splitlines()
     assert lines[0] == "verify: candidate int8.onnx (blake3-256 bbbbbbbbbbbb) vs reference ref.onnx " \
                        "(blake3-256 aaaaaaaaaaaa)"
     assert lines[1] == "4 samples from random (seed 0)"
     assert lines[-1] == "FAILED: 1 of 1 checks: y top1 75.0% (needs >= 90%)"
     assert any(line.split() == ["y", "max_rel", "inf"] for line in lines)
-    assert compare.jsonable(report["outputs"])["y"]["max_rel"] == "inf"
+    assert verifyreport.jsonable(report["outputs"])["y"]["max_rel"] == "inf"
 
 
 def test_the_split_axis_is_the_smallest_non_batch_axis():
@@ -119,7 +121,7 @@ def test_slice_figures_are_relative_to_the_slice():
     small = figures["slices"]["out[:, 2:6, :]"]
     assert small["max_rel"] == pytest.approx(0.01 / 0.9) and figures["max_rel"] == pytest.approx(0.01 / 300)
     assert figures["slices"]["out[:, 0:2, :]"]["degenerate"] == "constant 300"  # reported, not checked
-    checks = compare.threshold_checks({"out": figures}, {"max_rel": 0.001}, [])
+    checks = thresholds.threshold_checks({"out": figures}, {"max_rel": 0.001}, [])
     assert [(c["output"], c["ok"]) for c in checks] == [("out", True), ("out[:, 2:6, :]", False)]
 
 
@@ -140,7 +142,8 @@ def test_degenerate_references_and_collapsed_candidates():
 
 
 def test_importing_it_loads_no_numpy():
-    code = "import sys, optbuild.model.compare, optbuild.steps.verify; print('numpy' in sys.modules)"
+    code = ("import sys, optbuild.model.compare, optbuild.model.classaxes, optbuild.steps.verify; "
+            "print('numpy' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
 
@@ -150,12 +153,12 @@ def test_top1_per_token_and_per_pixel_and_a_reference_of_one_class():
     tokens = rng.standard_normal((2, 5, 7))  # [batch, seq, vocab]
     moved = tokens.copy()
     moved[0, 0, (tokens[0, 0].argmax() + 1) % 7] += 100  # one token of ten predicts another
-    assert compare.top1([tokens], [moved], axis=-1) == pytest.approx(0.9)
+    assert metrics.top1([tokens], [moved], axis=-1) == pytest.approx(0.9)
     pixels = rng.standard_normal((1, 3, 4, 4))  # [batch, classes, H, W]
     flipped = pixels.copy()
     flipped[0, :, 0, :] = -flipped[0, :, 0, :] - 10 * (flipped[0, :, 0, :] == flipped[0, :, 0, :].max(axis=0))
-    assert compare.top1([pixels], [flipped], axis=1) == pytest.approx(12 / 16)
+    assert metrics.top1([pixels], [flipped], axis=1) == pytest.approx(12 / 16)
     same = [np.array([[0.0, 1.0, 0.5]])] * 8
-    assert compare.one_class(same, -1) == 1
-    assert compare.one_class(same[:7], -1) is None  # 7 positions may agree by chance
+    assert metrics.one_class(same, -1) == 1
+    assert metrics.one_class(same[:7], -1) is None  # 7 positions may agree by chance
     assert compare.output_figures(same, same, None)["flat"].startswith("changes by at most 0 from sample to sample")

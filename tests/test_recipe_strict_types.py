@@ -15,7 +15,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from optbuild.model import compare
+from optbuild.model import verifyreport
 from optbuild.model.inputdecl import InputDecl
 from optbuild.project.problems import validation_problems
 from optbuild.project.recipe import load_project
@@ -93,7 +93,7 @@ def test_a_failed_check_prints_its_threshold_as_written():
         "latency_ms": {"reference": 1.0, "candidate": 0.5},
         "runtime": {"reference": "onnxruntime (CPU)", "candidate": "onnxruntime (CPU)"},
     }
-    failed = compare.table(report).splitlines()[-1]
+    failed = verifyreport.table(report).splitlines()[-1]
     assert "(needs >= 0.9999999)" in failed and "(needs >= 99.9%)" in failed
 
 

@@ -21,7 +21,7 @@ from optbuild.app.deploy import deploy_models
 from optbuild.builder import lockfile
 from optbuild.common.errors import OptbuildError
 from optbuild.common.jsonfile import MAX_BYTES, read_json
-from optbuild.model.compare import worst
+from optbuild.model.thresholds import worst
 
 # What a published version's config.pbtxt pins (optbuild.cli.publish writes it): the served one.
 _PIN = re.compile(r"(?:\A|\n)version_policy \{ specific \{ versions: ([1-9][0-9]{0,17}) \} \}\n\Z")
@@ -41,7 +41,7 @@ class Artifact:
 @dataclass(frozen=True)
 class Verify:
     """A variant's verify step: its verdict and worst figures over the outputs and the parts
-    its thresholds are checked on (optbuild.model.compare.worst), as its report.json records."""
+    its thresholds are checked on (optbuild.model.thresholds.worst), as its report.json records."""
 
     step: str
     key: str | None = None

@@ -109,16 +109,16 @@ def layer_errors(reference: Path, quantized: Path, feeds: list[dict[str, Any]]) 
 
 def _class_scores(reference: Path, names: list[str], values: list[list[Any]]) -> set[str]:
     """The graph outputs among ``names`` that hold class scores, as verify tells them
-    (compare.class_scores: a Softmax over the last axis, or [batch, classes] from a linear
+    (classaxes.class_scores: a Softmax over the last axis, or [batch, classes] from a linear
     layer); ``values``: per feed, the values of ``names``."""
-    from optbuild.model import compare
+    from optbuild.model import classaxes
 
     if not values:
         return set()
-    axes, linear = compare.softmax_axes(reference), compare.linear_heads(reference)
+    axes, linear = classaxes.softmax_axes(reference), classaxes.linear_heads(reference)
     outputs = set(axes) | linear
     return {name for i, name in enumerate(names)
-            if name in outputs and compare.class_scores(values[0][i], axes.get(name), name in linear)}
+            if name in outputs and classaxes.class_scores(values[0][i], axes.get(name), name in linear)}
 
 
 def _cosine(r: Any, q: Any) -> float:
@@ -139,6 +139,7 @@ def _worst_part(tensor: str, refs: list[Any], quants: list[Any]) -> tuple[str | 
     import numpy as np
 
     from optbuild.model import compare
+    from optbuild.model.metrics import constant
 
     shape = refs[0].shape
     axis = compare.split_axis(shape)
@@ -151,7 +152,7 @@ def _worst_part(tensor: str, refs: list[Any], quants: list[Any]) -> tuple[str | 
     for start, stop in runs:
         index = (slice(None),) * axis + (slice(start, stop),)
         r = np.concatenate([a[index].ravel() for a in refs])
-        if compare.constant(r) is None:
+        if constant(r) is None:
             q = np.concatenate([a[index].ravel() for a in quants])
             parts.append((_cosine(r, q), compare.slice_name(tensor, len(shape), axis, start, stop)))
     if not parts:

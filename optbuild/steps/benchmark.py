@@ -337,10 +337,10 @@ def _degenerate(open_dims: list[tuple[TensorSpec, int]], what: str) -> str:
 
 def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:
     """passed and the worst cosine, max_abs, top-1 of the ``check`` verify step's report.json,
-    over its outputs and the parts its thresholds are checked on (compare.worst: a detector's
+    over its outputs and the parts its thresholds are checked on (thresholds.worst: a detector's
     scores part, not its whole output), and the output or part of the worst cosine; the report
     must have verified ``model`` (the same content digest)."""
-    from optbuild.model import compare
+    from optbuild.model import thresholds
     from optbuild.model.runmodels import model_entry
 
     art = ctx.inputs["check"]
@@ -359,6 +359,6 @@ def _verify_summary(ctx: StepContext, model: Path) -> dict[str, Any]:
 
     if not isinstance(outputs, dict) or not all(isinstance(f, dict) for f in outputs.values()):
         raise StepError(f"check: the report.json of {art.step} is unreadable (outputs is not a table of figures)")
-    found = {metric: compare.worst(outputs, metric) for metric in ("cosine", "max_abs", "top1")}
+    found = {metric: thresholds.worst(outputs, metric) for metric in ("cosine", "max_abs", "top1")}
     summary = {"passed": bool(passed)} | {metric: None if w is None else w[0] for metric, w in found.items()}
     return summary | {"cosine_at": None if found["cosine"] is None else found["cosine"][1]}

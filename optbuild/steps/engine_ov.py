@@ -520,10 +520,10 @@ def ignored_ops(model: Any, scope: IgnoredScope, label: str) -> tuple[list[str],
 
 def _float_cosine(references: list[Any], candidates: list[Any]) -> float | None:
     """Cosine similarity of all the values of one output over the comparisons, concatenated;
-    None for non-float or empty outputs (compare.cosine covers the rest)."""
+    None for non-float or empty outputs (metrics.cosine covers the rest)."""
     import numpy as np
 
-    from optbuild.model.compare import cosine
+    from optbuild.model.metrics import cosine
 
     if not references or not all(np.issubdtype(np.asarray(a).dtype, np.floating) for a in references + candidates):
         return None

@@ -100,20 +100,20 @@ def test_candidates_are_measured_together_on_their_benchmarks_shapes_and_the_slo
     assert text[3].startswith("*r:bench_shallow")
     assert text[4] == "measured at onnxruntime graph optimization level: r:bench_deep all, r:bench_shallow all"
     assert race["notes"] == []  # nothing crashed
-    from optbuild.steps.select import _table
+    from optbuild.steps.select_table import table
 
     busy = {**report, "race": {**race, "load": {"load_average": 0.5, "cpu_count": 2, "others_cpu": 0.4}}}
-    assert "load average 0.5 on 2 CPUs, other processes 40% of them" in _table(busy).splitlines()[0]
-    assert "note: other processes took 40% of the 2 CPUs while measuring" in _table(busy).splitlines()[1]
+    assert "load average 0.5 on 2 CPUs, other processes 40% of them" in table(busy).splitlines()[0]
+    assert "note: other processes took 40% of the 2 CPUs while measuring" in table(busy).splitlines()[1]
     # the load average lags a minute behind (the steps built before select): what raced beside it rules
     quiet = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2, "others_cpu": 0.03}}}
-    assert "note: " not in _table(quiet)
+    assert "note: " not in table(quiet)
     unknown = {**report, "race": {**race, "load": {"load_average": 4.15, "cpu_count": 2}}}  # a report before
-    assert "note: load average 4.15 on 2 CPUs as measuring began" in _table(unknown).splitlines()[1]
+    assert "note: load average 4.15 on 2 CPUs as measuring began" in table(unknown).splitlines()[1]
     # the time ran out with a lead undecided: the header says how long it measured, and that it was judged a tie
     spent = {**report, "race": {**race, "rounds_run": 31, "seconds": 30.2, "undecided": ["r:bench_deep"],
                                 "load": {"load_average": 0.1, "cpu_count": 2, "others_cpu": 0.0}}}
-    head = _table(spent).splitlines()
+    head = table(spent).splitlines()
     assert "in 8 rounds + 23 more while a lead was undecided (30.2 s in all), order rotating" in head[0]
     assert head[1] == ("note: after 31 rounds in 30.2 s (max_seconds 30) the lead over r:bench_deep is still "
                        "undecided: judged a tie; a larger max_seconds, or a quieter host, may decide it")
@@ -197,17 +197,17 @@ def test_cached_compares_the_benchmarks_figures_without_measuring(tmp_path):
 # --- how a tie is broken, on times of a noisy host ----------------------------------------------
 def decide(per_round_ms: dict[str, list[float]], sizes: dict[str, int]) -> tuple[dict, dict]:
     """select's verdict over candidates with these per-round latencies (4 runs a round) and sizes."""
-    from optbuild.steps.select import Select, SelectParams
+    from optbuild.steps.select import SelectParams
+    from optbuild.steps.select_rule import decide as select_decides
 
-    step = Select.__new__(Select)
-    step.params = SelectParams(candidates=list(per_round_ms))
+    params = SelectParams(candidates=list(per_round_ms))
     rows = [{"index": i, "step": f"r:{name}", "batch": 1, "figures": {"size_bytes": sizes[name]}}
             for i, name in enumerate(per_round_ms)]
     times = {i: [[int(ms * 1e6)] * 4 for ms in rounds] for i, rounds in enumerate(per_round_ms.values())}
     for row in rows:
         row["figures"]["p50_ms"] = float(np.median(np.concatenate(times[row["index"]]))) / 1e6
     report: dict = {"tie": None}
-    step._decide(rows, times, report)
+    select_decides(params, rows, times, report)
     return report, {row["step"]: row for row in rows}
 
 

@@ -1,5 +1,5 @@
 """The worked example of select's tie rule in its docstring (docs/steps.md#select) is what
-``Select._decide`` decides on those numbers: the docs cannot drift from the code."""
+``select_rule.decide`` decides on those numbers: the docs cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 
 from optbuild.model import race
 from optbuild.steps.select import Select, SelectParams
+from optbuild.steps.select_rule import decide as select_decides
 
 MIB = 1 << 20
 ROUNDS_MS = {"bench_fp32": [10.0, 10.4, 9.9, 10.6, 10.1], "bench_int8": [10.2, 10.1, 10.3, 10.9, 10.4],
@@ -18,14 +19,13 @@ SIZES = {"bench_fp32": 42.0 * MIB, "bench_int8": 10.7 * MIB, "bench_ov": 42.1 * 
 
 def decide(rounds_ms: dict[str, list[float]], sizes: dict[str, float]) -> tuple[dict, dict]:
     """select's verdict (runs = 5, rounds = 5: one run a round) on these times and sizes."""
-    step = Select.__new__(Select)
-    step.params = SelectParams(candidates=list(rounds_ms), runs=5, rounds=5, min_lead=0.03)
+    params = SelectParams(candidates=list(rounds_ms), runs=5, rounds=5, min_lead=0.03)
     times = {i: [[round(ms * 1e6)] for ms in rounds] for i, rounds in enumerate(rounds_ms.values())}
     rows = [{"index": i, "step": name, "batch": 1,
              "figures": {"p50_ms": float(np.median(rounds_ms[name])), "size_bytes": int(sizes[name])}}
             for i, name in enumerate(rounds_ms)]
     report: dict = {"tie": None}
-    step._decide(rows, times, report)
+    select_decides(params, rows, times, report)
     return report, {row["step"]: row for row in rows}
 
 

@@ -29,7 +29,7 @@ from plugins.steps import run_step
 from plugins.thirdparty_models import corpus_model
 
 from optbuild.common.errors import StepError
-from optbuild.model.compare import class_axis, class_scores, linear_heads, softmax_axes
+from optbuild.model.classaxes import class_axis, class_scores, linear_heads, softmax_axes
 from optbuild.steps.verify import Verify
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from optbuild.builder.status import Status
 from optbuild.cli.bench.results import BenchError, BenchOptions
-from optbuild.model import compare
+from optbuild.model import thresholds
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
@@ -68,7 +68,7 @@ def artifact_path(ws: Workspace, sid: str, outcome: Any) -> Path:
 
 def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | None:
     """The figures of a verify step's report.json: worst over outputs and the parts of outputs
-    its thresholds judge (optbuild.model.compare.worst), and per output."""
+    its thresholds judge (optbuild.model.thresholds.worst), and per output."""
     spec = ws.project.steps[sid]
     path = ws.project.build_dir / spec.recipe / spec.name / (outcome.entry.primary or "report.json")
     try:
@@ -78,7 +78,7 @@ def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | No
     outputs = report.get("outputs") or {}
 
     def worst(metric: str) -> float | None:  # over outputs and their checked parts (a detector's scores)
-        found = compare.worst(outputs, metric)
+        found = thresholds.worst(outputs, metric)
         return None if found is None else found[0]
 
     return {
