@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.builder.outcome import Options, Outcome
-from optbuild.builder.report import Reporter
+from optbuild.builder.report import Reporter, make_reporter, write_line
 from optbuild.builder.scheduler import Scheduler
 from optbuild.builder.site import BuildContext, Builder
 from optbuild.builder.status import Status
@@ -295,4 +295,7 @@ def _delete(path: Path) -> None:
         path.unlink()
 
 
-__all__ = ["BuildResult", "Cleaned", "OptbuildError", "Status", "Workspace", "build", "clean", "explain", "open_workspace"]
+# The API's surface: what a Python user calls, and the types its functions take and give (a
+# build reports to a Reporter, make_reporter makes the CLI's; outcomes carry a Status).
+__all__ = ["BuildResult", "Cleaned", "OptbuildError", "Reporter", "Status", "Workspace", "build", "clean",
+           "explain", "make_reporter", "open_workspace", "write_line"]

@@ -82,6 +82,12 @@ class Project:
     def lock_file(self) -> Path:
         return self.root / self.config.project.lock_file
 
+    def step_dir(self, sid: str) -> Path:
+        """``build/<recipe>/<step>``, where a step's outputs are put: the one place that names
+        it (the builder proves it inside the build folder before writing there)."""
+        spec = self.steps[sid]
+        return self.build_dir / spec.recipe / spec.name
+
 
 def find_config(start: Path) -> Path:
     """The nearest optbuild.toml at or above ``start``."""
