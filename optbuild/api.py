@@ -74,6 +74,8 @@ class BuildResult:
     outcomes: dict[str, Outcome]
     reporter: Reporter
     done: DoneEvent  # the run's summary: ok, counts, duration
+    # per blob digest, how often it crossed the network (``Crossings.per_blob``; {} without a remote)
+    transfers: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -99,6 +101,7 @@ def build(
     pool: ProcessPool | None = None,
     executor: str | None = None,
     scheduler: str | None = None,
+    download: str | None = None,
 ) -> BuildResult:
     """Build (or with ``dry_run``, plan) ``targets`` and their ancestors.
 
@@ -109,7 +112,9 @@ def build(
     ``jobs``, ``keep_going`` and ``skip_unavailable`` left at None take optbuild.toml's [build].
     ``pool``: a pool already started for this project (``ProcessPool.speculative``); the
     build closes it. ``executor`` ("local", "dask", "auto") and ``scheduler`` (a Dask
-    scheduler's address, which alone means "dask") override [build]'s.
+    scheduler's address, which alone means "dask") override [build]'s, as ``download`` does
+    ("targets" or "all": which outputs of steps built on Dask nodes come to this host; see
+    ``StepGraph.wanted``).
     """
     config = ws.project.config.build
     options = Options(
@@ -122,7 +127,10 @@ def build(
         preload=config.preload,
         executor=executor or ("dask" if scheduler else config.executor),
         dask_scheduler=scheduler or config.scheduler,
+        download=download or config.download,
     )
+    if options.download not in ("targets", "all"):
+        raise OptbuildError(f"download must be 'targets' or 'all', not {options.download!r}")
     reporter = reporter or Reporter()
     selected = ws.graph.select(targets or [])
     if not dry_run:  # never a user's folder: a build replaces step folders whole
@@ -138,7 +146,7 @@ def build(
     runner = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
                        options=options, remote=remote, pool=pool, builder=_builder(options))
     try:
-        outcomes = runner.run(selected)
+        outcomes = runner.run(selected, ws.graph.wanted(targets or [], selected))
     except OSError as exc:  # materializing into the build folder, say
         if not is_disk_full(exc):
             raise
@@ -146,7 +154,7 @@ def build(
     finally:
         reporter.close()
     assert runner.done is not None  # a run that returns has ended with its summary
-    return BuildResult(outcomes, reporter, runner.done)
+    return BuildResult(outcomes, reporter, runner.done, remote.crossings.per_blob() if remote is not None else {})
 
 
 def _builder(options: Options) -> Callable[[BuildContext], Builder] | None:

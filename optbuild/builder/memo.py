@@ -172,6 +172,12 @@ class DecisionMemo:
         if dest is not None:
             self._dests[sid] = str(dest)
 
+    def forget(self, sid: str) -> None:
+        """Drop what is remembered of ``sid``: its folder was emptied (its outputs stay on the
+        remote cache), so the next run decides it in full."""
+        self._old.pop(sid, None)
+        self._new.pop(sid, None)
+
     def save(self) -> None:
         """Write the memo of this run (atomically; best effort: a memo not written only costs
         speed). Steps not decided this run keep their record."""

@@ -19,6 +19,9 @@ class Options:
     preload: bool = True  # steps fork from a server that has imported their tools (Linux)
     executor: str = "local"  # where steps build: "local", "dask", "auto" (dask when it can)
     dask_scheduler: str = ""  # the Dask scheduler's address, for "dask" and "auto"
+    # which outputs come to this host when steps build elsewhere (Dask): "all", or "targets"
+    # (the steps the user named, else the ends of what was selected; the rest stay on the remote)
+    download: str = "targets"
 
 
 @dataclass
@@ -32,6 +35,9 @@ class Outcome:
     error: str | None = None
     source: str | None = None  # "remote" when the remote cache served it
     parked: bool = False  # skipped because it (or an upstream step) has enabled = false
+    # its outputs are on the remote cache only (built on a Dask node, or a remote hit, and not
+    # asked for here): not in the local cache nor the build folder
+    remote_only: bool = False
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a plain string ("built") is taken as its member

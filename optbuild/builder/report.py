@@ -87,6 +87,8 @@ def _line(event: Event) -> str | None:
         text = f"  {status:<8} {event['step']}"
         if event.get("duration_s") is not None and status == Status.BUILT:
             text += f"  {event['duration_s']:.1f}s" + (f" on {event['node']}" if event.get("node") else "")
+        if event.get("remote_only"):
+            text += "  (outputs left on the remote)"
         if (status == Status.WOULD_BUILD or _cancelled(event)) and event.get("reasons"):
             text += "  (" + "; ".join(event["reasons"]) + ")"
         if event.get("error") and status != Status.UNAVAILABLE:

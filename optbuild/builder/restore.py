@@ -34,8 +34,7 @@ class Restorer:
         name is never resolved (``paths.confined``), and names hold no separator."""
         if (folder := self._recipe_dirs.get(spec.recipe)) is not None:
             return folder / spec.name
-        dest = confined(self.project.build_dir / spec.recipe / spec.name, self.project.build_dir,
-                        f"the outputs of {spec.id} to")
+        dest = confined(self.project.step_dir(spec.id), self.project.build_dir, f"the outputs of {spec.id} to")
         self._recipe_dirs[spec.recipe] = dest.parent
         return dest
 
@@ -70,6 +69,20 @@ class Restorer:
                     written.write(build_dir, folder, files)
         except OSError as exc:
             raise StepError(f"cannot write the outputs of {entry.step}: {describe_os_error(exc, dest)}") from None
+
+    def vacate(self, spec: StepSpec, dest: Path) -> None:
+        """Empty ``dest`` of the outputs optbuild put there before, for a step whose outputs
+        of this run stay on the remote cache: build/ never shows outputs that are not the
+        step's current ones. Only files optbuild recorded writing go (``written.delete``)."""
+        folder = f"{spec.recipe}/{spec.name}"
+        if not written.is_recorded(self.project.build_dir, folder):
+            return
+        try:
+            with self.store.lock_dest(dest):
+                written.delete(self.project.build_dir, folder, written.Deleted())
+        except OSError as exc:
+            raise StepError(f"cannot empty the folder of {spec.id}: {describe_os_error(exc, dest)}") from None
+        self.memo.forget(spec.id)
 
     def _in_cache(self, path: Path) -> bool:
         """Whether the bytes of ``path`` are a blob of the cache: an output an earlier

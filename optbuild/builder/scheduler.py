@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import cached_property
 from pathlib import Path
@@ -91,6 +91,7 @@ class Scheduler:
         self.pool = pool
         self._selected = 0  # steps in this run
         self._listed = False  # whether the remote's entries were listed (``_remote_lookup``)
+        self._wanted: frozenset[str] | None = None  # steps whose outputs come here (``run``)
         self.remote = remote
         self.context = BuildContext(project, self.store, self.host, reporter, pool, remote=remote,
                                     dry_run=self.options.dry_run, dask_scheduler=self.options.dask_scheduler)
@@ -100,12 +101,16 @@ class Scheduler:
         self.builder = (builder or LocalBuilder)(self.context)
 
     # --- scheduling ------------------------------------------------------------------
-    def run(self, selected: list[str]) -> dict[str, Outcome]:
+    def run(self, selected: list[str], wanted: Collection[str] | None = None) -> dict[str, Outcome]:
         """Decide each step in the main thread as soon as its upstream is done; hand only
-        the steps that must build to the pool (a cache hit is cheaper than a thread hop)."""
+        the steps that must build to the pool (a cache hit is cheaper than a thread hop).
+        ``wanted``: the steps whose outputs must come to this host (``StepGraph.wanted``;
+        None: all); with ``Options.download`` "targets", a builder that builds elsewhere
+        leaves the others' outputs on the remote cache, where its nodes read them."""
         started = time.perf_counter()
         self.store.clean_stale_tmp()
         chosen = set(selected)
+        self._wanted = None if wanted is None else frozenset(wanted)
         self._selected = len(chosen)
         waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
         ready = deque(sid for sid in selected if waiting[sid] == 0)
@@ -250,12 +255,14 @@ class Scheduler:
             event["error"] = outcome.error
         if outcome.source:
             event["source"] = outcome.source
+        if outcome.remote_only:
+            event["remote_only"] = True
         if outcome.entry is not None and outcome.status == Status.BUILT:
             event["duration_s"] = outcome.entry.duration_s
             if not self.builder.local:
                 event["node"] = outcome.entry.built_on  # the Dask worker that built it
         self.reporter.emit(event)
-        if outcome.entry is not None and outcome.status.ok and not self.options.dry_run:
+        if outcome.entry is not None and outcome.status.ok and not self.options.dry_run and not outcome.remote_only:
             self.memo.remember(sid, outcome.entry, self.restorer.dest(self.project.steps[sid]))
         if outcome.entry is not None and outcome.status.ok:  # a step's warnings (StepContext.warn), cached too
             for message in outcome.entry.metrics.get("warnings") or []:
@@ -345,8 +352,13 @@ class Scheduler:
         """Fetch from the remote or build, under the key's lock, unless another builder
         stored it meanwhile. A local build is written through to the remote."""
         key = action.key
+        stays = self._stays_remote(spec.id)
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
+            if entry is None and remote_entry is not None and stays:  # its nodes read it there
+                self.restorer.vacate(spec, dest)
+                return Outcome(Status.RESTORED, key, remote_entry, reasons=reasons, source="remote",
+                               remote_only=True)
             if entry is None and remote_entry is not None and self.remote is not None:
                 entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
             if entry is None:
@@ -361,12 +373,22 @@ class Scheduler:
                                     "[cache] dir to a writable folder)")
                 self.reporter.emit(StepEvent(event="step", step=spec.id, status=Status.RUNNING, key=key,
                                              reasons=reasons))
-                entry = self._build(spec, action, placement)
+                entry = self._build(spec, action, placement, download=not stays)
                 status = Status.BUILT
+                if stays:
+                    self.restorer.vacate(spec, dest)
+                    return Outcome(status, key, entry, reasons=reasons, remote_only=True)
             self.restorer.restore(spec, entry, dest)
             if status == Status.BUILT and self.remote is not None and self.builder.local:  # a node pushes its own
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
+
+    def _stays_remote(self, sid: str) -> bool:
+        """Whether the outputs of ``sid`` stay on the remote cache ("build without the bytes"):
+        steps build elsewhere (a Dask node reads its inputs from the remote), the build asked
+        for its targets' outputs only, and ``sid`` is not one of them."""
+        return (not self.builder.local and self.options.download == "targets" and not self.options.dry_run
+                and self._wanted is not None and sid not in self._wanted)
 
     def _lookup(self, spec: StepSpec, action: Action) -> ActionEntry | None:
         """The local cache's entry of ``action``: as the last run remembered it when nothing
@@ -409,9 +431,8 @@ class Scheduler:
 
     def _artifact(self, dep: str, read: dict[str, str]) -> ArtifactSpec:
         """The outputs of ``dep`` the step reads (``read``: those its action holds) as it sees them."""
-        spec = self.project.steps[dep]
         entry = self._entry(dep)
-        directory = self.project.build_dir / spec.recipe / spec.name
+        directory = self.project.step_dir(dep)
         return ArtifactSpec(
             step=dep,
             dir=str(directory),
@@ -419,9 +440,10 @@ class Scheduler:
             primary=str(directory / entry.primary) if entry.primary in read else None,
         )
 
-    def _build(self, spec: StepSpec, action: Action, placement: Placement) -> ActionEntry:
-        """Have the builder build the step; a failure is reported with its log (kept in
-        build/.logs) and, when the same inputs would fail again, remembered by key."""
+    def _build(self, spec: StepSpec, action: Action, placement: Placement, *, download: bool = True) -> ActionEntry:
+        """Have the builder build the step (its outputs brought here unless not ``download``);
+        a failure is reported with its log (kept in build/.logs) and, when the same inputs
+        would fail again, remembered by key."""
         if self._cancel.is_set():
             raise Cancelled
         present = {f: dep for f, dep in spec.deps.items() if f not in action.missing}
@@ -430,8 +452,10 @@ class Scheduler:
                       inputs={f: self._artifact(dep, action.inputs[f]) for f, dep in present.items()},
                       primary=spec.step.primary_output, preload=spec.step.preload, state_dir=self.store.root / "state")
         upstream = {f: self._entry(dep) for f, dep in present.items()}
+        remote_inputs = frozenset(f for f, dep in present.items() if self.outcomes[dep].remote_only)
         request = BuildRequest(spec, placement, run, upstream, self.keyer.named_key_files(spec),
-                               guard=lambda: self._check_inputs_unchanged(spec, action))
+                               guard=lambda: self._check_inputs_unchanged(spec, action), download=download,
+                               remote_inputs=remote_inputs)
         key = action.key
         try:
             entry = self.builder.build(request)
@@ -455,10 +479,10 @@ class Scheduler:
             raise StepError(f"input {', '.join(changed)} changed while {spec.id} was building; "
                             "the result was not cached (run the build again)")
         for field_name, dep in spec.deps.items():  # hard links share the blob: a write there damages the cache
-            if field_name in action.missing:
+            if field_name in action.missing or self.outcomes[dep].remote_only:
                 continue
             entry = self._entry(dep)
-            folder = self.project.build_dir / self.project.steps[dep].recipe / self.project.steps[dep].name
+            folder = self.project.step_dir(dep)
             if changed := self.store.changed_outputs(entry, folder):
                 raise StepError(f"its input {folder / changed[0]} (an output of {dep}) changed while {spec.id} "
                                 "ran: the step wrote to it (steps must not write to their inputs), or another "

@@ -74,6 +74,8 @@ class BuildRequest:
     # called once the step ran here, before its entry is stored: StepError when the result
     # must not be cached (its inputs changed while it ran)
     guard: Callable[[], None] = lambda: None
+    download: bool = True  # its outputs come to this host's cache (else they may stay on the remote)
+    remote_inputs: frozenset[str] = frozenset()  # inputs whose outputs are on the remote cache only
 
     @property
     def action(self) -> Action:
@@ -110,9 +112,10 @@ class Builder:
         return Placement.on(self.context.host, spec)
 
     def build(self, request: BuildRequest) -> ActionEntry:
-        """The step's entry, stored in the local cache. ``runstep.StepFailed`` when the step
-        failed (the scheduler reports it and may remember it), StepError when it could not
-        be built, ``runstep.Cancelled``."""
+        """The step's entry, stored in the local cache; a builder that builds elsewhere (not
+        ``local``) leaves it on the remote cache when the request does not ``download`` it.
+        ``runstep.StepFailed`` when the step failed (the scheduler reports it and may
+        remember it), StepError when it could not be built, ``runstep.Cancelled``."""
         raise NotImplementedError
 
     def close(self) -> None:

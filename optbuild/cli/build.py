@@ -41,6 +41,10 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", default=None,
                         help="the Dask scheduler for the dask executor (implies --executor dask; "
                              "default: [build] scheduler)")
+    parser.add_argument("--download", choices=("targets", "all"), default=None,
+                        help="with the dask executor, which outputs come to this host: the targets' "
+                             "(the steps named, else each chain's last steps; the rest stay on the "
+                             "remote cache, where the nodes read them) or all (default: [build] download)")
 
 
 def scheduler_override(args: argparse.Namespace) -> str | None:
@@ -104,7 +108,7 @@ def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
                            keep_going=args.keep_going or None,
                            skip_unavailable=args.skip_unavailable, fetch_only=args.no_build,
                            retry_failed=args.retry_failed, pool=pool,
-                           executor=args.executor, scheduler=scheduler_override(args))
+                           executor=args.executor, scheduler=scheduler_override(args), download=args.download)
     finally:
         ws.close()
     report_remote(args, result)

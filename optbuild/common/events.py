@@ -28,6 +28,7 @@ class StepEvent(TypedDict):
     source: NotRequired[str]  # "remote" when the remote cache served it
     duration_s: NotRequired[float]  # built: how long it took
     node: NotRequired[str]  # built on a Dask node: its name
+    remote_only: NotRequired[bool]  # its outputs stay on the remote cache (Dask, not downloaded)
     time: NotRequired[float]
 
 

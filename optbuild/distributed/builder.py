@@ -204,9 +204,10 @@ class DaskBuilder(Builder):
             run_task, task.model_dump(mode="json"), key=f"{spec.id}-{key[:12]}-{uuid.uuid4().hex[:8]}", pure=False,
             resources=route.resources, workers=route.workers, allow_other_workers=False)
         result = TaskResult.read(self._wait(future, spec, route))
+        ex.remote.crossings.add(result.node, result.crossed)
         if not result.ok:
             self._failed(spec, result)
-        return self._accept(spec, key, request.action.material(), result)
+        return self._accept(spec, key, request.action.material(), result, download=request.download)
 
     def _wait(self, future: Any, spec: StepSpec, route: Route) -> Any:
         from distributed import KilledWorker
@@ -272,9 +273,10 @@ class DaskBuilder(Builder):
         inputs = {}
         for field_name, entry in request.upstream.items():
             read = {name: output for name, output in entry.outputs.items() if name in request.action.inputs[field_name]}
-            for name, output in read.items():  # only what the step reads (its action's) travels
-                self._ensure(output.digest, output.size, f"{entry.step} {name}")
-            self._ensure_entry(entry, spec.deps[field_name])
+            if field_name not in request.remote_inputs:  # else read from the remote, which holds it
+                for name, output in read.items():  # only what the step reads (its action's) travels
+                    self._ensure(output.digest, output.size, f"{entry.step} {name}")
+                self._ensure_entry(entry, spec.deps[field_name])
             inputs[field_name] = Upstream(step=spec.deps[field_name], key=entry.key, primary=entry.primary,
                                           outputs=read)
         implementation = spec.implementation
@@ -350,8 +352,11 @@ class DaskBuilder(Builder):
                              repeats=result.repeats)
         raise StepFailed(failed, result.log.encode())
 
-    def _accept(self, spec: StepSpec, key: str, ingredients: dict[str, Any], result: TaskResult) -> ActionEntry:
-        """The node's entry, validated as a fetched remote entry is, its blobs fetched here."""
+    def _accept(self, spec: StepSpec, key: str, ingredients: dict[str, Any], result: TaskResult, *,
+                download: bool) -> ActionEntry:
+        """The node's entry, validated as a fetched remote entry is, its blobs fetched here
+        when ``download``. The node stored them and the entry in the remote before it answered,
+        so a later step's task need not send them again."""
         from optbuild.store.remote import Rejected, decode_entry
 
         ex = self.context
@@ -370,6 +375,11 @@ class DaskBuilder(Builder):
         if wrong:
             raise StepError(f"the entry that node {node} returned for {spec.id} was rejected: its "
                             f"{', '.join(wrong)} differ from what was asked")
+        with self._lock:
+            self._present.update(entry.blob_digests())
+            self._entries.add(entry.key)
+        if not download:
+            return entry
         fetched = ex.remote.fetch(entry, ex.store, spec.id, hit=False)  # built for this run, not a hit
         if fetched is None:
             raise StepError(f"the outputs that node {node} built for {spec.id} could not be fetched: "

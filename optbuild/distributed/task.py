@@ -195,7 +195,8 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
     except StepFailed as failed:
         result = failed.result
         return {"ok": False, "error": result.error or "step failed", "expected": result.expected,
-                "repeats": result.repeats, "log": failed.log[-LOG_LIMIT:].decode(errors="replace")}
+                "repeats": result.repeats, "log": failed.log[-LOG_LIMIT:].decode(errors="replace"),
+                "crossed": session.crossings.own()}
     with store.shared_gc_lock():
         entry = _entry(run, ran, store, node.name)
         status = session.push(entry, store, task.step)
@@ -204,7 +205,8 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
                                        f"cache {session.url} ({status})", warnings))
     if cache is not None and store.size_bytes() > cache.max_bytes:
         store.trim_blobs(cache.max_bytes)
-    return {"ok": True, "entry": encode_entry(entry, session.store.signing_key).decode("ascii")}
+    return {"ok": True, "entry": encode_entry(entry, session.store.signing_key).decode("ascii"),
+            "crossed": session.crossings.own()}
 
 
 def _action(task: Task) -> Action:

@@ -88,6 +88,7 @@ class TaskResult(BaseModel):
     expected: bool = False  # a failure the step explained
     repeats: bool = False  # the same inputs would fail the same way
     infra: bool = False  # the node's failure (a transfer, a refusal, a bug), not the step's
+    crossed: dict[str, list[int]] = {}  # per blob the node moved for it: [times up, times down]
 
     @classmethod
     def read(cls, doc: Any) -> TaskResult:

@@ -62,6 +62,10 @@ class BuildSection(_Section):
     # (dask when its scheduler answers, else local).
     executor: Literal["local", "dask", "auto"] = "local"
     scheduler: str = ""  # the Dask scheduler's address (tcp://HOST:PORT) for executor = "dask"
+    # With the dask executor, which outputs come to this host: "targets" (the steps named, else
+    # the last steps of what was selected; the others stay on the remote cache, where the nodes
+    # read them: "build without the bytes") or "all".
+    download: Literal["targets", "all"] = "targets"
 
     @field_validator("scheduler")
     @classmethod

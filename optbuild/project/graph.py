@@ -124,6 +124,19 @@ class StepGraph:
                     stack.append(dep)
         return [sid for sid in self.order if sid in wanted]
 
+    def wanted(self, targets: list[str], selected: list[str]) -> set[str]:
+        """The steps whose outputs a build of ``targets`` (``selected``: ``select(targets)``)
+        is for: those a target names as ``recipe:step``, and the ends of the selection (the
+        steps no selected step reads). Steps that build elsewhere (Dask) come back to this
+        host for these only, unless the build asks for all."""
+        named: set[str] = set()
+        for text in targets:
+            target = self.target(text)
+            if not target.recipe:
+                named.update(target.steps)
+        chosen = set(selected)
+        return named | {sid for sid in selected if not any(d in chosen for d in self.dependents[sid])}
+
     def descendants(self, step_id: str) -> set[str]:
         seen: set[str] = set()
         stack = [step_id]

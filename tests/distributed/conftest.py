@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from daskfarm import Cluster, start_cluster
 from plugins.remote import Remote, S3Server
 
 HERE = Path(__file__).resolve().parent
+_FARMS = itertools.count()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,7 +52,7 @@ def _bucket(server: S3Server) -> Remote:
     import s3fs
 
     fs = s3fs.S3FileSystem(endpoint_url=server.endpoint, skip_instance_cache=True, use_listings_cache=False)
-    bucket = f"optbuild-farm-{os.getpid()}"
+    bucket = f"optbuild-farm-{os.getpid()}-{next(_FARMS)}"  # a farm per test module
     fs.mkdir(bucket)
     return Remote(f"s3://{bucket}/cache", fs, f"{bucket}/cache", server.endpoint)
 

@@ -69,7 +69,7 @@ def build(proj, targets=None, **options) -> api.BuildResult:
 
 def test_host_keyed_steps_land_on_their_node_and_match_a_local_build(tmp_path, farm, farm_remote):
     proj = dask_project(tmp_path, farm, farm_remote)
-    result = build(proj)
+    result = build(proj, download="all")  # every output here, to compare with a local build
     assert result.ok, (result.reporter.events, farm.logs())
     assert sorted(result.steps("built")) == STEPS
     lock = lockfile.read(proj.root / "optbuild.lock")
@@ -102,12 +102,12 @@ def test_host_keyed_steps_land_on_their_node_and_match_a_local_build(tmp_path, f
     assert outputs(proj)["farm/ampere/data.txt"] == b"hello@gpu.0.compute_capability=8.0"
 
     # a second build: all cached, nothing sent to the nodes
-    again = build(proj)
+    again = build(proj, download="all")
     assert again.ok and sorted(again.steps("cached")) == STEPS
 
     # another coordinator with an empty local cache: everything comes from the remote
     other = dask_project(tmp_path, farm, farm_remote, name="other")
-    third = build(other)
+    third = build(other, download="all")
     assert third.ok and sorted(third.steps("restored")) == STEPS
     assert outputs(other) == outputs(proj)
 

@@ -250,7 +250,7 @@ def test_the_entry_a_node_returns_is_validated_as_a_fetched_remote_entry(tmp_pat
 
     def accept(entry_bytes: bytes, asked=ingredients):
         answer = TaskResult.read({"ok": True, "node": "h1", "entry": entry_bytes.decode()})
-        return builder._accept(spec, key, asked, answer)
+        return builder._accept(spec, key, asked, answer, download=True)
 
     for forged, why in [
         (encode_entry(entry, None), "not signed"),

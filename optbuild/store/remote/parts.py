@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from optbuild.store.entry import ActionEntry
+    from optbuild.store.remote.crossings import Crossings
     from optbuild.store.remote.filesystem import RemoteStore
 
 
@@ -20,6 +21,7 @@ class SessionParts:
     session, a dataclass, takes its fields from its own annotations, not from here)."""
 
     store: RemoteStore
+    crossings: Crossings
     _lock: threading.Lock
     _suspect: set[str]
     _uploads: list[Future[str]]

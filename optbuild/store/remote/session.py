@@ -17,6 +17,7 @@ from optbuild.common.digest import hash_file
 from optbuild.common.events import warning
 from optbuild.store.entry import ActionEntry, is_digest
 from optbuild.store.remote.audit import Auditing
+from optbuild.store.remote.crossings import DOWN, Crossings
 from optbuild.store.remote.errors import EventSink, Failed, Rejected, RemoteMissing, TransferError, describe
 from optbuild.store.remote.filesystem import RemoteStore
 from optbuild.store.remote.signing import SIGNATURE_PREFIX, decode_entry, key_id, signed_by_another
@@ -77,6 +78,7 @@ class RemoteSession(Writing, Auditing):
     progress: TransferProgress | None = None
     cancel: threading.Event | None = None
     stats: RemoteStats = field(default_factory=RemoteStats)
+    crossings: Crossings = field(default_factory=Crossings)  # each blob's transfers, per host
     _suspect: set[str] = field(default_factory=set)  # remote blobs found corrupt: re-upload
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _checked: bool = False
@@ -442,6 +444,7 @@ class RemoteSession(Writing, Auditing):
                 raise Rejected(f"it names blob {digest[:8]}…, which the remote lacks") from None
             got, nbytes = hash_file(tmp)
             self._count(bytes_down=nbytes, blobs_down=1)
+            self.crossings.count(digest, DOWN)
             if got != digest or (size is not None and nbytes != size):
                 with self._lock:
                     self._suspect.add(digest)

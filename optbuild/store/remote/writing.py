@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optbuild.store.entry import ActionEntry
+from optbuild.store.remote.crossings import UP
 from optbuild.store.remote.errors import Failed, Rejected, describe
 from optbuild.store.remote.parts import SessionParts
 from optbuild.store.remote.signing import (
@@ -118,6 +119,7 @@ class Writing(SessionParts):
 
             self._call(f"uploading blob {digest[:8]} of {label}", fn, upload_size=size)
             self._count(bytes_up=size, blobs_up=1)
+            self.crossings.count(digest, UP)
 
     def _destination(self, key: str, label: str, step: str) -> tuple[str | None, bool, bool, str | None]:
         """(slot, acceptable, keep, fault): where this host's entry of ``key`` goes, and
