@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import deque
 from collections.abc import Callable, Collection
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from optbuild.builder.restore import Restorer
 from optbuild.builder.runstats import append_stats, run_stats
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.builder.status import Status
+from optbuild.builder.walk import Decision, Fetch, Walk
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.events import CacheEvent, DoneEvent, StartEvent, StepEvent, note, warning
@@ -102,58 +101,15 @@ class Scheduler:
 
     # --- scheduling ------------------------------------------------------------------
     def run(self, selected: list[str], wanted: Collection[str] | None = None) -> dict[str, Outcome]:
-        """Decide each step in the main thread as soon as its upstream is done; hand only
-        the steps that must build to the pool (a cache hit is cheaper than a thread hop).
+        """Walk the graph of ``selected`` (``walk.Walk``), then record the run: the lock
+        file, the memo, the statistics and the summary.
         ``wanted``: the steps whose outputs must come to this host (``StepGraph.wanted``;
         None: all); with ``Options.download`` "targets", a builder that builds elsewhere
         leaves the others' outputs on the remote cache, where its nodes read them."""
         started = time.perf_counter()
         self.store.clean_stale_tmp()
-        chosen = set(selected)
         self._wanted = None if wanted is None else frozenset(wanted)
-        self._selected = len(chosen)
-        waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
-        ready = deque(sid for sid in selected if waiting[sid] == 0)
-        held: deque[tuple[str, Callable[[StepSpec], Outcome]]] = deque()  # builds not started yet
-        building: dict[Future, str] = {}
-        stop: str | None = None  # set by the first failure without -k: why steps not started are skipped
-        would_stop: str | None = None  # a plan goes on past the first such step, and notes it
-
-        def settle(sid: str, outcome: Outcome) -> None:
-            nonlocal stop, would_stop
-            halts = outcome.status == Status.FAILED or (outcome.status == Status.UNAVAILABLE
-                                                        and not self.options.skip_unavailable)
-            if halts and not self.options.keep_going:
-                if self.options.dry_run:
-                    would_stop = would_stop or sid
-                elif stop is None:
-                    stop = f"build stopped after {sid} {'failed' if outcome.status == Status.FAILED else 'was unavailable'}"
-            for child in self.graph.dependents[sid]:
-                if child in waiting:
-                    waiting[child] -= 1
-                    if waiting[child] == 0:
-                        ready.append(child)
-
-        def blocked(sid: str) -> str | None:
-            """Why ``sid`` must not start: an upstream step that did not succeed (for one that
-            was skipped too, the failure behind it), else the stop, if any. A step that takes
-            partial inputs (select) starts while one of its listed inputs succeeded."""
-            bad = [d for d in self.graph.deps[sid] if not self.outcomes[d].status.usable]
-            if not bad or (stop is None and upstream.partial_ok(self.project.steps[sid], bad)):
-                return stop
-            dep = next((d for d in bad if self.outcomes[d].status != Status.SKIPPED), bad[0])
-            outcome = self.outcomes[dep]
-            if outcome.status == Status.SKIPPED and outcome.reasons:
-                return outcome.reasons[0]
-            return f"upstream {dep} {outcome.status}"
-
-        def startable(sid: str) -> bool:
-            """An exclusive step starts when nothing builds, and nothing starts beside it;
-            the first held build waits its turn (FIFO, so that an exclusive one is not starved)."""
-            if any(self.project.steps[b].step.exclusive for b in building.values()):
-                return False
-            return not building or not self.project.steps[sid].step.exclusive
-
+        self._selected = len(selected)
         try:
             self._start_builder()
         except BaseException:
@@ -161,31 +117,17 @@ class Scheduler:
             raise
         jobs = self.options.jobs or self.builder.slots()
         self.reporter.emit(StartEvent(event="start", steps=selected, jobs=jobs, dry_run=self.options.dry_run))
-        slots = max(1, jobs)
-        with ThreadPoolExecutor(max_workers=slots) as threads:
-            try:
-                while ready or held or building:
-                    with self.store.shared_gc_lock() if ready else contextlib.nullcontext():  # one flock a burst
-                        self._decide_ready(ready, held, settle, blocked)
-                    while held and stop is not None:  # a failure while they waited: as for steps not started
-                        sid, _decision = held.popleft()
-                        settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[stop])))
-                    # at most `jobs` in flight: waiting on, and scanning, every held build made a
-                    # cold build of 10,000 steps quadratic (60 s of this loop)
-                    while held and len(building) < slots and startable(held[0][0]):
-                        sid, decision = held.popleft()
-                        building[threads.submit(self._process, sid, decision)] = sid
-                    if building:
-                        done, _ = wait(building, timeout=0.2, return_when=FIRST_COMPLETED)
-                        for future in done:
-                            sid = building.pop(future)
-                            settle(sid, future.result())
-            except BaseException:
-                self._cancel.set()
-                self._kill_steps()
-                raise
-            finally:
-                self._end_run()
+        walk = Walk(self.project, self.graph, self.options, self.outcomes, self._decide, self._process, self._finish,
+                    self.store.shared_gc_lock, self._abort, self._prewarm if self.builder.local else None)
+        try:
+            walk.run(selected, max(1, jobs))
+        finally:
+            self._end_run()
+        self._record_run(started, walk.would_stop)
+        return self.outcomes
+
+    def _record_run(self, started: float, would_stop: str | None) -> None:
+        """The lock file, the memo, the statistics and the run's summary event."""
         self.provenance.clean_logs(self.outcomes)
         self.provenance.write_lock(self.outcomes, self.last_build, local=self.builder.local)
         if not self.options.dry_run:
@@ -209,27 +151,6 @@ class Scheduler:
         self.done = DoneEvent(event="done", ok=ok, counts=counts, duration_s=time.perf_counter() - started,
                               bytes_hashed=self.hasher.bytes_read)
         self.reporter.emit(self.done)
-        return self.outcomes
-
-    def _decide_ready(self, ready: deque[str], held: deque[tuple[str, Callable[[StepSpec], Outcome]]],
-                      settle: Callable[[str, Outcome], None], blocked: Callable[[str], str | None]) -> None:
-        """Decide each ready step (and those its settling makes ready) in the main thread:
-        parked, blocked, settled from the caches, or held to be built."""
-        while ready:
-            sid = ready.popleft()
-            if (parked := upstream.parked(self.project, self.graph, self.outcomes, sid)) is not None:
-                settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[parked], parked=True)))
-                continue
-            if (why := blocked(sid)) is not None:
-                settle(sid, self._finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
-                continue
-            decision = self._process(sid, self._decide)
-            if isinstance(decision, Outcome):
-                settle(sid, decision)
-            else:
-                if self.builder.local:
-                    self._prewarm(sid)
-                held.append((sid, decision))
 
     def _end_run(self) -> None:
         """What a run ends with, however it ends: the stat cache written, the fork servers
@@ -269,7 +190,9 @@ class Scheduler:
                 self.reporter.emit(warning(f"{sid}: {message}", step=sid))
         return outcome
 
-    def _kill_steps(self) -> None:
+    def _abort(self) -> None:
+        """The run ends early: nothing more starts, and the running steps are killed."""
+        self._cancel.set()
         self.context.running.kill_all()
 
     def _prewarm(self, sid: str) -> None:
@@ -281,11 +204,11 @@ class Scheduler:
             self.pool.prewarm(self.project.steps[step].step.preload)
 
     # --- one step ----------------------------------------------------------------------
-    def _process(self, sid: str, action: Callable[[StepSpec], Outcome | Callable]) -> Outcome | Callable:
+    def _process(self, sid: str, action: Callable[[StepSpec], Decision]) -> Decision:
         """Run ``action`` for ``sid``, turning errors into a failed outcome.
 
-        ``action`` returns an Outcome when the step is settled, or a callable that builds
-        it (to be run on the pool).
+        ``action`` returns an Outcome when the step is settled, else what downloads or
+        builds it (to be run on the walk's threads).
         """
         spec = self.project.steps[sid]
         try:
@@ -296,8 +219,9 @@ class Scheduler:
             return self._finish(sid, Outcome(Status.FAILED, error=str(exc)))
         return self._finish(sid, result) if isinstance(result, Outcome) else result
 
-    def _decide(self, spec: StepSpec) -> Outcome | Callable[[StepSpec], Outcome]:
-        """Key and cache lookup: an Outcome if settled now, else the build to run."""
+    def _decide(self, spec: StepSpec) -> Decision:
+        """Key and cache lookup: an Outcome if settled now, else the download (a remote hit)
+        or the build to run."""
         outputs: dict[str, dict[str, str]] = {}  # per input field: the digests of its upstream's outputs
         placement = self.builder.place(spec)  # the host its key is for: the one that will build it
         missing = upstream.missing(spec, self.outcomes)  # only a step that takes partial inputs gets here with some
@@ -345,22 +269,36 @@ class Scheduler:
             if self.options.dry_run or self.options.fetch_only:
                 miss = self.remote.miss_reason(key) if self.remote is not None else None
                 return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, miss] if miss else reasons)
-        return lambda spec: self._build_locked(spec, action, reasons, dest, placement, remote_entry)
+        if remote_entry is not None:
+            return Fetch(lambda spec: self._fetch_locked(spec, action, reasons, dest, placement, remote_entry))
+        return lambda spec: self._build_locked(spec, action, reasons, dest, placement)
+
+    def _fetch_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path, placement: Placement,
+                      remote_entry: ActionEntry) -> Outcome | Callable[[StepSpec], Outcome]:
+        """Download the remote's entry, under the key's lock, unless another builder stored it
+        meanwhile, or leave it there (``_stays_remote``); the build to run when the download
+        failed (the remote said why: a warning, and a build here)."""
+        key, stays = action.key, self._stays_remote(spec.id)
+        with self.store.shared_gc_lock(), self.store.lock(key):
+            entry, status = self.store.get_action(key), Status.CACHED
+            if entry is None and stays:  # its nodes read it there
+                self.restorer.vacate(spec, dest)
+                return Outcome(Status.RESTORED, key, remote_entry, reasons=reasons, source="remote", remote_only=True)
+            if entry is None and self.remote is not None:
+                entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
+            if entry is None:
+                return lambda spec: self._build_locked(spec, action, reasons, dest, placement)
+            self.restorer.restore(spec, entry, dest)
+        return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
 
     def _build_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
-                      placement: Placement, remote_entry: ActionEntry | None = None) -> Outcome:
-        """Fetch from the remote or build, under the key's lock, unless another builder
-        stored it meanwhile. A local build is written through to the remote."""
+                      placement: Placement) -> Outcome:
+        """Build, under the key's lock, unless another builder stored it meanwhile. A local
+        build is written through to the remote."""
         key = action.key
         stays = self._stays_remote(spec.id)
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
-            if entry is None and remote_entry is not None and stays:  # its nodes read it there
-                self.restorer.vacate(spec, dest)
-                return Outcome(Status.RESTORED, key, remote_entry, reasons=reasons, source="remote",
-                               remote_only=True)
-            if entry is None and remote_entry is not None and self.remote is not None:
-                entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
             if entry is None:
                 if (missing := placement.missing()) is not None:
                     return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {missing}")
@@ -381,7 +319,7 @@ class Scheduler:
             self.restorer.restore(spec, entry, dest)
             if status == Status.BUILT and self.remote is not None and self.builder.local:  # a node pushes its own
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
-        return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
+        return Outcome(status, key, entry, reasons=reasons)
 
     def _stays_remote(self, sid: str) -> bool:
         """Whether the outputs of ``sid`` stay on the remote cache ("build without the bytes"):

@@ -1,0 +1,161 @@
+"""The graph walk of one run: which steps are ready, held to build, building or downloading,
+and when the run stops. It knows the graph, the options and the outcomes, not how a step is
+decided, built or restored: the scheduler hands it those as functions.
+
+Each step is decided in the main thread as soon as its upstream is done (a cache hit is
+cheaper than a thread hop); only the steps that must build go to the build threads, at most
+``slots`` at once (waiting on, and scanning, every held build made a cold build of 10,000
+steps quadratic), and remote hits download on threads of their own, beside the builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from optbuild.builder import upstream
+from optbuild.builder.outcome import Options, Outcome
+from optbuild.builder.status import Status
+from optbuild.project.graph import StepGraph
+from optbuild.project.recipe import Project, StepSpec
+
+FETCHERS = 8  # remote hits downloaded at once, beside the builds: each waits on the network, not a CPU
+
+Build = Callable[[StepSpec], Outcome]
+
+
+class Fetch:
+    """A decision to download a remote hit: it runs on the fetch threads, not in a build
+    slot; when the download fails it answers the build to run instead."""
+
+    def __init__(self, fetch: Callable[[StepSpec], Outcome | Build]):
+        self.fetch = fetch
+
+    def __call__(self, spec: StepSpec) -> Outcome | Build:
+        return self.fetch(spec)
+
+
+Decision = Outcome | Fetch | Build
+
+
+@dataclass
+class Walk:
+    project: Project
+    graph: StepGraph
+    options: Options
+    outcomes: dict[str, Outcome]  # the scheduler's, filled by ``finish``
+    decide: Callable[[StepSpec], Decision]  # the step settled, or how to fetch or build it
+    run_step: Callable[[str, Callable[[StepSpec], Decision]], Decision]  # errors as a failed outcome
+    finish: Callable[[str, Outcome], Outcome]  # record and report an outcome
+    gc_lock: Callable[[], AbstractContextManager[object]]  # held while a burst of steps is decided
+    abort: Callable[[], None]  # the run ends early (an exception): cancel and stop every step
+    prewarm: Callable[[str], None] | None = None  # a step about to build here
+    stop: str | None = None  # the first failure without -k: why steps not started are skipped
+    would_stop: str | None = None  # a plan goes on past the first such step, and notes it
+    _waiting: dict[str, int] = field(default_factory=dict)  # per step, its upstream steps not done
+    _ready: deque[str] = field(default_factory=deque)
+    _held: deque[tuple[str, Build]] = field(default_factory=deque)  # builds not started yet
+    _fetches: deque[tuple[str, Fetch]] = field(default_factory=deque)  # remote hits to download
+    _building: dict[Future, str] = field(default_factory=dict)
+    _fetching: dict[Future, str] = field(default_factory=dict)
+
+    def run(self, selected: list[str], slots: int) -> None:
+        chosen = set(selected)
+        self._waiting = {sid: sum(d in chosen for d in self.graph.deps[sid]) for sid in selected}
+        self._ready.extend(sid for sid in selected if self._waiting[sid] == 0)
+        with ThreadPoolExecutor(max_workers=slots) as builders, \
+                ThreadPoolExecutor(max_workers=FETCHERS, thread_name_prefix="optbuild-restore") as fetchers:
+            try:
+                while self._ready or self._held or self._building or self._fetching:
+                    self._step(builders, fetchers, slots)
+            except BaseException:  # Ctrl-C, say: the threads end only once their steps are stopped
+                self.abort()
+                raise
+
+    def _step(self, builders: ThreadPoolExecutor, fetchers: ThreadPoolExecutor, slots: int) -> None:
+        """One turn of the walk: decide what is ready, start downloads and builds, collect."""
+        with self.gc_lock() if self._ready else contextlib.nullcontext():  # one flock a burst
+            self._decide_ready()
+        while self._fetches:  # downloads start at once
+            sid, fetch = self._fetches.popleft()
+            self._fetching[fetchers.submit(self.run_step, sid, fetch)] = sid
+        while self._held and self.stop is not None:  # a failure while they waited: as for steps not started
+            sid, _build = self._held.popleft()
+            self._settle(sid, self.finish(sid, Outcome(Status.SKIPPED, reasons=[self.stop])))
+        while self._held and len(self._building) < slots and self._startable(self._held[0][0]):
+            sid, build = self._held.popleft()
+            self._building[builders.submit(self.run_step, sid, build)] = sid
+        if self._building or self._fetching:
+            self._collect()
+
+    def _collect(self) -> None:
+        """Settle the builds and downloads that ended (a failed download becomes a build)."""
+        done, _ = wait([*self._building, *self._fetching], timeout=0.2, return_when=FIRST_COMPLETED)
+        for future in done:
+            sid = self._building.pop(future) if future in self._building else self._fetching.pop(future)
+            result = future.result()
+            if isinstance(result, Outcome):
+                self._settle(sid, result)
+            elif not isinstance(result, Fetch):  # its download failed: it builds
+                self._held.append((sid, result))
+
+    def _decide_ready(self) -> None:
+        """Decide each ready step (and those its settling makes ready) in the main thread:
+        parked, blocked, settled from the caches, to be downloaded, or held to be built."""
+        while self._ready:
+            sid = self._ready.popleft()
+            if (parked := upstream.parked(self.project, self.graph, self.outcomes, sid)) is not None:
+                self._settle(sid, self.finish(sid, Outcome(Status.SKIPPED, reasons=[parked], parked=True)))
+                continue
+            if (why := self._blocked(sid)) is not None:
+                self._settle(sid, self.finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
+                continue
+            decision = self.run_step(sid, self.decide)
+            if isinstance(decision, Outcome):
+                self._settle(sid, decision)
+            elif isinstance(decision, Fetch):
+                self._fetches.append((sid, decision))
+            else:
+                if self.prewarm is not None:
+                    self.prewarm(sid)
+                self._held.append((sid, decision))
+
+    def _settle(self, sid: str, outcome: Outcome) -> None:
+        """``sid`` is done: the steps waiting only on it are ready; a failure stops the run
+        (a plan notes where it would have) unless keep_going."""
+        halts = outcome.status == Status.FAILED or (outcome.status == Status.UNAVAILABLE
+                                                    and not self.options.skip_unavailable)
+        if halts and not self.options.keep_going:
+            if self.options.dry_run:
+                self.would_stop = self.would_stop or sid
+            elif self.stop is None:
+                self.stop = f"build stopped after {sid} {'failed' if outcome.status == Status.FAILED else 'was unavailable'}"
+        for child in self.graph.dependents[sid]:
+            if child in self._waiting:
+                self._waiting[child] -= 1
+                if self._waiting[child] == 0:
+                    self._ready.append(child)
+
+    def _blocked(self, sid: str) -> str | None:
+        """Why ``sid`` must not start: an upstream step that did not succeed (for one that
+        was skipped too, the failure behind it), else the stop, if any. A step that takes
+        partial inputs (select) starts while one of its listed inputs succeeded."""
+        bad = [d for d in self.graph.deps[sid] if not self.outcomes[d].status.usable]
+        if not bad or (self.stop is None and upstream.partial_ok(self.project.steps[sid], bad)):
+            return self.stop
+        dep = next((d for d in bad if self.outcomes[d].status != Status.SKIPPED), bad[0])
+        outcome = self.outcomes[dep]
+        if outcome.status == Status.SKIPPED and outcome.reasons:
+            return outcome.reasons[0]
+        return f"upstream {dep} {outcome.status}"
+
+    def _startable(self, sid: str) -> bool:
+        """An exclusive step starts when nothing builds, and nothing starts beside it; the
+        first held build waits its turn (FIFO, so that an exclusive one is not starved)."""
+        if any(self.project.steps[b].step.exclusive for b in self._building.values()):
+            return False
+        return not self._building or not self.project.steps[sid].step.exclusive
