@@ -256,29 +256,37 @@ class Scheduler:
             reasons.append(gone)
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
-        remote_entry = self._remote_lookup(spec, key) if self.remote is not None else None
-        if remote_entry is not None and self.options.dry_run:  # its entry gives downstream keys
-            return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
-        if remote_entry is None and not self.options.retry_failed and (failed := self.failures.get(key)):
+        if self.remote is not None:
+            if self._remote_may_hold(key) and not self.options.dry_run:  # read and downloaded on the fetch threads
+                return Fetch(lambda spec: self._fetch_locked(spec, action, reasons, dest, placement))
+            if (remote_entry := self._remote_lookup(spec, key)) is not None:  # a plan: its entry gives downstream keys
+                return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
+        return self._without_remote(spec, action, reasons, dest, placement)
+
+    def _without_remote(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
+                        placement: Placement) -> Outcome | Callable[[StepSpec], Outcome]:
+        """A step no cache holds: its remembered failure, unavailable here, would build (a
+        plan, --no-build), or the build to run."""
+        key = action.key
+        if not self.options.retry_failed and (failed := self.failures.get(key)):
             if not self.options.dry_run:  # the log of the failure it repeats, where the message says
                 self.provenance.keep_failed_log(spec, failed.log.encode())
             return Outcome(Status.FAILED, key, reasons=["failed before with this key"], error=failed.describe())
-        if remote_entry is None:
-            if (lacking := placement.missing()) is not None:
-                return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {lacking}")
-            if self.options.dry_run or self.options.fetch_only:
-                miss = self.remote.miss_reason(key) if self.remote is not None else None
-                return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, miss] if miss else reasons)
-        if remote_entry is not None:
-            return Fetch(lambda spec: self._fetch_locked(spec, action, reasons, dest, placement, remote_entry))
+        if (lacking := placement.missing()) is not None:
+            return Outcome(Status.UNAVAILABLE, key, reasons=reasons, error=f"{spec.id} cannot run here: {lacking}")
+        if self.options.dry_run or self.options.fetch_only:
+            miss = self.remote.miss_reason(key) if self.remote is not None else None
+            return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, miss] if miss else reasons)
         return lambda spec: self._build_locked(spec, action, reasons, dest, placement)
 
-    def _fetch_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path, placement: Placement,
-                      remote_entry: ActionEntry) -> Outcome | Callable[[StepSpec], Outcome]:
-        """Download the remote's entry, under the key's lock, unless another builder stored it
-        meanwhile, or leave it there (``_stays_remote``); the build to run when the download
-        failed (the remote said why: a warning, and a build here)."""
+    def _fetch_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
+                      placement: Placement) -> Outcome | Callable[[StepSpec], Outcome]:
+        """Read the remote's entry, then download it under the key's lock, unless another
+        builder stored it meanwhile, or leave it there (``_stays_remote``); when the remote
+        has none, or its download failed (a warning says why), as ``_without_remote``."""
         key, stays = action.key, self._stays_remote(spec.id)
+        if (remote_entry := self._remote_lookup(spec, key)) is None:
+            return self._without_remote(spec, action, reasons, dest, placement)
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
             if entry is None and stays:  # its nodes read it there
@@ -287,7 +295,7 @@ class Scheduler:
             if entry is None and self.remote is not None:
                 entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
             if entry is None:
-                return lambda spec: self._build_locked(spec, action, reasons, dest, placement)
+                return self._without_remote(spec, action, reasons, dest, placement)
             self.restorer.restore(spec, entry, dest)
         return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
 
@@ -336,15 +344,21 @@ class Scheduler:
             return entry
         return self.store.get_action(action.key)
 
-    def _remote_lookup(self, spec: StepSpec, key: str) -> ActionEntry | None:
-        """The remote's entry of ``key``. At the first local miss of a run of many steps, the
-        remote's entries are listed once (``RemoteSession.prefetch_listing``), so that each
-        key it does not hold costs no round trip; a fully cached build never contacts it."""
+    def _remote_may_hold(self, key: str) -> bool:
+        """Whether the remote may hold ``key`` (False: its listing lacks it). At the first
+        local miss of a run of many steps, the remote's entries are listed once
+        (``RemoteSession.prefetch_listing``), so that each key it does not hold costs no round
+        trip; a fully cached build never contacts it. From the main thread."""
         assert self.remote is not None
         if not self._listed:
             self._listed = True
             if self._selected >= LIST_REMOTE_FROM:
                 self.remote.prefetch_listing()
+        return not self.remote.listed_absent(key)
+
+    def _remote_lookup(self, spec: StepSpec, key: str) -> ActionEntry | None:
+        """The remote's entry of ``key`` (a round trip, unless the listing lacks it)."""
+        assert self.remote is not None
         return self.remote.lookup(key, spec.id, spec.step.primary_output)
 
     @cached_property

@@ -275,6 +275,11 @@ class RemoteSession(Writing, Auditing):
         with self._lock:
             self._listed = listed
 
+    def listed_absent(self, key: str) -> bool:
+        """Whether the listing (``prefetch_listing``) says the remote has no entry of ``key``."""
+        with self._lock:
+            return self._listed is not None and key not in self._listed
+
     def _answered(self, key: str) -> bytes | None:
         """The entry of ``key`` as prefetched (taken: it serves one lookup), or None when
         there was no answer; FileNotFoundError when the remote has none."""
