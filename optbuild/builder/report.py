@@ -75,7 +75,7 @@ def write_line(stream: TextIO, text: str) -> None:
         stream.flush()
 
 
-def _line(event: Event) -> str | None:
+def event_line(event: Event) -> str | None:
     """The line of ``event`` in plain and rich output. An unavailable or skipped step's line
     is its name only: its reason is shown once for all the steps it covers
     (``summary_lines``); a failure's error stays inline, as it is the step's own."""
@@ -208,7 +208,7 @@ class PlainReporter(Reporter):
             for summary in summary_lines(self.events):
                 write_line(self.results, summary)
             self.close()
-        if (line := _line(event)) is not None:
+        if (line := event_line(event)) is not None:
             write_line(self.results if is_result(event) else self.stream, line)
         if self.board.running and self._ticker is None and not self._stopped.is_set():
             self._ticker = threading.Thread(target=self._beat, name="optbuild-heartbeat", daemon=True)
@@ -275,7 +275,7 @@ class RichReporter(Reporter):
 
     def show(self, event: Event) -> None:
         self.board.update(event)
-        line = _line(event)
+        line = event_line(event)
         if event["event"] == "step":
             status = event["status"]
             if line is not None:

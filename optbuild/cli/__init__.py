@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None, *, fast_path: bool = True) -> int:
 
 def _main(argv: list[str] | None, fast_path: bool) -> int:
     from optbuild.cli import noop
+    from optbuild.common import noopstamp
 
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["__complete"]:  # a shell's TAB (optbuild.cli.completion): no parser, no project load
@@ -140,10 +141,10 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
         return completion.words(arguments[1:])
     serve_root = None  # a project whose build server to start once this build has ended
     if fast_path:
-        noop.mark_start(arguments)
+        noopstamp.mark_start(arguments)
         if (code := noop.try_fast_path(arguments)) is not None:
             return code
-        if (split := noop.split_build_args(arguments)) is not None:
+        if (split := noopstamp.split_build_args(arguments)) is not None:
             from optbuild.cli.buildserver import client
 
             code, serve_root = client.try_build(arguments, split[0])

@@ -97,12 +97,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
     from optbuild import api
-    from optbuild.builder.report import make_reporter
-    from optbuild.builder.status import Status
-    from optbuild.cli import noop, noop_record
+    from optbuild.api import Status, make_reporter
+    from optbuild.app import noop_record
+    from optbuild.common import noopstamp
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
-    noop.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
+    noopstamp.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,

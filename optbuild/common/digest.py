@@ -112,7 +112,7 @@ class FileHasher:
         self._pending: list[tuple] = []
         self._lock = threading.RLock()
         self._rebuilt = False
-        # Every path asked about (absolute), for the no-op stamp (optbuild.cli.noop), which
+        # Every path asked about (absolute), for the no-op stamp (optbuild.common.noopstamp), which
         # records their stat signatures: what a build's keys and restores were read from.
         self.consulted: set[str] = set()
 

@@ -715,15 +715,15 @@ def test_what_a_module_remembered_for_the_process_is_forgotten_before_a_build(tm
 
 
 def test_the_server_switches_do_not_change_the_no_op_stamp(monkeypatch):
-    from optbuild.cli import noop
+    from optbuild.common import noopstamp
 
-    salt = bytes(range(noop.SALT_BYTES))
-    before = noop.env_digests(salt)
+    salt = bytes(range(noopstamp.SALT_BYTES))
+    before = noopstamp.env_digests(salt)
     for name in ("OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER"):
         monkeypatch.setenv(name, "1")
-    assert noop.env_digests(salt) == before
+    assert noopstamp.env_digests(salt) == before
     monkeypatch.setenv("OPTBUILD_REMOTE", "file:///x")
-    assert noop.env_digests(salt) != before
+    assert noopstamp.env_digests(salt) != before
 
 
 def test_a_build_that_leaves_a_stalled_transfer_behind_ends_the_server(tmp_path, servers):

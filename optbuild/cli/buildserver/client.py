@@ -161,7 +161,7 @@ def _build_through(sock, argv: list[str]) -> int:
     """The build, asked for; the terminal sent once the server is ready to run it (a busy,
     stopped or hung server never holds it open: `optbuild build | tee` ends with the
     client); then its exit code."""
-    from optbuild.cli import noop
+    from optbuild.common import noopstamp
 
     pid = peer_creds(sock)[0]
     if pid > 0 and stopped(pid):
@@ -169,7 +169,7 @@ def _build_through(sock, argv: list[str]) -> int:
     umask = os.umask(0o022)
     os.umask(umask)
     doc = {"op": "build", "identity": identity(), "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
-           "umask": umask, "started_ns": noop.started_ns(), "pid": os.getpid()}
+           "umask": umask, "started_ns": noopstamp.started_ns(), "pid": os.getpid()}
     try:
         send(sock, doc)
     except OSError as exc:  # the server ended meanwhile, or the request is too large
@@ -250,11 +250,11 @@ def spawn(root: str, build_dir: str | None = None) -> None:
     import json
     import subprocess
 
-    from optbuild.cli import noop
+    from optbuild.common import noopstamp
 
     try:
         if build_dir is None:
-            build_dir = noop.build_dir_of(root)
+            build_dir = noopstamp.build_dir_of(root)
         log_path = os.path.join(build_dir, LOG)
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with contextlib.suppress(OSError):  # every server appends: keep the last two megabytes or so
@@ -269,7 +269,7 @@ def spawn(root: str, build_dir: str | None = None) -> None:
         except Exception:
             flags = []
         with open(log_path, "ab") as log:
-            subprocess.Popen([sys.executable, *flags, "-c", code, json.dumps(noop.python_path()), root, build_dir,
+            subprocess.Popen([sys.executable, *flags, "-c", code, json.dumps(noopstamp.python_path()), root, build_dir,
                               str(idle)],
                              cwd=root, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                              start_new_session=True, close_fds=True)

@@ -93,9 +93,9 @@ def socket_dir(root: str) -> str:
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if os.path.isabs(runtime) and os.path.isdir(runtime):
         return os.path.join(runtime, "optbuild")
-    from optbuild.cli import noop
+    from optbuild.common import noopstamp
 
-    return os.path.join(noop.build_dir_of(root), ".optbuild", "server")
+    return os.path.join(noopstamp.build_dir_of(root), ".optbuild", "server")
 
 
 def _name(root: str) -> str:
@@ -185,12 +185,12 @@ def identity() -> dict[str, object]:
     optbuild's version, the environment its steps see (``QUIET_ENV`` aside), the limits a
     build runs under, and the world it sees files in (mount namespace, root folder)."""
     from optbuild import __version__
-    from optbuild.cli import noop
+    from optbuild.common import noopstamp
 
     env = {name: value for name, value in os.environ.items() if name not in QUIET_ENV}
     return {"protocol": PROTOCOL, "executable": sys.executable, "version": sys.version,
             "optbuild": __version__, "flags": repr(sys.flags), "uid": os.getuid(),
-            "path": noop.python_path(), "env": env, "limits": limits(), **world()}
+            "path": noopstamp.python_path(), "env": env, "limits": limits(), **world()}
 
 
 def world() -> dict[str, object]:

@@ -141,9 +141,9 @@ class Server:
         self.stale: str | None = None  # why the next request must be declined
         self.pool: ServedPool | None = None
         self.refused = _RefusedLog()
-        from optbuild.cli import noop
+        from optbuild.common import noopstamp
 
-        self.host = noop.host_facts()
+        self.host = noopstamp.host_facts()
 
     # --- staleness ---
     def watch_modules(self, since_ns: int) -> None:
@@ -157,7 +157,7 @@ class Server:
                 self.stale = f"{path} changed within {signatures.RACY_NS / 1e9:g} s of being loaded"
 
     def why_stale(self, client: dict) -> str | None:
-        from optbuild.cli import noop
+        from optbuild.common import noopstamp
 
         if self.stale:
             return self.stale
@@ -165,7 +165,7 @@ class Server:
             return f"the client's setup differs ({'; '.join(what)})"
         if _file_id(self.root) != self.root_id:
             return "the project folder was removed or replaced"
-        if noop.host_facts() != self.host:
+        if noopstamp.host_facts() != self.host:
             return "the host changed (reboot, GPU devices or driver)"
         for path, sig in self.sigs.items():
             if signatures.signature(path) != sig:
@@ -412,9 +412,9 @@ def _run(server: Server, doc: dict) -> int:
     """The command, as ``optbuild.cli.main`` runs it after the fast path declined."""
     global _POOL
     from optbuild import cli
-    from optbuild.cli import noop
+    from optbuild.common import noopstamp
 
-    noop.mark_start(doc["argv"], started_ns=doc.get("started_ns"), sys_path=doc["identity"]["path"])
+    noopstamp.mark_start(doc["argv"], started_ns=doc.get("started_ns"), sys_path=doc["identity"]["path"])
     fresh_caches()
     _POOL = server.pool
     try:

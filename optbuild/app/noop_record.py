@@ -9,7 +9,8 @@ import sys
 import time
 
 from optbuild.app.deploy import plan_warnings
-from optbuild.cli.noop import (
+from optbuild.common import signatures
+from optbuild.common.noopstamp import (
     CACHED,
     FORMAT,
     HASH_MAX,
@@ -27,7 +28,6 @@ from optbuild.cli.noop import (
     split_build_args,
     stamp_path,
 )
-from optbuild.common import signatures
 from optbuild.common.signatures import changed_within, module_files, signature
 
 
@@ -132,9 +132,9 @@ def _record(ws, result) -> str | None:
             status = "cached"
             line = f"  {'cached':<8} {sid}"
         else:
-            from optbuild.builder.report import _line
+            from optbuild.builder.report import event_line
 
-            line = _line(event)
+            line = event_line(event)
         if line is not None:
             lines.append(line)
         counts[status] = counts.get(status, 0) + 1
@@ -145,8 +145,7 @@ def _record(ws, result) -> str | None:
             products.add(os.path.abspath(store.entry_path(outcome.key)))
         entry = outcome.entry
         if entry is not None and status == "cached":
-            spec = project.steps[sid]
-            folder = os.path.join(build_dir, spec.recipe, spec.name)
+            folder = os.path.abspath(project.step_dir(sid))
             products.add(folder)
             for name in entry.outputs:
                 products.add(os.path.join(folder, name))

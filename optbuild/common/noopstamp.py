@@ -1,0 +1,294 @@
+"""The no-op stamp: what an ok ``optbuild build`` records for the fast path
+(``optbuild.cli.noop`` checks it, ``optbuild.app.noop_record`` writes it), where it lies, and
+the facts of the process and the host it is keyed on (the build server, which runs builds
+for its clients, passes their start and checks their host the same way).
+
+Importing this module costs only the standard library's os, sys and time (and optbuild.common's
+projectroot, quickhash and signatures, which need no more).
+
+**Record.** A ``build`` that ends ok (exit 0) writes ``<build folder>/.optbuild/noop.json``
+(atomically) holding:
+
+- the invocation: the arguments after ``build`` (matched exactly; ``-C`` enters through the
+  project root it leads to), the project root and build folder, and keyed digests of the
+  environment that reaches the answer: every ``OPTBUILD_*`` variable (except
+  ``OPTBUILD_DEBUG_FASTPATH``), every ``CUDA_*`` and ``NVIDIA_*`` one, ``LD_LIBRARY_PATH``
+  and ``LD_PRELOAD``. Some are secrets (``OPTBUILD_SIGNING_KEY``...), so each digest is a
+  blake2b keyed with a random per-user salt, ``$XDG_CACHE_HOME/optbuild/noop-salt`` (else
+  ``~/.cache/optbuild/noop-salt``), which only its owner may read (0600, refused
+  otherwise): the stamp itself holds nothing worth guessing from, and follows the umask as
+  every file optbuild writes does. Without a usable salt, nothing is recorded;
+- the interpreter: ``sys.executable``, ``sys.version`` and ``sys.path`` (as at start-up);
+- host facts: the content of /proc/sys/kernel/random/boot_id (a reboot may bring another
+  driver, GPU or kernel), the names under /dev starting with ``nvidia`` (GPUs, MIG
+  capabilities) and the content of /proc/driver/nvidia/version (the driver). The
+  fingerprint has no file or environment override for ``build`` beyond
+  ``CUDA_VISIBLE_DEVICES``, which the environment digest covers;
+- the stat signature (mtime_ns, ctime_ns, size, inode; or "absent") of everything the
+  answer was read from: optbuild.toml, every recipe, every folder a recipe pattern scans,
+  project-local kind files, every file the FileHasher was asked about (key files: user
+  modules and what pyimports follows, cache blobs, restored outputs), the folder holding
+  each of these (a new module beside them is seen), the source file of every non-stdlib
+  module the build had imported (optbuild and its step kinds, pydantic...), every
+  ``sys.path`` entry (installing or upgrading a package changes site-packages), the
+  interpreter, the lock file, and per step its cache entry (present or absent: a cache
+  pulled later is seen), its blobs, its output folder and files;
+- what the build said (its step lines, the reasons it grouped, its counts) and its
+  cache-statistics record.
+
+Nothing is recorded after ``--json``, ``--retry-failed``, ``--no-build`` or ``--remote URL``
+(the stamp keeps its arguments verbatim, and a URL may carry credentials). ``--no-remote``
+is recorded as any argument is: its stamp serves only ``build --no-remote``.
+
+**A remote cache** (``[remote] url``, $OPTBUILD_REMOTE): only a local miss asks it, and
+its contents are described by no local signature. So with one configured, the stamp is
+recorded only when every selected step ended in the local cache (cached, built or restored
+in this run: the next build finds each there, so the remote cannot change its answer; the
+stamp's signatures of the local entries see one that goes). A step left out of the local
+cache (unavailable on this host, say) declines: the next build would ask the remote, which
+may hold it by then. The replayed statistics record the remote with zero counts, as a
+normal no-op's that never asks it.
+
+A normal build removes the stamp before it starts, so a build that fails, is interrupted or
+crashes leaves none.
+
+**Racy timestamps** (git's racy-clean problem). A file changed within one timestamp tick of
+the moment its signature was taken could change again without changing the signature. So
+an input (anything outside the build and cache folders) whose mtime or ctime is not older
+than ``RACY_NS`` (2 s: coarse and skewed clocks, 2 s file systems) before the build
+*started* makes the stamp unusable: it may have changed after the build read it. A product
+(in the build or cache folders: outputs, cache entries, blobs, the lock file) that young
+against the moment of recording is read and its content digest recorded when it is small
+(cache entries: every normal build refreshes their mtime), else the stamp is unusable. An
+unusable stamp is still written, saying why; the next normal build records a clean one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from optbuild.common.projectroot import CONFIG_NAME
+from optbuild.common.quickhash import blake2b
+
+FORMAT = 2  # 1 held unsalted digests of the environment
+STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
+SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
+SALT_BYTES = 32
+HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
+DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
+# whether a build server runs the build does not change its answer
+_ENV_IGNORED = (DEBUG_ENV, "OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER")
+NOT_RECORDED = ("--json", "--retry-failed", "--no-build", "--remote")
+_ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
+_ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
+
+_started_ns: int | None = None
+_argv: list[str] | None = None
+_sys_path: list[str] | None = None
+
+
+def debug(message: str) -> None:
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        print(f"optbuild: fast path: {message}", file=sys.stderr)
+
+
+def mark_start(argv: list[str], *, started_ns: int | None = None, sys_path: list[str] | None = None) -> None:
+    """Called first by the CLI: the time, arguments and sys.path the build starts with (a
+    build server passes its client's)."""
+    global _started_ns, _argv, _sys_path
+    _started_ns = time.time_ns() if started_ns is None else started_ns
+    _argv = list(argv)
+    _sys_path = python_path() if sys_path is None else list(sys_path)
+
+
+def invocation() -> tuple[list[str] | None, int | None]:
+    """The arguments and start time ``mark_start`` was given (None, None before it)."""
+    return _argv, _started_ns
+
+
+def started_ns() -> int:
+    """When the build started (mark_start), or now."""
+    return time.time_ns() if _started_ns is None else _started_ns
+
+
+def python_path() -> list[str]:
+    """sys.path with its entries made absolute (as the imports will resolve them here)."""
+    cwd = os.getcwd()
+    return [os.path.abspath(os.path.join(cwd, p)) for p in sys.path]
+
+
+def split_build_args(argv: list[str]) -> tuple[str | None, list[str]] | None:
+    """(-C folder or None, the arguments after ``build``); None for any other command."""
+    split = split_command_args(argv)
+    return (split[1], split[2]) if split is not None and split[0] == "build" else None
+
+
+def split_command_args(argv: list[str]) -> tuple[str, str | None, list[str]] | None:
+    """(``build`` or ``plan``, -C folder or None, the arguments after the command); None for
+    any other command."""
+    directory, i = None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-C", "--directory") and i + 1 < len(argv):
+            directory, i = argv[i + 1], i + 2
+        elif arg.startswith("--directory="):
+            directory, i = arg.partition("=")[2], i + 1
+        elif arg.startswith("-C") and len(arg) > 2:
+            directory, i = arg[2:], i + 1
+        else:
+            break
+    if i >= len(argv) or argv[i] not in ("build", "plan"):
+        return None
+    return argv[i], directory, argv[i + 1:]
+
+
+def _build_dir_setting(config_text: str) -> str:
+    """``[project] build_dir`` as a plain one-line string, read without a TOML parser. Only a
+    guess: the stamp found there must name this folder, and optbuild.toml must be unchanged
+    since the build that parsed it properly wrote that stamp."""
+    table = ""
+    for line in config_text.splitlines():
+        text = line.strip()
+        if text.startswith("["):
+            table = text.strip("[] \t").split("]")[0].strip()
+            continue
+        name, sep, value = text.partition("=")
+        if table == "project" and sep and name.strip() == "build_dir":
+            value = value.strip()
+            if value[:1] in ("'", '"'):
+                end = value.find(value[0], 1)
+                if end > 0:
+                    return value[1:end]
+    return "build"
+
+
+def build_dir_of(root: str) -> str:
+    """The build folder of the project at ``root`` as ``_build_dir_setting`` guesses it."""
+    try:
+        with open(os.path.join(root, CONFIG_NAME), encoding="utf-8", errors="replace") as f:
+            setting = _build_dir_setting(f.read())
+    except OSError:
+        setting = "build"
+    return os.path.abspath(os.path.join(root, setting))
+
+
+def content_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return blake2b()(f.read(), digest_size=16).hexdigest()
+
+
+def salt_path() -> str:
+    """Where this user's salt lives: beside the node cache, outside any project (a build
+    folder that is copied or shared takes no salt with it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "optbuild", SALT_NAME)
+
+
+def _read_salt(path: str) -> bytes:
+    """The salt at ``path``; PermissionError when anyone but its owner (this user) could
+    read it, since a salt others know no longer hides what it keys."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{path} is not private to this user (mode {st.st_mode & 0o777:o}, "
+                                  f"owner {st.st_uid}); remove it and a new one is made")
+        data = os.read(fd, SALT_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != SALT_BYTES:
+        raise ValueError(f"{path} holds {len(data)} bytes, not {SALT_BYTES}; remove it and a new one is made")
+    return data
+
+
+def _make_salt(path: str) -> None:
+    """A new random salt at ``path`` (0600, in a 0700 folder), unless another build made one
+    first: the file appears whole or not at all (a hard link of a finished temp file)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(SALT_BYTES))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(tmp)
+
+
+def salt(*, create: bool) -> bytes:
+    """This user's salt; with ``create``, made when there is none. OSError or ValueError
+    when there is none (and not ``create``) or it cannot be trusted."""
+    path = salt_path()
+    if create and not os.path.lexists(path):
+        _make_salt(path)
+    return _read_salt(path)
+
+
+def salt_id(key: bytes) -> str:
+    """Names the salt a stamp was keyed with, so that a stamp of another user (or of another
+    $XDG_CACHE_HOME) is declined as such; reveals nothing of the salt."""
+    return blake2b()(b"optbuild noop salt id", digest_size=8, key=key).hexdigest()
+
+
+def env_digests(key: bytes) -> dict[str, str]:
+    """Digests, keyed with the salt ``key``, of the environment variables the answer can
+    depend on: any of them may be a secret (a signing key), so no digest is one an
+    attacker could compute from a guess."""
+    hasher = blake2b()
+    return {name: hasher(value.encode(errors="surrogateescape"), digest_size=16, key=key).hexdigest()
+            for name, value in sorted(os.environ.items())
+            if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and name not in _ENV_IGNORED}
+
+
+def host_facts() -> dict[str, object]:
+    """What tells this boot and its GPUs apart: the boot id, /dev/nvidia*, the driver."""
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read(4096).decode(errors="replace")
+        except OSError:
+            return None
+
+    try:
+        devices = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
+    except OSError:
+        devices = []
+    return {"boot_id": read("/proc/sys/kernel/random/boot_id"), "nvidia_devices": devices,
+            "nvidia_driver": read("/proc/driver/nvidia/version")}
+
+
+def python_identity() -> dict[str, object]:
+    return {"executable": sys.executable, "version": sys.version, "path": build_path()}
+
+
+def build_path() -> list[str]:
+    """The sys.path of the build: as the client gave it, or this process's."""
+    return _sys_path if _sys_path is not None else python_path()
+
+
+def shown(path: str, root: str) -> str:
+    if path == root:
+        return "the project folder"
+    return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
+
+
+# --- recording ------------------------------------------------------------------------
+def stamp_path(build_dir: os.PathLike | str) -> str:
+    return os.path.join(os.fspath(build_dir), STAMP)
+
+
+def forget(build_dir: os.PathLike | str) -> None:
+    """Remove the stamp: called before a normal build, so that only an ok build leaves one."""
+    try:
+        os.unlink(stamp_path(build_dir))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a read-only build folder: fail safe, never a stale stamp
+        debug(f"cannot remove the stamp ({exc}); it may stay in place, unusable")
