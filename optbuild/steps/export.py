@@ -40,127 +40,33 @@ the example for a constant.
 
 from __future__ import annotations
 
-import re
 import time
-import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
-
-from pydantic import Field, field_validator, model_validator
+from typing import TYPE_CHECKING, Any
 
 from optbuild.common import usermodule
 from optbuild.common.callables import Call
 from optbuild.common.errors import StepError, first_line, root_cause
 from optbuild.common.pyimports import local_imports
-from optbuild.common.recipetable import KEYED_WHEN_SET, CallableRef, InputPath, StepRef
 from optbuild.model.compare import compare_outputs
-from optbuild.model.inputdecl import InputDecls, StepInputs, narrowed
-from optbuild.steps.base import TORCH_TOOLS, Step, StepContext, StepParams
+from optbuild.steps.base import TORCH_TOOLS, Step, StepContext
+from optbuild.steps.export_params import DYNAMO_MIN_OPSET, TORCHSCRIPT_MAX_OPSET, ExportParams
+from optbuild.steps.export_torch import (
+    UNSUPPORTED,
+    described,
+    mha_fastpath_off,
+    output_tensors,
+    shape_text,
+    shortened,
+    strip_stack_traces,
+    where_in,
+)
 
 if TYPE_CHECKING:
     from optbuild.backends.base import Runner
-
-TORCHSCRIPT_MAX_OPSET = 20  # torch.onnx._constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET in 2.13
-DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset; lower ones need a fragile conversion
-STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
-
-
-class ExportParams(StepParams):
-    model: CallableRef = Field(examples=["models/cnn.py:build"])
-    """The PyTorch model, as 'file.py:callable' relative to the recipe file. Called with no
-    arguments, it returns (module, example_inputs): a torch.nn.Module and a tensor or tuple of
-    tensors, one per model input, in forward()'s order. The file and every project-local module
-    it imports enter the key (read, never run, to make the key)."""
-    weights: InputPath | None = Field(None, examples=["weights/cnn.pt"])
-    """A state_dict file (.pt / .pth, loaded with torch.load(weights_only=True)) loaded into the
-    module before export, relative to the recipe file. Not set: the module keeps the weights the
-    callable gave it."""
-    weights_from: Annotated[StepRef | None, KEYED_WHEN_SET] = Field(None, examples=["init_weights"])
-    """The step whose main output is the state_dict to load, instead of a file: a checkpoint an
-    earlier step wrote (an initialization, a fine-tuning). Loaded as weights is; its content
-    enters the key as any upstream output does. Excludes weights."""
-    opset: int = Field(17, ge=7, le=23, examples=[18])
-    """ONNX opset to export. 7 to 20 with exporter 'torchscript', 18 to 23 with 'dynamo'; the
-    exported model must declare exactly this opset."""
-    input_names: list[str] = Field([], examples=[["image"]])
-    """Names of the graph inputs, in the order of the example inputs. Empty: the exporter's own
-    names. Needed to name inputs in dynamic_axes."""
-    output_names: list[str] = Field([], examples=[["logits"]])
-    """Names of the graph outputs, in the order forward() returns them. Empty: the exporter's
-    own names. Set, it names every output: a forward() that returns more tensors (a detector's
-    feature maps in eval mode) or fewer fails, naming the extras; return only what you want
-    from a wrapper module, or name them all."""
-    dynamic_axes: dict[str, dict[int, str]] = Field(
-        {}, examples=[{"image": {0: "batch"}, "logits": {0: "batch"}}])
-    """Axes whose size may vary at run time: input or output name -> {axis: symbolic name}. Axes
-    count from 0 (TOML's string keys "0" are accepted); names must be listed in input_names /
-    output_names. Empty: every shape is fixed to the example inputs'. The export is re-checked
-    with every dynamic input axis at another size: a size 'inputs' declares for it (a range's
-    max, else its min), else one larger."""
-    exporter: Literal["torchscript", "dynamo"] = Field("torchscript", examples=["dynamo"])
-    """'torchscript' (torch.onnx.export with dynamo=False: traces; opset 7-20) or 'dynamo'
-    (torch.export + onnxscript: tracks symbolic shapes; opset >= 18)."""
-    extra_files: list[InputPath] = Field([], examples=[["models/config.json"]])
-    """Other files the callable reads (configs, vocabularies...), relative to the recipe file:
-    their bytes enter the key."""
-    tolerance: float = Field(1e-3, gt=0, le=1, examples=[1e-4])
-    """Largest accepted error of onnxruntime against PyTorch on the example inputs, relative to
-    the largest magnitude of each PyTorch output (0 < tolerance <= 1)."""
-    inputs: StepInputs = Field(None, examples=[{"tokens": {"shape": [1, [16, 128]]}}])
-    """What the exported model's inputs take (see 'Model inputs'), by input_names; replaces the
-    recipe's [inputs.NAME] entry of the same input. The dynamic-axes re-check grows each dynamic
-    axis to a size declared for it."""
-
-    def inputs_read(self) -> InputDecls | None:
-        """Only the shapes of inputs with dynamic axes: the re-check grows those axes to a
-        declared size; nothing else of a declaration reaches the export."""
-        dynamic = {name for name in self.input_names if self.dynamic_axes.get(name)}
-        return narrowed(self.inputs, ("shape",), dynamic)
-
-    @field_validator("input_names", "output_names")
-    @classmethod
-    def _names(cls, names: list[str]) -> list[str]:
-        if any(not name.strip() for name in names):
-            raise ValueError("names must not be empty")
-        if duplicates := sorted({n for n in names if names.count(n) > 1}):
-            raise ValueError(f"duplicate names {duplicates}")
-        return names
-
-    @field_validator("dynamic_axes")
-    @classmethod
-    def _axes(cls, axes: dict[str, dict[int, str]]) -> dict[str, dict[int, str]]:
-        for name, mapping in axes.items():
-            if not mapping:
-                raise ValueError(f"{name!r}: no axes given")
-            for axis, symbol in mapping.items():
-                if axis < 0:
-                    raise ValueError(f"{name!r}: axis {axis} is negative (count from 0)")
-                if not symbol.strip():
-                    raise ValueError(f"{name!r}: axis {axis} needs a symbolic name, e.g. 'batch'")
-        return axes
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ExportParams:
-        if self.weights is not None and self.weights_from is not None:
-            raise ValueError("set weights (a file) or weights_from (a step), not both")
-        if both := sorted(set(self.input_names) & set(self.output_names)):
-            raise ValueError(f"names {both} are both inputs and outputs")
-        names = set(self.input_names) | set(self.output_names)
-        if unknown := sorted(set(self.dynamic_axes) - names):
-            if names:
-                raise ValueError(f"dynamic_axes names {unknown} are not in input_names or output_names")
-            raise ValueError(f"dynamic_axes names {unknown} need input_names / output_names to refer to")
-        if self.exporter == "torchscript" and self.opset > TORCHSCRIPT_MAX_OPSET:
-            raise ValueError(f"the torchscript exporter supports opset <= {TORCHSCRIPT_MAX_OPSET}; "
-                             f"use exporter = 'dynamo' for opset {self.opset}")
-        if self.exporter == "dynamo" and self.opset < DYNAMO_MIN_OPSET:
-            raise ValueError(f"the dynamo exporter emits opset >= {DYNAMO_MIN_OPSET} (its conversion "
-                             f"to {self.opset} is unreliable); use exporter = 'torchscript' or opset >= 18")
-        return self
-
 
 class Export(Step[ExportParams]):
     """A PyTorch module to ONNX (TorchScript or dynamo exporter), checked against PyTorch."""
@@ -213,7 +119,7 @@ class Export(Step[ExportParams]):
                     expected = module(*inputs)
                 except Exception as exc:
                     raise StepError(f"{p.model}: the module fails on its own example inputs: "
-                                    f"{type(exc).__name__}: {first_line(exc)}{_where(exc, path.parent)}") from None
+                                    f"{type(exc).__name__}: {first_line(exc)}{where_in(exc, path.parent)}") from None
                 started = time.perf_counter()
                 ctx.progress(f"exporting ({p.exporter})")
                 self._export(ctx, module, inputs, out)
@@ -234,7 +140,7 @@ class Export(Step[ExportParams]):
             raise StepError(f"{p.model}: {path} does not exist")
         def failed(exc: usermodule.ImportFailed) -> StepError:
             return StepError(f"{p.model}: importing {path} failed: {type(exc.cause).__name__}: "
-                             f"{first_line(exc.cause)}{_where(exc.cause, path.parent.resolve())}"
+                             f"{first_line(exc.cause)}{where_in(exc.cause, path.parent.resolve())}"
                              f"{root_cause(exc.cause)}")
 
         with usermodule.imported_or(path, failed) as namespace:
@@ -255,23 +161,23 @@ class Export(Step[ExportParams]):
             except AttributeError:
                 raise StepError(f"{ref}: {path} has no attribute {attr!r}") from None
         if not callable(target):
-            raise StepError(f"{ref}: {attr!r} in {path} is {_describe(target)}, not a callable")
+            raise StepError(f"{ref}: {attr!r} in {path} is {described(target)}, not a callable")
         try:
             result = target()
         except (Exception, SystemExit) as exc:
             raise StepError(f"{ref} raised {type(exc).__name__}: {first_line(exc)}"
-                            f"{_where(exc, path.parent)}{root_cause(exc)}") from None
+                            f"{where_in(exc, path.parent)}{root_cause(exc)}") from None
         shape = "(torch.nn.Module, tuple of example input tensors)"
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            raise StepError(f"{ref} must return {shape}, got {_describe(result)}")
+            raise StepError(f"{ref} must return {shape}, got {described(result)}")
         module, inputs = result
         if not isinstance(module, torch.nn.Module):
-            raise StepError(f"{ref} must return {shape}; its first item is {_describe(module)}")
+            raise StepError(f"{ref} must return {shape}; its first item is {described(module)}")
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
         if not (isinstance(inputs, (tuple, list)) and inputs
                 and all(isinstance(t, torch.Tensor) for t in inputs)):
-            raise StepError(f"{ref} must return {shape}; its second item is {_describe(inputs)}")
+            raise StepError(f"{ref} must return {shape}; its second item is {described(inputs)}")
         if len(self.params.input_names) > len(inputs):
             raise StepError(f"input_names has {len(self.params.input_names)} names but {ref} "
                             f"returns {len(inputs)} example input(s)")
@@ -304,7 +210,7 @@ class Export(Step[ExportParams]):
             module.load_state_dict(state)
         except Exception as exc:
             raise StepError(f"weights {path} do not fit the module of {self.params.model}: "
-                            f"{_shorten(' '.join(str(exc).split()))}") from None
+                            f"{shortened(' '.join(str(exc).split()))}") from None
         ctx.log(f"loaded {len(state)} tensors from {path.name}")
 
     def _input_axes(self, count: int) -> list[dict[int, str] | None]:
@@ -330,7 +236,7 @@ class Export(Step[ExportParams]):
             try:
                 if p.exporter == "torchscript":
                     axes = {name: dict(mapping) for name, mapping in p.dynamic_axes.items()}
-                    with _mha_fastpath_off():
+                    with mha_fastpath_off():
                         torch.onnx.export(module, inputs, str(out), dynamo=False, dynamic_axes=axes or None,
                                           do_constant_folding=True, **common)
                 else:
@@ -340,10 +246,10 @@ class Export(Step[ExportParams]):
                                       dynamic_shapes=tuple(shapes) if any(shapes) else None, **common)
             except Exception as exc:  # its traceback goes to the log with the StepError's
                 raise StepError(f"torch.onnx.export ({p.exporter}) failed for {p.model}: "
-                                f"{type(exc).__name__}: {_shorten(first_line(exc))}{self._export_hint(exc)}") from None
+                                f"{type(exc).__name__}: {shortened(first_line(exc))}{self._export_hint(exc)}") from None
         for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught
                                      if not issubclass(w.category, (DeprecationWarning, FutureWarning))):
-            ctx.log(f"export warning: {_shorten(message)}")
+            ctx.log(f"export warning: {shortened(message)}")
 
     def _export_hint(self, exc: Exception) -> str:
         """What to change for a failure of torch.onnx.export that real models met."""
@@ -379,7 +285,7 @@ class Export(Step[ExportParams]):
         if stray or uses_external_data(model):
             raise StepError(f"the export of {p.model} keeps tensors in external data files {stray} "
                             "(over 2 GiB?): not supported")
-        if p.exporter == "dynamo" and (_strip_stack_traces(model) | self._name_output_axes(ctx, model)):
+        if p.exporter == "dynamo" and (strip_stack_traces(model) | self._name_output_axes(ctx, model)):
             onnx.save(model, str(out))
         self._refuse_unnamed_outputs(model)
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -406,7 +312,7 @@ class Export(Step[ExportParams]):
                             f"returns {len(outputs)} tensors: {p.output_names[len(outputs):]} name nothing; "
                             f"remove them from output_names")
         extras = outputs[len(p.output_names):]
-        listed = ", ".join(f"{o.name!r} {_shape(o)}" for o in extras[:8]) + (", ..." if len(extras) > 8 else "")
+        listed = ", ".join(f"{o.name!r} {shape_text(o)}" for o in extras[:8]) + (", ..." if len(extras) > 8 else "")
         raise StepError(
             f"{p.model}'s forward() returns {len(outputs)} tensors but output_names names "
             f"{len(p.output_names)} {p.output_names}: the export would also have {len(extras)} output(s) "
@@ -446,7 +352,7 @@ class Export(Step[ExportParams]):
 
         p = self.params
         names = runner.output_names()
-        reference = [t.detach().cpu().numpy() for t in _tensors(expected)]
+        reference = [t.detach().cpu().numpy() for t in output_tensors(expected)]
         try:
             outputs = infer_outputs(runner, self._feeds(runner, inputs), names)
         except StepError:
@@ -467,7 +373,7 @@ class Export(Step[ExportParams]):
         except Exception as exc:
             ctx.log(f"dynamic axes not re-checked: PyTorch itself fails at {sizes}: {first_line(exc)}")
             return
-        reference = [t.detach().cpu().numpy() for t in _tensors(expected)]
+        reference = [t.detach().cpu().numpy() for t in output_tensors(expected)]
         hint = self._dynamic_hint(inputs)
         try:
             outputs = infer_outputs(runner, self._feeds(runner, grown), names)
@@ -534,91 +440,3 @@ class Export(Step[ExportParams]):
                 if size > 0 and size != current:
                     return size
         return current + 1
-
-
-# --- helpers -------------------------------------------------------------------------------
-# The TorchScript exporter's UnsupportedOperatorError, and the operator it names.
-UNSUPPORTED = re.compile(r"operator '([^']+)' to ONNX opset version \d+ is not supported")
-
-
-@contextmanager
-def _mha_fastpath_off() -> Iterator[None]:
-    """nn.MultiheadAttention on its plain path while tracing: its fast path (eval mode, no
-    gradients) is one operator that the TorchScript exporter cannot translate at any opset."""
-    import torch
-
-    enabled = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(enabled)
-
-
-def _tensors(value: Any) -> list[Any]:
-    """The tensors of a module's output, flattened in the order the exporters use."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
-    return []
-
-
-def _strip_stack_traces(model: Any) -> bool:
-    """Drop the dynamo exporter's per-node stack traces (absolute paths of this checkout)."""
-    changed = False
-
-    def graph_nodes(graph: Any) -> Iterator[Any]:
-        for node in graph.node:
-            yield node
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    yield from graph_nodes(attr.g)
-                for sub in attr.graphs:
-                    yield from graph_nodes(sub)
-
-    nodes = [*graph_nodes(model.graph), *(n for f in model.functions for n in f.node)]
-    for node in nodes:
-        kept = [prop for prop in node.metadata_props if prop.key != STACK_TRACE_KEY]
-        if len(kept) != len(node.metadata_props):
-            del node.metadata_props[:]
-            node.metadata_props.extend(kept)
-            changed = True
-    return changed
-
-
-def _shape(info: Any) -> str:
-    """'[1, 64, 'batch']' of a graph input or output, '[?]' where the export declares no shape."""
-    if not info.type.tensor_type.HasField("shape"):
-        return "[?]"
-    dims = info.type.tensor_type.shape.dim
-    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else repr(d.dim_param or "?")
-                           for d in dims) + "]"
-
-
-def _where(exc: BaseException, directory: Path) -> str:
-    """' (at file:line)' of the innermost frame in the user's files, else the innermost."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(directory)]
-    frame = (ours or frames)[-1]
-    return f" (at {frame.filename}:{frame.lineno})"
-
-
-def _shorten(text: str, limit: int = 600) -> str:
-    return text if len(text) <= limit else text[:limit] + " ..."
-
-
-def _describe(value: Any) -> str:
-    """'a str', 'an int', 'a tuple of 3: (Linear, Tensor, str)'."""
-    name = type(value).__name__
-    article = "an" if name[:1].lower() in "aeiou" else "a"
-    if isinstance(value, (tuple, list)):
-        items = ", ".join(type(v).__name__ for v in value[:4]) + (", ..." if len(value) > 4 else "")
-        return f"{article} {name} of {len(value)}: ({items})"
-    return f"{article} {name}"
