@@ -33,28 +33,20 @@ import re
 import statistics
 import time
 import typing
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
-
-from pydantic import Field, field_validator, model_validator
+from typing import Any, ClassVar, TypeVar
 
 from optbuild.backends.base import module_missing
 from optbuild.backends.manifest import write_manifest
 from optbuild.backends.tensorrt import RUNTIMES, Runtime
-from optbuild.backends.tensorrt import profiles as profile_form
 from optbuild.backends.tensorrt.diagnose import (
     ModelFacts,
-    dim_name_conflicts,
     hints,
     noise_note,
     read_model_facts,
     split_driver_noise,
 )
 from optbuild.backends.tensorrt.host import (
-    RTX_DEFAULT_TARGETS,
-    RTX_TARGETS,
-    canonical_targets,
     gpu_missing,
     runtime_distribution,
     target_number,
@@ -62,279 +54,19 @@ from optbuild.backends.tensorrt.host import (
 from optbuild.backends.tensorrt.logger import capture_logger, errors, quote, warnings
 from optbuild.common.atomic import write_atomic
 from optbuild.common.errors import StepError, StepUnavailable
-from optbuild.common.recipetable import RecipeTable, StepRef
-from optbuild.model.inputdecl import InputDecls, StepInputs
-from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams
-from optbuild.steps.fields import input_field
+from optbuild.steps.base import ONNX_TOOLS, Step, StepContext
+from optbuild.steps.engine_trt_params import EngineParams, Profile, TensorRTParams, TensorRTRTXParams
+from optbuild.steps.engine_trt_profiles import (
+    cache_entries,
+    check_dim_names,
+    check_profiles,
+    declared_profiles,
+    parser_errors,
+    timing_cache_file,
+)
 
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
-
-
-# --- parameters --------------------------------------------------------------------------
-class ShapeRange(RecipeTable):
-    """min / opt / max shapes of one input in one optimization profile."""
-
-    min: list[int]
-    """The smallest shape the engine accepts, one positive size per dimension."""
-    opt: list[int]
-    """The shape TensorRT tunes its kernels for."""
-    max: list[int]
-    """The largest shape the engine accepts."""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ShapeRange:
-        ranks = (len(self.min), len(self.opt), len(self.max))
-        if len(set(ranks)) != 1:
-            raise ValueError(f"min, opt and max must have the same rank, got ranks {ranks[0]}, "
-                             f"{ranks[1]} and {ranks[2]}")
-        if ranks[0] == 0:
-            raise ValueError("a shape needs at least one dimension")
-        for label, dims in (("min", self.min), ("opt", self.opt), ("max", self.max)):
-            if any(d < 1 for d in dims):
-                raise ValueError(f"dimensions must be positive, {label} is {dims}")
-        for axis, (lo, mid, hi) in enumerate(zip(self.min, self.opt, self.max)):
-            if not lo <= mid <= hi:
-                raise ValueError(f"need min <= opt <= max in every dimension; dimension {axis} "
-                                 f"has min {lo}, opt {mid}, max {hi}")
-        return self
-
-
-# One optimization profile: input name -> its shape range.
-Profile = dict[str, ShapeRange]
-
-_TRT_ONLY = ("hardware_compatibility", "version_compatible", "precision_flags", "fingerprint")
-_RTX_ONLY = ("targets",)
-
-
-class EngineParams(StepParams):
-    """Parameters both backends share."""
-
-    # The other backend's parameters, rejected by name, and that backend.
-    _foreign: ClassVar[tuple[tuple[str, ...], str]] = ((), "")
-
-    input: StepRef = input_field("built into an engine. Precision comes from the graph: a quantize step "
-                                 "with mode 'fp16' for FP16, a Q/DQ model (mode 'static', activation_type "
-                                 "'int8', symmetric) for INT8.")
-    profiles: list[Profile] = Field(default_factory=list, examples=[profile_form.EXAMPLE])
-    """Optimization profiles for dynamic inputs: a list of tables, each mapping input name -> {
-    min = [...], opt = [...], max = [...] } (shapes of the same rank, min <= opt <= max in every
-    dimension; a dimension the model fixes must be that size in all three; dimensions the ONNX
-    model gives one name, within or across inputs, must be given equal sizes, as TensorRT takes
-    them as one, checked before building). Every dynamic input must appear in every profile;
-    required when the model has dynamic inputs whose shapes 'inputs' does not declare (checked
-    when it is parsed). Empty: one profile from the declared shapes, or none when the model's
-    inputs are all static. At run time each input batch must fit one profile."""
-    inputs: StepInputs = Field(None, examples=[{"x": {"shape": [[1, 4, 8], 3, 224, 224]}}])
-    """What the model's inputs take (see 'Model inputs'); replaces the recipe's [inputs.NAME]
-    entry of the same input. Without profiles, one profile is made from the declared shapes:
-    min, opt and max of each dim's range (dims the model gives one name must be declared
-    alike)."""
-    optimization_level: int = Field(3, ge=0, le=5, examples=[5])
-    """TensorRT's builder optimization level: 0 (fastest build) to 5 (slowest build, most
-    tactics tried)."""
-    workspace: int | None = Field(None, examples=["2 GiB"])
-    """Limit of the builder's workspace memory pool: bytes, or a size string such as "1 GiB" or
-    "512MB". Not set: TensorRT's default (the device's memory)."""
-
-    @field_validator("profiles", mode="before")
-    @classmethod
-    def _profiles_form(cls, value: Any) -> Any:
-        if (problem := profile_form.form_problem(value)) is not None:
-            raise ValueError(problem)
-        return value
-
-    @field_validator("profiles")
-    @classmethod
-    def _profiles_name_inputs(cls, value: list[Profile]) -> list[Profile]:
-        for index, profile in enumerate(value):
-            if not profile:
-                raise ValueError(f"profile {index} names no input")
-        return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_foreign_keys(cls, data: Any) -> Any:
-        foreign, owner = cls._foreign
-        if isinstance(data, dict) and (keys := [k for k in foreign if k in data]):
-            raise ValueError(f"{', '.join(map(repr, keys))} only apply to backend {owner!r}")
-        return data
-
-    @field_validator("workspace", mode="before")
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            from optbuild.common.units import parse_size
-
-            value = parse_size(value)
-        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
-            raise ValueError("workspace must be a positive size")
-        return value
-
-
-class TensorRTParams(EngineParams):
-    _foreign = (_RTX_ONLY, "tensorrt-rtx")
-
-    backend: Literal["tensorrt"] = Field(examples=["tensorrt"])
-    """Selects this engine: TensorRT, built on and for this host's NVIDIA GPU."""
-    hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = Field(
-        "none", examples=["ampere+"])
-    """Which GPUs the engine may run on besides the build GPU's kind: 'none' (that kind only),
-    'ampere+' (any Ampere or newer GPU; needs one to build) or 'same-compute-capability' (GPUs
-    of the build GPU's compute capability)."""
-    version_compatible: bool = Field(False, examples=[True])
-    """Build an engine that later TensorRT versions of the same major version can load."""
-    precision_flags: list[Literal["fp16", "bf16", "int8", "fp8", "int4", "fp4"]] = Field(
-        default_factory=list, examples=[["fp16"]])
-    """TensorRT 10 only: weakly typed builder precision flags (fp16, bf16, int8, fp8, int4,
-    fp4). TensorRT 11 builds strongly typed networks only and rejects them: put the precision in
-    the ONNX graph instead. Empty: strongly typed."""
-    fingerprint: Literal["exact", "compute-capability", "hardware-compatibility"] = Field(
-        "compute-capability", examples=["exact"])
-    """What of the build GPU enters the key: 'exact' (its model and compute capability),
-    'compute-capability', or 'hardware-compatibility' (nothing beyond the hardware_compatibility
-    level; needs it other than 'none')."""
-
-    @field_validator("precision_flags")
-    @classmethod
-    def _canonical_flags(cls, value: list[str]) -> list[str]:
-        return sorted(set(value))
-
-    @model_validator(mode="after")
-    def _policy(self) -> TensorRTParams:
-        if self.fingerprint == "hardware-compatibility" and self.hardware_compatibility == "none":
-            raise ValueError("fingerprint = 'hardware-compatibility' needs hardware_compatibility "
-                             "'ampere+' or 'same-compute-capability' (with 'none' the engine "
-                             "is tied to the build GPU)")
-        return self
-
-
-class TensorRTRTXParams(EngineParams):
-    _foreign = (_TRT_ONLY, "tensorrt")
-
-    backend: Literal["tensorrt-rtx"] = Field(examples=["tensorrt-rtx"])
-    """Selects this engine: TensorRT for RTX, compiled ahead of time without a GPU."""
-    targets: list[str] = Field(
-        default_factory=list,
-        description="Compute capabilities to build for, written \"sm86\", \"sm_86\" or \"8.6\" "
-                    "(known to TensorRT-RTX: " + ", ".join(RTX_TARGETS) + "; checked against the "
-                    "installed TensorRT-RTX when the step runs). They enter the key instead of the "
-                    "build host. Empty: TensorRT-RTX's default set (" + ", ".join(RTX_DEFAULT_TARGETS)
-                    + "), portable across its Ampere-and-later RTX GPUs.",
-        examples=[["sm86", "sm89"]])
-
-    @field_validator("targets")
-    @classmethod
-    def _canonical_targets(cls, value: list[str]) -> list[str]:
-        return canonical_targets(value)
-
-
-# --- model inputs and profiles --------------------------------------------------------------
-def _describe_inputs(inputs: list[tuple[str, tuple[int, ...]]]) -> str:
-    return ", ".join(f"{name} {list(shape)}{' (dynamic)' if any(d < 0 for d in shape) else ''}"
-                     for name, shape in inputs)
-
-
-def declared_profiles(inputs: list[tuple[str, tuple[int, ...]]], decls: InputDecls | None) -> list[Profile]:
-    """One profile from the declared shapes of the network's dynamic inputs; [] when one of
-    them is not declared (static inputs need none)."""
-    from optbuild.backends.base import TensorSpec
-    from optbuild.model.inputdecl import profile_shapes
-
-    specs = [TensorSpec(name, "", tuple(d if d >= 0 else None for d in shape)) for name, shape in inputs]
-    shapes = profile_shapes(specs, decls)
-    if not shapes:
-        return []
-    return [{name: ShapeRange(min=low, opt=opt, max=high) for name, (low, opt, high) in shapes.items()}]
-
-
-def check_profiles(profiles: list[Profile], inputs: list[tuple[str, tuple[int, ...]]],
-                   model: str) -> None:
-    """StepError unless ``profiles`` fit the network ``inputs`` ((name, shape), -1 = dynamic)."""
-    shapes = dict(inputs)
-    real = _describe_inputs(inputs)
-    dynamic = [name for name, shape in inputs if any(d < 0 for d in shape)]
-    for index, profile in enumerate(profiles):
-        unknown = [name for name in profile if name not in shapes]
-        if unknown:
-            raise StepError(f"profile {index} names input(s) {', '.join(map(repr, unknown))}, which "
-                            f"{model} does not have; its inputs are: {real}")
-    if dynamic and not profiles:
-        example = ", ".join(f"{name} = {{ min = [...], opt = [...], max = [...] }}" for name in dynamic)
-        raise StepError(f"{model} has dynamic inputs ({_describe_inputs([(n, shapes[n]) for n in dynamic])}) "
-                        f"and the step gives no optimization profile: add profiles = [{{ {example} }}], or "
-                        f"declare the inputs' shapes ([inputs.{dynamic[0]}] shape = [...], a dim as "
-                        "[min, opt, max]) and one profile is made from them")
-    for index, profile in enumerate(profiles):
-        missing = [name for name in dynamic if name not in profile]
-        if missing:
-            raise StepError(f"profile {index} gives no shapes for dynamic input(s) "
-                            f"{', '.join(map(repr, missing))} of {model} (inputs: {real})")
-        for name, rng in profile.items():
-            shape = shapes[name]
-            if len(rng.min) != len(shape):
-                raise StepError(f"profile {index}, input {name!r}: the model's input has rank "
-                                f"{len(shape)} {list(shape)}, the profile's shapes rank {len(rng.min)}")
-            for axis, fixed in enumerate(shape):
-                if fixed >= 0 and not rng.min[axis] == rng.opt[axis] == rng.max[axis] == fixed:
-                    raise StepError(
-                        f"profile {index}, input {name!r}: dimension {axis} is fixed at {fixed} in "
-                        f"the model, but the profile gives min {rng.min[axis]}, opt {rng.opt[axis]}, "
-                        f"max {rng.max[axis]}")
-
-
-def check_dim_names(profiles: list[Profile], dim_names: Mapping[str, Sequence[str | None]], model: str,
-                    declared: bool) -> None:
-    """StepError unless the dims that ``model`` gives one name (``dim_names``: input -> each
-    dim's name, from the ONNX file) get the same min / opt / max in every profile: TensorRT
-    takes them as one size, and its builder's error names neither the input nor the profile.
-    ``declared``: the profile was made from the declared input shapes, not written."""
-    for index, profile in enumerate(profiles):
-        shapes = {name: (rng.min, rng.opt, rng.max) for name, rng in profile.items()}
-        for dim_name, dims in dim_name_conflicts(shapes, dim_names):
-            where = "the profile made from the declared input shapes" if declared else f"profile {index}"
-            change = ("declare one size or range for all of them ([inputs.NAME] shape, or the step's "
-                      "inputs)" if declared else f"give them equal min, opt and max in profile {index}")
-            also = " ('?' is a name to TensorRT like any other)" if dim_name == "?" else ""
-            raise StepError(
-                f"{where} gives the dims that {model} names {dim_name!r}{also} different ranges: "
-                f"{'; '.join(dims)}. TensorRT takes the dims of one name as one size and would reject "
-                f"the profile: {change}, or, where they are independent, give them distinct names in "
-                "the ONNX model (the dim_param of its inputs' dims)")
-
-
-def _parser_errors(parser: Any) -> list[str]:
-    lines = []
-    for i in range(parser.num_errors):
-        error = parser.get_error(i)
-        desc = error.desc()
-        node = error.node() if hasattr(error, "node") else -1
-        name = error.node_name() if hasattr(error, "node_name") else ""
-        op = error.node_operator() if hasattr(error, "node_operator") else ""
-        if node >= 0 or name:
-            where = f"node {name!r}" if name else f"node #{node}"
-            where += f" ({op})" if op else ""
-            lines.append(f"{where}: {desc}")
-        else:
-            lines.append(desc)
-    return lines
-
-
-# --- persistent state -------------------------------------------------------------------------
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_") or "unknown"
-
-
-def timing_cache_file(state_dir: Path, backend: str, version: str, device: str) -> Path:
-    """Where the timing cache of ``backend`` ``version`` for ``device`` lives."""
-    return Path(state_dir) / "tensorrt-timing" / f"{_slug(backend)}-{_slug(version)}-{_slug(device)}.cache"
-
-
-def _cache_entries(cache: Any) -> int | None:
-    try:
-        return len(cache.queryKeys())
-    except (AttributeError, RuntimeError):
-        return None
 
 
 # --- the step ---------------------------------------------------------------------------------
@@ -370,7 +102,7 @@ class _TensorRTBase(Step[EP]):
         self._configure_parser(trt, parser)
         if not parser.parse_from_file(str(model)):
             raise self._failure(ctx, f"{self.runtime.label} {version} cannot parse {model.name}",
-                                _parser_errors(parser) or errors(trt, logger), facts)
+                                parser_errors(parser) or errors(trt, logger), facts)
         if network.num_outputs == 0:  # protobuf reads some junk as an empty ModelProto
             raise StepError(f"{self.runtime.label} {version} read {model.name} as a model with no graph "
                             "outputs: not an ONNX model, or an empty one")
@@ -481,13 +213,13 @@ class _TensorRTBase(Step[EP]):
             data, cache = b"", config.create_timing_cache(b"")
             config.set_timing_cache(cache, False)
         # The cache object must outlive the build: it travels in the returned state.
-        return {"cache": cache, "path": path, "loaded": len(data), "entries": _cache_entries(cache)}
+        return {"cache": cache, "path": path, "loaded": len(data), "entries": cache_entries(cache)}
 
     def _save_timing_cache(self, trt: Any, config: Any, state: Any, ctx: StepContext) -> None:
         if state is None:
             return
         cache, path = state["cache"], state["path"]
-        after_entries = _cache_entries(cache)
+        after_entries = cache_entries(cache)
         serialized = bytes(memoryview(cache.serialize()))
         if not state["loaded"]:
             status = "miss"

@@ -41,7 +41,7 @@ CONV_MIXED = ("ITensor::getDimensions: Error Code 4: API Usage Error (/backbone/
               "In validateTypes at /_src/optimizer/common/nodes/convolutionNode.cpp:88)")
 NO_SHAPE = ("ITensor::getDimensions: Error Code 4: API Usage Error (Output shape can not be computed for node "
             "/backbone/conv1/Conv. In needTypeAndDimensions at /_src/optimizer/shapeof/graphShapeAnalyzer.cpp:3026)")
-# TensorRT-RTX's parser errors, as engine_trt._parser_errors writes them
+# TensorRT-RTX's parser errors, as engine_trt_profiles.parser_errors writes them
 CONV_NODE = "node '/backbone/conv1/Conv' (Conv): Invalid Node - /backbone/conv1/Conv"
 CONV_PARSE_ERROR = f"{CONV_NODE}\n{CONV_MIXED}\n{CUDA_35}\n{NO_SHAPE}\n{CUDA_35}"
 LSTM_NODE = ("node 'If_0_then_branch__Inline_0__/decoder/rnn/LSTM' (LSTM): Invalid Node - "

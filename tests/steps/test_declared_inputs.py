@@ -108,7 +108,8 @@ def test_a_malformed_declaration_is_refused_at_load_with_its_line(rate_project):
 
 def test_a_tensorrt_engine_without_profiles_takes_one_from_the_declared_shapes():
     from optbuild.model.inputdecl import InputDecl
-    from optbuild.steps.engine_trt import ShapeRange, declared_profiles
+    from optbuild.steps.engine_trt_params import ShapeRange
+    from optbuild.steps.engine_trt_profiles import declared_profiles
 
     decls = {"x": InputDecl(shape=[[1, 4, 8], 4])}
     assert declared_profiles([("x", (-1, 4)), ("sr", ())], decls) == [
