@@ -195,3 +195,12 @@ def test_optbuild_cache_only_parses_and_prints():
     found = cli_imports_below_the_api()
     reaching = [i for imports in found.values() for i in imports if i.startswith("optbuild/cli/cache.py:")]
     assert not reaching, reaching
+
+
+MAX_MODULE_LINES = 500  # one module, one concern: a longer one holds more than one
+
+
+def test_no_module_is_longer_than_one_concern_needs():
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
