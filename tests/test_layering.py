@@ -109,7 +109,7 @@ def test_the_flock_helper_is_the_only_caller_of_flock():
     lock file all use it."""
     callers = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
                      if "fcntl.flock(" in path.read_text())
-    assert callers == ["optbuild/store/flock.py"], callers
+    assert callers == ["optbuild/common/flock.py"], callers
 
 
 def test_builders_see_a_context_never_the_scheduler():
@@ -169,7 +169,7 @@ def _imported_files(path: Path, modules: dict[str, Path]) -> set[str]:
 # from cli/ into a layer below them is a use case a Python user cannot reach. 84 before
 # optbuild.app took the cache's and deploy's use cases; issue 32's target is 15. Lower it as
 # use cases move; it must not grow back.
-CLI_IMPORTS_BELOW_THE_API = 60
+CLI_IMPORTS_BELOW_THE_API = 49
 BELOW_THE_API = ["store", "backends", "model", "steps", "project", "process", "builder", "distributed"]
 
 

@@ -1,6 +1,6 @@
 """Deploy's selection: which deploy steps to publish, built or restored, and what each output
 folder is with its provenance. Publishing into a model repository is the CLI's
-(``optbuild.cli.publish``); this is what comes before it, for a Python user too.
+(``optbuild.app.publish``); this is what comes before it, for a Python user too.
 """
 
 from __future__ import annotations

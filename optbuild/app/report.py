@@ -23,7 +23,7 @@ from optbuild.common.errors import OptbuildError
 from optbuild.common.jsonfile import MAX_BYTES, read_json
 from optbuild.model.thresholds import worst
 
-# What a published version's config.pbtxt pins (optbuild.cli.publish writes it): the served one.
+# What a published version's config.pbtxt pins (optbuild.app.publish writes it): the served one.
 _PIN = re.compile(r"(?:\A|\n)version_policy \{ specific \{ versions: ([1-9][0-9]{0,17}) \} \}\n\Z")
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")
 _MAX_RECORD = 16 << 20  # a published version's optbuild.json, as publish reads it

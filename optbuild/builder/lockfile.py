@@ -22,7 +22,7 @@ from typing import Any
 
 from optbuild.common import processstate
 from optbuild.common.atomic import write_atomic
-from optbuild.store.flock import locked
+from optbuild.common.flock import locked
 
 FORMAT = 1
 MAX_METRICS = 64  # per step record

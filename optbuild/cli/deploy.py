@@ -4,7 +4,7 @@
 Publishes the outputs of the project's ``deploy`` steps (optbuild.steps.deploy) into a Triton
 model repository: each is built, or restored from the local or remote cache for this host's
 fingerprint (with ``--no-build``, only restored; with ``--fingerprint``, restored for the host
-recorded in FILE), then switched in atomically (optbuild.cli.publish), recording in
+recorded in FILE), then switched in atomically (optbuild.app.publish), recording in
 ``<model>/<version>/optbuild.json`` which keys were used and where and when they were built.
 A model another step published is replaced only with ``--replace``; ``--json`` prints what
 changed as one JSON object, for a CD pipeline.
@@ -51,8 +51,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from optbuild.app import publish
     from optbuild.app.deploy import one_step_per_model
-    from optbuild.cli import publish
     from optbuild.common.errors import OptbuildError
 
     if args.keep < 1:
@@ -95,9 +95,9 @@ def _build(args: argparse.Namespace) -> list[tuple[str, Any]] | None:
     """Build or restore the selected deploy steps: (step, release) for each model they hold,
     or None (after saying why) when one of them is not in place."""
     from optbuild import api
+    from optbuild.api import make_reporter
+    from optbuild.app import publish
     from optbuild.app.deploy import select_deploys
-    from optbuild.builder.report import make_reporter
-    from optbuild.cli import publish
     from optbuild.cli.build import remote_override
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)

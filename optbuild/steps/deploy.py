@@ -8,7 +8,7 @@ tensor's first dim is dynamic, KIND_GPU or KIND_CPU from the runtime, and the ex
 accelerator the recipe asks for. The configuration is parsed back with Triton's own schema
 (optbuild.steps.triton_schema) and checked as Triton checks it when loading, so that a broken
 one fails the build, not the server. ``optbuild deploy --to DIR`` then publishes it into a
-served repository, switching versions atomically (optbuild.cli.publish).
+served repository, switching versions atomically (optbuild.app.publish).
 
 The input is an engine, an ONNX model (a quantize step's) or a select step's choice; the
 model is read without its runtime (optbuild.steps.triton), so a deploy host needs none.

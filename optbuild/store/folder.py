@@ -14,8 +14,8 @@ from optbuild.common import processstate
 from optbuild.common.atomic import fsync_path
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import CacheError
+from optbuild.common.flock import locked
 from optbuild.store.files import owned_name, remove
-from optbuild.store.flock import locked
 from optbuild.store.marker import make_folder
 
 _LOCK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
@@ -111,5 +111,5 @@ class CacheFolder:
     def _flock(self, filename: str, *, shared: bool = False,
                waiting: Callable[[list[int]], None] | None = None) -> AbstractContextManager[None]:
         """``flock`` on a lock file under locks/; a read-only store locks only files that
-        exist and otherwise goes on unlocked (see ``store.flock.locked``)."""
+        exist and otherwise goes on unlocked (see ``common.flock.locked``)."""
         return locked(self.root / "locks" / filename, shared=shared, read_only=self.read_only, waiting=waiting)

@@ -16,11 +16,11 @@ from pathlib import Path
 from plugins.projects import ProjectDir
 from plugins.steps import tiny_onnx
 
-from optbuild.cli.publish import problems, served_config
+from optbuild.app.publish import problems, served_config
 from optbuild.common.digest import hash_file
 
 RECIPE = '[steps.src]\nkind = "onnx"\npath = "net.onnx"\n\n[steps.serve]\nkind = "deploy"\ninput = "src"\n'
-PUBLISH = ("import sys; from pathlib import Path; from optbuild.cli.publish import Release, publish; "
+PUBLISH = ("import sys; from pathlib import Path; from optbuild.app.publish import Release, publish; "
            "publish(Release('net', Path(sys.argv[1]), {'step': 'net:serve', 'key': sys.argv[1]}), Path(sys.argv[2]), 2)")
 
 

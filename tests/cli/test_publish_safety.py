@@ -18,14 +18,14 @@ import pytest
 from plugins.steps import tiny_onnx
 from test_publish import assert_consistent, deploy_project, release, served
 
-from optbuild.cli import publish
-from optbuild.cli.publish import Release, problems, served_config, served_version
+from optbuild.app import publish
+from optbuild.app.publish import Release, problems, served_config, served_version
 from optbuild.common.errors import OptbuildError
 
 KILLED_AT = """\
 import os, sys
 from pathlib import Path
-from optbuild.cli import publish
+from optbuild.app import publish
 action, folder, repo, name, nth = sys.argv[1:6]
 real, calls = getattr(publish, name), []
 def dies(*args, **kwargs):
@@ -273,7 +273,7 @@ def test_a_fingerprint_path_that_is_no_regular_file_or_too_large_fails_at_once(t
 PUBLISH_BOTH = """\
 import sys
 from pathlib import Path
-from optbuild.cli import publish
+from optbuild.app import publish
 small, big, repo = map(Path, sys.argv[1:4])
 publish.publish(publish.Release("net", small, {"step": "net:serve"}), repo, 2)
 try:

@@ -154,7 +154,7 @@ def lock_name(root: str) -> str:
 def server_pid(root: str) -> int | None:
     """The pid of the server of ``root`` while it runs, answering or not (from its lock
     file); None when none runs."""
-    from optbuild.store.flock import try_lock
+    from optbuild.common.flock import try_lock
 
     try:
         with PrivateDir(socket_dir(root), create=False) as folder:
@@ -319,7 +319,7 @@ def claim(root: str) -> tuple[PrivateDir, int]:
     client); BlockingIOError if another one runs."""
     import time
 
-    from optbuild.store.flock import try_lock
+    from optbuild.common.flock import try_lock
 
     folder = PrivateDir(socket_dir(root), create=True)
     fd = os.open(folder.file(lock_name(root)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -42,9 +42,9 @@ from typing import Any
 from optbuild.common.atomic import fsync_path, write_atomic
 from optbuild.common.digest import hash_file
 from optbuild.common.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
+from optbuild.common.flock import locked
 from optbuild.common.jsonfile import read_json
 from optbuild.common.paths import name_problem
-from optbuild.store.flock import locked
 
 RECORD = "optbuild.json"
 LOCK = ".optbuild.lock"
