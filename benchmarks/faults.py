@@ -1209,7 +1209,7 @@ def _forge(fig: Figures, top: Path, remote: Path, farm: Farm, refs: References, 
     expected = refs(VARIANTS[0])
     origin = make_project(top / "origin", remote=f'executor = "dask"\nscheduler = "{farm.address}"\n'
                           + _remote_toml(remote.as_uri(), True))
-    run = optbuild(origin, "build", env=env)
+    run = optbuild(origin, "build", "--download", "all", env=env)  # every output here, to compare
     if run.returncode != 0 or build_digests(origin) != expected:
         fig.failed += 1
         fig.note(f"the honest build on the farm failed or differs from a local one: {run.tail()}")
