@@ -117,7 +117,8 @@ BACKEND_NAMES = {"onnxruntime", "tensorrt", "tensorrt-rtx", "openvino", "engine/
 
 
 @pytest.mark.parametrize("module", ["optbuild/steps/verify.py", "optbuild/model/runmodels.py",
-                                    *sorted(str(p.relative_to(REPO)) for p in (REPO / "optbuild/cli/bench").glob("*.py"))])
+                                    *sorted(str(p.relative_to(REPO)) for folder in ("optbuild/app/bench", "optbuild/cli/bench")
+                                            for p in (REPO / folder).glob("*.py"))])
 def test_verify_and_bench_name_no_backend(module):
     """They get what runs an artifact from the registry; a new backend needs no edit there.
     (Messages and docs may mention backends; code that tells one apart spells its name.)"""

@@ -137,15 +137,15 @@ def test_progress_goes_to_stderr_a_line_per_model_as_it_is_measured(examples, be
 def test_a_step_target_and_the_plot(examples, benched):
     pytest.importorskip("matplotlib")
     from optbuild import api
-    from optbuild.cli.bench.measure import bench
-    from optbuild.cli.bench.results import BenchOptions
+    from optbuild.app.bench import BenchOptions, bench
+    from optbuild.cli.bench.present import write_plots
 
     ws = api.open_workspace(examples.root)
     try:
-        (result,) = bench(ws, ["transformer:quantize_int8"],
-                          BenchOptions(runs=3, warmup=0, threads=1, build=False, plot=True))
+        (result,) = bench(ws, ["transformer:quantize_int8"], BenchOptions(runs=3, warmup=0, threads=1, build=False))
     finally:
         ws.close()
+    write_plots([result])  # what `optbuild bench --plot` adds
     assert [(row.runtime, row.step) for row in result.rows] == [("onnxruntime", "transformer:quantize_int8")]
     assert result.rows[0].verify[0]["step"] == "transformer:verify[int8]"
     assert result.plot_file == examples.root / "build/transformer/bench.png"

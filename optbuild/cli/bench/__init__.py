@@ -2,8 +2,8 @@
 
 Builds the targets first (from the cache when nothing changed), then measures every ONNX /
 ORT-format model on the backend that runs it, with PyTorch eager where a recipe exports from
-PyTorch (on the CPU, and on CUDA too where torch sees a GPU); see optbuild.cli.bench.measure. Heavy
-libraries load only in ``run``.
+PyTorch (on the CPU, and on CUDA too where torch sees a GPU): the use case is optbuild.app.bench;
+this package parses the arguments and prints (``present``).
 """
 
 from __future__ import annotations
@@ -47,20 +47,23 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.builder.report import make_reporter, write_line
-    from optbuild.cli.bench import measure, present
-    from optbuild.cli.bench.results import BenchOptions
+    from optbuild.app.bench import BenchOptions, bench
+    from optbuild.cli.bench import present
 
+    if args.plot:
+        present.plot_module()  # fail before minutes of measuring, not after
     options = BenchOptions(runs=args.runs, warmup=args.warmup, batch=args.batch,
-                           threads=args.threads, build=not args.no_build, plot=args.plot)
+                           threads=args.threads, build=not args.no_build)
     ws = api.open_workspace(args.directory)
     try:
         # progress and the build's events go to stderr: stdout holds only the results (--json)
-        benched = measure.bench(ws, args.targets, options, reporter=make_reporter(False),
-                                progress=lambda message: write_line(sys.stderr, message))
+        benched = bench(ws, args.targets, options, reporter=api.make_reporter(False),
+                        progress=lambda message: api.write_line(sys.stderr, message))
         root = ws.project.root
     finally:
         ws.close()
+    if args.plot:
+        present.write_plots(benched)
     if args.json:
         print(json.dumps(present.as_json(benched, root), indent=1))
     elif sys.stdout.isatty():

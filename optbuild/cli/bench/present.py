@@ -1,4 +1,4 @@
-"""A bench's results as a plain or rich table, a plot, and JSON."""
+"""A bench's results (``optbuild.app.bench``) as a plain or rich table, a plot, and JSON."""
 
 from __future__ import annotations
 
@@ -6,17 +6,15 @@ import io
 from pathlib import Path
 from typing import Any
 
-from optbuild.cli.bench.results import BENCH_VERSION, BenchError, RecipeBench
+from optbuild.app.bench.results import BENCH_VERSION, BenchError, RecipeBench, ms
 from optbuild.common.atomic import write_atomic
 from optbuild.common.units import human_size
+
+PLOT_FILE = "bench.png"  # beside bench.json, in build/<recipe>/
 
 # --- presenting ------------------------------------------------------------------------------
 COLUMNS = ("model", "step", "size", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up",
            "cosine", "max abs", "top-1", "verified by")
-
-
-def ms(value: float) -> str:
-    return f"{value:.3f}" if value < 10 else f"{value:.2f}" if value < 100 else f"{value:.1f}"
 
 
 def table_rows(result: RecipeBench) -> list[list[str]]:
@@ -152,6 +150,14 @@ def plot(result: RecipeBench, path: Path) -> None:
         write_atomic(path, png.getbuffer())
     finally:
         plt.close(fig)
+
+
+def write_plots(results: list[RecipeBench]) -> None:
+    """Each recipe's plot beside its bench.json (``--plot``)."""
+    for result in results:
+        if result.file is not None:
+            result.plot_file = result.file.parent / PLOT_FILE
+            plot(result, result.plot_file)
 
 
 def as_json(results: list[RecipeBench], root: Path) -> dict[str, Any]:

@@ -49,17 +49,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from optbuild.cli.bench.build import artifact_path, build_models, verify_figures
-from optbuild.cli.bench.present import ms, plot, plot_module
-from optbuild.cli.bench.results import BENCH_FILE, PLOT_FILE, BenchError, BenchOptions, RecipeBench, Row
-from optbuild.cli.bench.runners import (
+from optbuild.app.bench.build import artifact_path, build_models, verify_figures
+from optbuild.app.bench.results import BENCH_FILE, BenchError, BenchOptions, RecipeBench, Row, ms
+from optbuild.app.bench.runners import (
     Runner,
     model_runner,
     set_torch_threads,
     torch_runner,
     verified_int_range,
 )
-from optbuild.cli.bench.targets import host_fingerprint, runs_on, select, verify_steps
+from optbuild.app.bench.targets import host_fingerprint, runs_on, select, verify_steps
 from optbuild.common.atomic import write_atomic
 from optbuild.model import timing
 from optbuild.model.timing import gc_off, latency_figures
@@ -154,8 +153,6 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
     ``progress`` gets a line as each model (and runtime) is loaded, warmed up and measured."""
     options = options or BenchOptions()
     say = progress or (lambda message: None)
-    if options.plot:
-        plot_module()  # fail before minutes of measuring, not after
     chosen, skipped = select(ws, targets)
     models = [sid for sids in chosen.values() for sid in sids]
     verify_of = verify_steps(ws, models)
@@ -219,8 +216,5 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
         out_dir = ws.project.build_dir / recipe
         result.file = out_dir / BENCH_FILE
         write_atomic(result.file, (json.dumps(result.as_json(ws.project.root), indent=1) + "\n").encode())
-        if options.plot:
-            result.plot_file = out_dir / PLOT_FILE
-            plot(result, result.plot_file)
         results.append(result)
     return results

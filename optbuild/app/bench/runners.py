@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from optbuild.cli.bench.results import BenchError, BenchOptions, Row
-from optbuild.cli.bench.targets import host_fingerprint, label, precision
+from optbuild.app.bench.results import BenchError, BenchOptions, Row
+from optbuild.app.bench.targets import host_fingerprint, label, precision
 from optbuild.common.errors import OptbuildError, first_line
 from optbuild.model.inputdecl import DOCS
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optbuild.app.bench.results import BenchError, BenchOptions
 from optbuild.builder.status import Status
-from optbuild.cli.bench.results import BenchError, BenchOptions
 from optbuild.model import thresholds
 
 if TYPE_CHECKING:

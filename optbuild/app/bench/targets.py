@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING
 
-from optbuild.cli.bench.results import BenchError
+from optbuild.app.bench.results import BenchError
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace

@@ -11,7 +11,6 @@ from optbuild.common.errors import OptbuildError
 
 BENCH_VERSION = 2  # 2: rows of any backend; host.runtimes says what ran them
 BENCH_FILE = "bench.json"
-PLOT_FILE = "bench.png"
 
 
 class BenchError(OptbuildError):
@@ -25,7 +24,6 @@ class BenchOptions:
     batch: int = 1  # size of a symbolic first dimension
     threads: int | None = None  # intra-op threads (onnxruntime) / torch.set_num_threads; None: theirs
     build: bool = True  # False: restore from the caches only (--no-build)
-    plot: bool = False  # also write bench.png (needs matplotlib)
     seed: int = 0  # random inputs
     dim: int = 16  # size of other symbolic dimensions
     rounds: int = 10  # interleaving blocks (1: every model's runs in one go)
@@ -89,7 +87,7 @@ class RecipeBench:
     baseline: Row | None = None
     notes: list[str] = field(default_factory=list)
     file: Path | None = None  # bench.json
-    plot_file: Path | None = None
+    plot_file: Path | None = None  # where `optbuild bench --plot` drew it (optbuild.cli.bench.present)
 
     def as_json(self, root: Path) -> dict[str, Any]:
         return {
@@ -100,3 +98,8 @@ class RecipeBench:
                                                              "runtime": self.baseline.runtime},
             "rows": [row.as_json(root) for row in self.rows], "notes": self.notes,
         }
+
+
+def ms(value: float) -> str:
+    """A latency in milliseconds, to three significant digits or so."""
+    return f"{value:.3f}" if value < 10 else f"{value:.2f}" if value < 100 else f"{value:.1f}"
