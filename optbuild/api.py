@@ -16,6 +16,7 @@ from typing import Any
 
 from optbuild.builder.outcome import Options, Outcome
 from optbuild.builder.report import Reporter, make_reporter, write_line
+from optbuild.builder.runstats import describe_stats
 from optbuild.builder.scheduler import Scheduler
 from optbuild.builder.site import BuildContext, Builder
 from optbuild.builder.status import Status
@@ -30,9 +31,11 @@ from optbuild.common.events import DoneEvent
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import folder_problem
 from optbuild.common.toolchain import Toolchain
-from optbuild.process.pool import ProcessPool
+from optbuild.process.pool import ProcessPool, ServedPool
+from optbuild.project.config import check_scheduler
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, load_project
+from optbuild.steps.base import ONNX_TOOLS
 from optbuild.store import written
 from optbuild.store.local import LocalStore
 from optbuild.store.marker import BUILD_STATE, MADE_INSIDE, MARKER, Kind, ownership, take_build_folder
@@ -303,7 +306,9 @@ def _delete(path: Path) -> None:
         path.unlink()
 
 
-# The API's surface: what a Python user calls, and the types its functions take and give (a
-# build reports to a Reporter, make_reporter makes the CLI's; outcomes carry a Status).
-__all__ = ["BuildResult", "Cleaned", "OptbuildError", "Reporter", "Status", "Workspace", "build", "clean",
-           "explain", "make_reporter", "open_workspace", "write_line"]
+# The API's surface: what a Python user calls, and the types and helpers its functions take and
+# give (a build reports to a Reporter, make_reporter makes the CLI's; outcomes carry a Status), which
+# the CLI imports from here too.
+__all__ = ["ONNX_TOOLS", "BuildResult", "Cleaned", "OptbuildError", "ProcessPool", "Reporter", "ServedPool", "Status",
+           "Workspace", "build", "check_scheduler", "clean", "describe_stats", "explain", "load_project",
+           "make_reporter", "open_workspace", "write_line"]

@@ -1,5 +1,7 @@
 """The use cases the CLI offers beyond ``optbuild.api`` (the cache's ls, verify, audit, gc,
-push, pull and stats; deploy's selection), as functions over a ``Workspace`` that return typed results.
+push, pull and stats; deploy's selection and its switch of a model repository; a build
+node; the step kinds; the graph; lock file diffs), as functions (most over a ``Workspace``)
+that return typed results.
 
 ``cli/`` parses arguments and prints these results; a Python user calls the same functions
 and gets the same behaviour without the CLI. A refusal (no remote, a read-only remote) is an

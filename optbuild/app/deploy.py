@@ -104,7 +104,7 @@ def select_deploys(ws: api.Workspace, targets: list[str] | None = None, *, fetch
         provenance = {"step": sid, **_used(result.outcomes[sid], ws.remote),
                       "inputs": {field: {"step": dep, **_used(result.outcomes[dep], ws.remote)}
                                  for field, dep in spec.deps.items()}}
-        outputs.append(DeployOutput(sid, ws.project.build_dir / spec.recipe / spec.name, provenance))
+        outputs.append(DeployOutput(sid, ws.project.step_dir(sid), provenance))
     return DeploySelection(wanted, fetch_only, outputs, [], [])
 
 

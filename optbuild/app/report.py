@@ -185,11 +185,6 @@ def _artifact(sid: str, locked: dict[str, dict[str, Any]]) -> Artifact:
     return Artifact(sid, key if isinstance(key, str) else None)
 
 
-def _folder(ws: api.Workspace, sid: str) -> Path:
-    spec = ws.project.steps[sid]
-    return ws.project.build_dir / spec.recipe / spec.name
-
-
 def _read(path: Path, max_bytes: int = MAX_BYTES) -> tuple[dict[str, Any] | None, str | None]:
     """A JSON object the build wrote; (None, None) where it is missing (not built), (None,
     why) where it is unreadable or not an object."""
@@ -207,7 +202,7 @@ def _selection(ws: api.Workspace, sid: str, locked: dict[str, dict[str, Any]], d
     candidates = [dep for name, dep in spec.deps.items() if name.startswith("candidates.")]
     deployments = [_deployment(ws, step, model, locked, deployed)
                    for step, model in deploy_models(ws.project, sorted(ws.graph.descendants(sid)))]
-    path = _folder(ws, sid) / "selection.json"
+    path = ws.project.step_dir(sid) / "selection.json"
     report, problem = _read(path)
     if report is not None and not isinstance(report.get("candidates"), list):
         report, problem = None, f"{path} lists no candidates"
@@ -258,7 +253,7 @@ def _verify(ws: api.Workspace, sid: str, locked: dict[str, dict[str, Any]]) -> V
     """The worst figures of a verify step's report.json (max_rel too, which a benchmark's
     summary of it leaves out)."""
     key = _artifact(sid, locked).key
-    report, problem = _read(_folder(ws, sid) / "report.json")
+    report, problem = _read(ws.project.step_dir(sid) / "report.json")
     if report is None and problem is None:
         return Verify(sid, key, built=False)
     outputs = (report or {}).get("outputs")
@@ -282,7 +277,7 @@ def _race(race: dict[str, Any]) -> Race:
 def _deployment(ws: api.Workspace, sid: str, model: str, locked: dict[str, dict[str, Any]],
                 deployed: Path | None) -> Deployment:
     """A deploy step's model: its versions in the build folder, and in ``deployed``."""
-    folder = _folder(ws, sid) / model
+    folder = ws.project.step_dir(sid) / model
     built = sorted((p.name for p in folder.iterdir() if p.is_dir() and _VERSION.fullmatch(p.name)), key=int) \
         if folder.is_dir() else []
     if deployed is None:

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from optbuild.process.pool import ProcessPool
+    from optbuild.api import ProcessPool
 
 
 def add_remote_flags(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +49,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 def scheduler_override(args: argparse.Namespace) -> str | None:
     """--scheduler, checked as [build] scheduler is."""
+    from optbuild.api import check_scheduler
     from optbuild.common.errors import OptbuildError
-    from optbuild.project.config import check_scheduler
 
     try:
         return check_scheduler(args.scheduler) if args.scheduler else None
@@ -72,7 +72,7 @@ def report_remote(args: argparse.Namespace, result) -> None:
     """The cache statistics line (the --json stream has the "cache" event instead)."""
     if args.json:
         return
-    from optbuild.builder.runstats import describe_stats
+    from optbuild.api import describe_stats
 
     for event in result.reporter.events:
         if event.get("event") == "cache":
@@ -82,7 +82,7 @@ def report_remote(args: argparse.Namespace, result) -> None:
 def run(args: argparse.Namespace) -> int:
     from optbuild.cli.buildserver.server import served_pool
     from optbuild.common.projectroot import project_root
-    from optbuild.process.pool import ProcessPool
+    from optbuild.process.pool import ProcessPool  # not via optbuild.api: the pool starts before it loads
 
     # first: the fork server imports the steps' tools while optbuild loads the project and
     # plans; in a build server, its fork servers are already warm (their close is a no-op)

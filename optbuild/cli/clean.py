@@ -12,9 +12,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit 1 when a configured folder was left whole: nothing says optbuild made it."""
     from optbuild import api
-    from optbuild.project.recipe import load_project
 
-    cleaned = api.clean(load_project(args.directory), cache=args.cache)
+    cleaned = api.clean(api.load_project(args.directory), cache=args.cache)
     for path in cleaned.removed:
         print(f"removed {path}")
     for path, why in cleaned.skipped:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+from pathlib import Path
 
 SHELLS = ("bash", "zsh", "fish")
 HIDDEN = "__complete"  # optbuild __complete targets|kinds: one word a line
@@ -164,27 +165,29 @@ def words(arguments: list[str]) -> int:
     what = arguments[0] if arguments else ""
     try:
         found = _targets() if what == "targets" else _kinds() if what == "kinds" else []
-    except (OSError, ValueError):  # tomllib.TOMLDecodeError is a ValueError
+    except (OSError, ValueError, RecursionError):  # tomlfile.TomlError is a ValueError
         found = []
     print("\n".join(found))
     return 0
 
 
 def _config() -> tuple[str, dict]:
-    """The project's root and its optbuild.toml as read, or ("", {}) outside a project."""
-    import tomllib
-
-    from optbuild.common.projectroot import CONFIG_NAME, project_root
+    """The project's root and its optbuild.toml as read, or ("", {}) outside a project;
+    ValueError when it cannot be read (``words`` then prints nothing)."""
+    from optbuild.common.projectroot import project_root
+    from optbuild.common.tomlfile import config_tables
 
     root = project_root()
     if root is None:
         return "", {}
-    with open(os.path.join(root, CONFIG_NAME), "rb") as file:
-        return root, tomllib.load(file)
+    tables = config_tables(root)
+    if tables is None:
+        raise ValueError(f"{root}/optbuild.toml cannot be read")
+    return root, tables
 
 
 def _targets() -> list[str]:
-    import tomllib
+    from optbuild.common.tomlfile import load
 
     root, config = _config()
     if not root:
@@ -193,13 +196,12 @@ def _targets() -> list[str]:
     found = []
     for path in sorted({p for pattern in patterns for p in glob.glob(os.path.join(root, pattern))}):
         recipe = os.path.splitext(os.path.basename(path))[0]
-        with open(path, "rb") as file:
-            steps = tomllib.load(file).get("steps", {})
+        steps = load(Path(path)).get("steps", {})
         found += [recipe, *(f"{recipe}:{step}" for step in steps)]
     return found
 
 
 def _kinds() -> list[str]:
-    from optbuild.steps import registry
+    from optbuild.app.kinds import known_kinds
 
-    return registry.known_kinds(_config()[1].get("kinds", {}))
+    return known_kinds(_config()[1].get("kinds", {}))

@@ -21,7 +21,7 @@ def _is_set(value: Any) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.builder.status import Status
+    from optbuild.api import Status
     from optbuild.common.fingerprint import Fingerprint
 
     ws = api.open_workspace(args.directory)

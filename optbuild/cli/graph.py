@@ -28,17 +28,14 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from optbuild.project.graph import StepGraph
-    from optbuild.project.recipe import load_project
+    from optbuild.app.graph import graph_text
 
     if args.format == "png" and args.output is None:
         raise OptbuildError("--format png needs -o FILE (an image is not printed to a terminal)")
     dot = shutil.which("dot") if args.format in ("png", "svg") else None
     if args.format in ("png", "svg") and dot is None:
         raise OptbuildError(NO_GRAPHVIZ.format(fmt=args.format))
-    graph = StepGraph(load_project(args.directory).steps)
-    selected = graph.select(args.targets)
-    text = graph.mermaid(selected) if args.format == "mermaid" else graph.dot(selected)
+    text = graph_text(args.directory, args.targets, "mermaid" if args.format == "mermaid" else "dot")
     if dot is not None:
         return _draw(dot, text, args.format, args.output)
     if args.output is not None:

@@ -20,24 +20,17 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from optbuild.app.kinds import kinds, reference
     from optbuild.common.errors import OptbuildError
-    from optbuild.project.recipe import project_kinds
-    from optbuild.steps import manual, registry
 
-    local = project_kinds(Path.cwd())
     if args.kind is None:
         if args.backend is not None:
             raise OptbuildError("--backend needs a KIND (e.g. optbuild kinds engine --backend tensorrt)")
-        rows = [(kind, backend, manual.summary(manual.step_class(name, local))
-                 + (f" [project: {Path(local[name].rpartition(':')[0]).name}]" if name in local else ""))
-                for kind in registry.known_kinds(local)
-                for name in manual.step_names(kind, local=local)
-                for backend in [name.partition("/")[2]]]
-        widths = [max(len(row[i]) for row in rows) for i in range(2)]
-        for kind, backend, text in rows:
-            print(f"{kind:<{widths[0]}}  {backend:<{widths[1]}}  {text}")
+        rows = kinds(Path.cwd())
+        widths = [max((len(row.kind) for row in rows), default=0), max((len(row.backend) for row in rows), default=0)]
+        for row in rows:
+            print(f"{row.kind:<{widths[0]}}  {row.backend:<{widths[1]}}  {row.summary}")
         print("\noptbuild kinds KIND (or KIND/BACKEND): its parameters")
         return 0
-    names = manual.step_names(args.kind, args.backend, local)
-    print("\n".join(manual.kind_reference(name, local) for name in names), end="")
+    print(reference(Path.cwd(), args.kind, args.backend), end="")
     return 0

@@ -24,7 +24,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
-    from optbuild.builder.report import make_reporter
+    from optbuild.api import make_reporter
 
     ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
     try:

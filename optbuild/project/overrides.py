@@ -11,10 +11,10 @@ overrides are recorded in optbuild.lock with its build.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
+from optbuild.common import tomlfile
 from optbuild.common.errors import Problem, ProjectError
 from optbuild.project import matrix
 
@@ -51,8 +51,8 @@ def parse_override(text: str) -> Override:
 
 def _value(raw: str) -> Any:
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        return tomlfile.loads(f"v = {raw}")["v"]
+    except tomlfile.TomlError:
         return raw
 
 

@@ -9,11 +9,11 @@ cannot place falls back to the line of its nearest enclosing table.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbuild.common import tomlfile
 from optbuild.common.errors import Problem, ProjectError
 
 _BARE = r"[A-Za-z0-9_-]+"
@@ -22,7 +22,6 @@ _DOTTED = rf"{_KEY}(?:\s*\.\s*{_KEY})*"
 _HEADER = re.compile(rf"^\s*(\[\[?)\s*({_DOTTED})\s*\]\]?")
 _ASSIGN = re.compile(rf"^\s*({_DOTTED})\s*=")
 _PART = re.compile(_KEY)
-_LINE_IN_ERROR = re.compile(r"at line (\d+)")
 
 
 def _split_key(dotted: str) -> tuple[str, ...]:
@@ -113,11 +112,9 @@ def load_toml(path: Path) -> TomlDocument:
     except (OSError, UnicodeDecodeError) as exc:
         raise ProjectError([Problem(f"cannot read: {exc}", file=path)]) from None
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = _LINE_IN_ERROR.search(str(exc))
-        line = int(match.group(1)) if match else None
-        raise ProjectError([Problem(f"invalid TOML: {exc}", file=path, line=line)]) from None
+        data = tomlfile.loads(text, path)
+    except tomlfile.TomlError as exc:
+        raise ProjectError([Problem(f"invalid TOML: {exc}", file=path, line=exc.line)]) from None
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ProjectError([Problem("invalid TOML: arrays or inline tables nested too deeply",
                                     file=path, line=_deepest_line(text))]) from None

@@ -54,16 +54,9 @@ def build_section(root: str) -> dict | None:
     """``[build]`` of the project's optbuild.toml as written there ({} when absent); None when
     the file cannot be read or parsed (the build reports why, naming file and line; its
     types are checked there too)."""
-    import tomllib
+    from optbuild.common.tomlfile import config_table
 
-    from optbuild.common.projectroot import CONFIG_NAME
-
-    try:
-        with open(os.path.join(root, CONFIG_NAME), "rb") as config:
-            build = tomllib.load(config).get("build", {})
-    except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
-        return None
-    return build if isinstance(build, dict) else {}
+    return config_table(root, "build")
 
 
 def setting(root: str, name: str, default: object) -> object:

@@ -25,7 +25,7 @@ from optbuild.cli.buildserver.session import client_context, fresh_caches
 from optbuild.common import signatures
 
 if TYPE_CHECKING:
-    from optbuild.process.pool import ServedPool
+    from optbuild.api import ServedPool
 
 REFUSED_LOG_S = 60.0  # refused connections: the first logged, then a count per this many seconds
 THREADS_GRACE_S = 2.0  # a thread a build started that still runs this long after it ends the server
@@ -175,8 +175,7 @@ class Server:
     def check_pool(self, env: dict[str, str]) -> None:
         """A fresh pool when the fork servers are stale, dead, or were started under
         another environment."""
-        from optbuild.process.pool import ServedPool
-        from optbuild.steps.base import ONNX_TOOLS
+        from optbuild.api import ONNX_TOOLS, ServedPool
 
         if self.pool is not None:
             why = self.pool.why_stale(env)
