@@ -158,6 +158,16 @@ class Step(Generic[P]):
     # Runs while one of a list of its inputs (``candidates = [...]``) succeeded: the others
     # are left out and named in ``StepContext.missing`` (select chooses among what ran).
     partial_inputs: ClassVar[bool] = False
+    # What commands that read built models (``optbuild bench``) learn of a kind, instead of
+    # spelling its name: its output is a copy of the model of the step it measured or chose
+    # (benchmark, select), so it is benched there;
+    carries_model: ClassVar[bool] = False
+    # the parameter that names the model it checks (verify's ``candidate``), whose figures
+    # bench shows beside that model;
+    checks_model: ClassVar[str | None] = None
+    # its output is an engine a runtime made of its input (labelled "-optimized" where the same
+    # runtime runs that input).
+    builds_engine: ClassVar[bool] = False
 
     def __init__(self, params: P, base_dir: Path, project_root: Path):
         self.params: P = params
@@ -238,6 +248,12 @@ class Step(Generic[P]):
 
         backend = by_suffix(Path(self.primary_output or "").suffix)
         return {"backend": backend.name} if backend is not None else None
+
+    def precision(self) -> str | None:
+        """What its model computes in when this step decides it ("fp16", "static INT8",
+        "int8"); None: as the model it came from. Default: its ``precision`` parameter."""
+        chosen = getattr(self.params, "precision", None)
+        return chosen if isinstance(chosen, str) else None
 
     # --- execution (worker process) ------------------------------------------------
     def run(self, ctx: StepContext) -> None:

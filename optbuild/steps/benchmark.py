@@ -168,6 +168,7 @@ class Benchmark(Step[BenchmarkParams]):
     Params = BenchmarkParams
     preload = ONNX_TOOLS
     exclusive = True  # timings taken beside other builds would measure those
+    carries_model = True  # its model is a copy of the one it measured
     # 2: benchmark.json records the inputs, the load and the spread; open dims at 1 refused; 3: verify's
     # worst figures over outputs' parts (a detector's scores), threads in the metrics
     version = "3"

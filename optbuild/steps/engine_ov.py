@@ -96,6 +96,7 @@ class OpenVINOEngine(fields.DataSourceStep[OpenVINOEngineParams]):
     preload = ONNX_TOOLS
     primary_output = "model.xml"
     host_fields = ()  # see the module docstring
+    builds_engine = True
     data_param, args_param = "calibration", "calibration_args"
 
     # --- what the key covers -------------------------------------------------------------

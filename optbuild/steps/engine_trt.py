@@ -78,6 +78,7 @@ class _TensorRTBase(Step[EP]):
 
     version = "1"
     primary_output = "model.engine"
+    builds_engine = True
     # The Python module and how to get it; set by the two backends below.
     runtime: ClassVar[Runtime]  # which TensorRT: module, label, pip extra, backend name
 

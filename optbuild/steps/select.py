@@ -126,6 +126,7 @@ class Select(Step[SelectParams]):
     Params = SelectParams
     primary_output = None  # the winner's main file; known once bound (see bind)
     partial_inputs = True
+    carries_model = True  # its model is a copy of the one it chose
     preload = ONNX_TOOLS
     # 2: candidates measured together; host-bound when measuring; 3: more rounds while a lead is
     # undecided, threads in the report

@@ -68,6 +68,9 @@ class OnnxSource(Step[OnnxSourceParams]):
     preload = ONNX_TOOLS
     tools = ("onnx",)
 
+    def precision(self) -> str:
+        return "source"  # as the file holds it
+
     def run(self, ctx: StepContext) -> None:
         import onnx
 

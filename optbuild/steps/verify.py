@@ -158,6 +158,7 @@ class Verify(DataSourceStep[VerifyParams]):
     # figures of the parts checked in the metrics
     version = "6"
     primary_output = "report.json"
+    checks_model = "candidate"
 
     # What runs the reference and the candidate, as their steps say (see bind): the backend
     # and the manifest it is judged by. Not bound: onnxruntime, as for any ONNX model.

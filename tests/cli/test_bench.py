@@ -183,3 +183,19 @@ def test_bench_imports_nothing_heavy_until_it_measures(examples):
     proc = subprocess.run([sys.executable, "-c", code], cwd=examples.root, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 2 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_bench_asks_a_kind_what_it_is_instead_of_spelling_its_name():
+    """A project's own kind that carries a model, checks one, builds an engine or decides its
+    precision is benched as a built-in one is: bench reads the kind's traits (Step.carries_model,
+    checks_model, builds_engine, precision, and an export's load_module), never a kind's name."""
+    import ast
+
+    from optbuild.steps.registry import BUILTIN
+
+    names = set(BUILTIN) | {name.split("/")[0] for name in BUILTIN}
+    compared = [(path.name, node.lineno, constant.value)  # kind == "export", kind in ("benchmark", ...)
+                for path in sorted((REPO / "optbuild" / "app" / "bench").glob("*.py"))
+                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Compare)
+                for constant in ast.walk(node) if isinstance(constant, ast.Constant) and constant.value in names]
+    assert compared == []

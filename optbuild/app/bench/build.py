@@ -58,19 +58,18 @@ def build_models(ws: Workspace, models: list[str], verifies: list[str], options:
 
 
 def artifact_path(ws: Workspace, sid: str, outcome: Any) -> Path:
-    spec = ws.project.steps[sid]
+    folder = ws.project.step_dir(sid)
     primary = outcome.entry.primary if outcome.entry is not None else None
-    path = ws.project.build_dir / spec.recipe / spec.name / primary if primary else None
+    path = folder / primary if primary else None
     if path is None or not path.is_file():
-        raise BenchError(f"{sid} has no model file in {ws.project.build_dir / spec.recipe / spec.name}")
+        raise BenchError(f"{sid} has no model file in {folder}")
     return path
 
 
 def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | None:
     """The figures of a verify step's report.json: worst over outputs and the parts of outputs
     its thresholds judge (optbuild.model.thresholds.worst), and per output."""
-    spec = ws.project.steps[sid]
-    path = ws.project.build_dir / spec.recipe / spec.name / (outcome.entry.primary or "report.json")
+    path = ws.project.step_dir(sid) / (outcome.entry.primary or "report.json")
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -82,7 +81,7 @@ def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | No
         return None if found is None else found[0]
 
     return {
-        "step": sid, "reference": spec.deps.get("reference"),  # the report names files, not steps
+        "step": sid, "reference": ws.project.steps[sid].deps.get("reference"),  # the report names files, not steps
         "cosine": worst("cosine"), "max_abs": worst("max_abs"), "top1": worst("top1"),
         "passed": report.get("passed"), "samples": (report.get("data") or {}).get("samples"),
         "data": (report.get("data") or {}).get("source"),

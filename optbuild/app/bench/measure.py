@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from optbuild.app.bench.build import artifact_path, build_models, verify_figures
 from optbuild.app.bench.results import BENCH_FILE, BenchError, BenchOptions, RecipeBench, Row, ms
 from optbuild.app.bench.runners import (
+    LoadsModule,
     Runner,
     model_runner,
     set_torch_threads,
@@ -162,7 +163,7 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
     figures = {v: f for v in dict.fromkeys(verifies)
                if outcomes.get(v) is not None and outcomes[v].status.ok
                and (f := verify_figures(ws, v, outcomes[v])) is not None}
-    torch_version = _torch_version() if any(ws.project.steps[s].kind == "export" for s in models) else None
+    torch_version = _torch_version() if any(isinstance(ws.project.steps[s].step, LoadsModule) for s in models) else None
     results = []
     for recipe, sids in chosen.items():
         notes = list(skipped.get(recipe, []))
@@ -170,14 +171,14 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
         notes += [build_notes[v] for v in dict.fromkeys(recipe_verifies) if v in build_notes]
         int_range = verified_int_range(ws, recipe_verifies)
         runners: list[Runner] = []
-        eager = [sid for sid in sids if ws.project.steps[sid].kind == "export" and torch_version is not None]
+        eager = [sid for sid in sids if isinstance(ws.project.steps[sid].step, LoadsModule) and torch_version is not None]
         devices = ["cpu", *(["cuda"] if eager and _cuda_available() else [])]
         say(f"bench {recipe}: {len(sids) + len(eager) * len(devices)} models, {options.warmup} warm-up + "
             f"{options.runs} timed runs each, batch {options.batch}, threads {options.threads or 'default'}")
         with ExitStack() as stack:
             for sid in sids:
                 path = artifact_path(ws, sid, outcomes[sid])
-                if ws.project.steps[sid].kind == "export":
+                if isinstance(ws.project.steps[sid].step, LoadsModule):
                     if torch_version is None:
                         notes.append(f"{sid}: no PyTorch eager baseline: torch is not installed "
                                      "(pip install 'optbuild[torch]')")

@@ -128,7 +128,7 @@ def model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, int
 
 
 @runtime_checkable
-class _LoadsModule(Protocol):
+class LoadsModule(Protocol):
     """A step that builds its PyTorch module as it exports it (``steps.export.Export``)."""
 
     def load_module(self, ctx: Any) -> AbstractContextManager[tuple[Any, tuple]]: ...
@@ -148,12 +148,12 @@ def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpti
 
     spec = ws.project.steps[sid]
     step = spec.step
-    if not isinstance(step, _LoadsModule):
+    if not isinstance(step, LoadsModule):
         raise BenchError(f"{sid} is a {spec.kind} step, not an export: it has no PyTorch module to run")
     upstream = {}  # what its worker saw: the outputs of the steps it names (weights_from)
     for field_name, dep in spec.deps.items():
-        dep_spec, outcome = ws.project.steps[dep], outcomes.get(dep)
-        folder = ws.project.build_dir / dep_spec.recipe / dep_spec.name
+        outcome = outcomes.get(dep)
+        folder = ws.project.step_dir(dep)
         primary = outcome.entry.primary if outcome is not None and outcome.entry is not None else None
         files = {p.name: p for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
         upstream[field_name] = Artifact(dep, folder, files, folder / primary if primary else None)

@@ -23,13 +23,9 @@ def runs_on(spec: StepSpec) -> tuple[Backend, Manifest] | None:
     return registry.for_step(spec.step)
 
 
-# Kinds whose model is a copy of another step's (benched there): benchmark, select.
-CARRIERS = ("benchmark", "select")
-
-
 def not_benched(spec: StepSpec, host: Fingerprint) -> str | None:
     """Why bench cannot run the step's output on this host; None when it can."""
-    if spec.kind in CARRIERS:
+    if spec.step.carries_model:
         return "carries the model of the step it measured or chose"
     on = runs_on(spec)
     if on is None:
@@ -88,31 +84,28 @@ def select(ws: Workspace, targets: list[str]) -> tuple[dict[str, list[str]], dic
 
 
 def verify_steps(ws: Workspace, models: list[str]) -> dict[str, list[str]]:
-    """model step -> the verify steps whose candidate it is."""
+    """model step -> the steps that check it (verify: ``Step.checks_model``)."""
     found: dict[str, list[str]] = {}
     for sid in ws.graph.order:
         spec = ws.project.steps[sid]
-        if spec.kind == "verify" and (candidate := spec.deps.get("candidate")) in models:
-            found.setdefault(candidate, []).append(sid)
+        field = spec.step.checks_model
+        if field is not None and (checked := spec.deps.get(field)) in models:
+            found.setdefault(checked, []).append(sid)
     return found
 
 
 # --- labels ----------------------------------------------------------------------------------
 def precision(ws: Workspace, sid: str, _seen: frozenset[str] = frozenset()) -> str:
-    """What a model computes in: a quantize step's mode or an engine's precision, else that of
-    the model it came from."""
+    """What a model computes in, as its step decides it (``Step.precision``: a quantize step's
+    mode, an engine's precision), else as the model it came from."""
     spec = ws.project.steps[sid]
-    params = spec.step.params
-    mode = getattr(params, "mode", None) if spec.kind == "quantize" else None
-    if mode in ("static", "dynamic"):
-        return f"{mode} INT8"
-    chosen = mode or getattr(params, "precision", None)
-    if isinstance(chosen, str) and chosen != "fp32":
+    chosen = spec.step.precision()
+    if chosen is not None and chosen != "fp32":
         return chosen.upper() if chosen.startswith("int") else chosen
     source = spec.deps.get("input")
     if source is not None and source not in _seen and source in ws.project.steps:
         return precision(ws, source, _seen | {sid})
-    return "source" if spec.kind == "onnx" else "fp32"
+    return "fp32"
 
 
 def label(ws: Workspace, sid: str, backend: Backend) -> str:
@@ -121,7 +114,7 @@ def label(ws: Workspace, sid: str, backend: Backend) -> str:
     told apart from that model as "ORT-optimized"."""
     spec = ws.project.steps[sid]
     source = ws.project.steps.get(spec.deps.get("input", ""))
-    same = spec.kind.startswith("engine/") and source is not None and (on := runs_on(source)) is not None \
+    same = spec.step.builds_engine and source is not None and (on := runs_on(source)) is not None \
         and on[0].name == backend.name
     return f"{backend.short}{'-optimized' if same else ''} {precision(ws, sid)}"
 
