@@ -23,13 +23,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from optbuild.backends.onnxruntime import providers
 from optbuild.common.errors import StepError
 from optbuild.common.paths import name_problem
 from optbuild.common.recipetable import StepRef
 from optbuild.steps.base import ONNX_TOOLS, Artifact, Step, StepContext, StepParams, link_files
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-_GPU_PROVIDERS = ("CUDAExecutionProvider", "ROCMExecutionProvider")
 # The model file in an upstream artifact without a primary output (a select step whose
 # candidates give different ones), in the order looked for.
 _MODEL_FILES = ("model.engine", "model.xml", "model.onnx")
@@ -65,7 +65,8 @@ class DeployParams(StepParams):
     """Let Triton gather requests into batches (when the model batches)."""
     device: Literal["auto", "gpu", "cpu"] = Field("auto", examples=["gpu"])
     """Where the instances run: KIND_GPU or KIND_CPU. 'auto': GPU for a TensorRT engine and an
-    onnxruntime engine step whose provider is CUDA or ROCm, CPU otherwise."""
+    onnxruntime model whose provider runs on a GPU (CUDA, ROCm, TensorRT...: its engine step's
+    or, after a select, its engine.json's), CPU otherwise."""
     instances: int = Field(1, ge=1, examples=[2])
     """Model instances per device (instance_group count)."""
     accelerator: Literal["tensorrt", "openvino", "cuda"] | None = Field(None, examples=["tensorrt"])
@@ -178,7 +179,7 @@ class Deploy(Step[DeployParams]):
         runtime, signature, files = self._read(ctx, artifact, model)
         provider = self._provider or _manifest(artifact).get("provider")  # a select's choice says it
         gpu = (p.device == "gpu" or p.accelerator in ("tensorrt", "cuda")
-               or (p.device == "auto" and (runtime == "tensorrt" or provider in _GPU_PROVIDERS)))
+               or (p.device == "auto" and (runtime == "tensorrt" or _on_gpu(provider))))
         if runtime == "tensorrt" and not gpu:
             raise StepError("a TensorRT engine runs on a GPU only: device must be 'gpu' or 'auto'")
         if p.accelerator in ("tensorrt", "openvino") and runtime != "onnxruntime":
@@ -273,3 +274,9 @@ def _external_data(model: Path) -> dict[str, Path]:
         if Path(name).name != name or not (model.parent / name).is_file():
             raise StepError(f"{model.name} keeps weights in {name!r}, which is not a file beside it")
     return {name: model.parent / name for name in sorted(files)}
+
+
+def _on_gpu(provider: Any) -> bool:
+    """Whether onnxruntime runs a model on a GPU there (``providers.Provider.gpu``): Triton
+    places its instances on the GPU then."""
+    return isinstance(provider, str) and providers.get(provider).gpu

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from optbuild.backends.manifest import write_manifest
-from optbuild.backends.onnxruntime import BACKEND
+from optbuild.backends.onnxruntime import BACKEND, providers
 from optbuild.backends.onnxruntime.loader import session
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
@@ -52,14 +52,11 @@ from optbuild.steps.rewrite_check import Atol, atol_field
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
-# Providers whose optimized graph onnxruntime can save (providers that compile subgraphs
-# into their own nodes, e.g. TensorRT or OpenVINO, cannot serialize the result).
-PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider",
-             "DmlExecutionProvider")
-_COMPILING = ("TensorrtExecutionProvider", "OpenVINOExecutionProvider", "CoreMLExecutionProvider",
-              "QNNExecutionProvider", "NnapiExecutionProvider", "MIGraphXExecutionProvider",
-              "VitisAIExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider",
-              "NvTensorRTRTXExecutionProvider")
+
+def _saving() -> list[str]:
+    """The providers onnxruntime saves the graph it optimized for (``Provider.saves_graph``):
+    those that compile subgraphs into their own nodes (TensorRT, OpenVINO) cannot serialize it."""
+    return [name for name, p in providers.PROVIDERS.items() if p.saves_graph]
 
 
 class OrtEngineParams(StepParams):
@@ -77,8 +74,8 @@ class OrtEngineParams(StepParams):
     """'onnx' writes model.onnx; 'ort' writes model.ort, the ORT format that minimal onnxruntime
     builds load."""
     provider: str = Field(
-        "CPUExecutionProvider",
-        description="The execution provider to optimize for: " + ", ".join(PROVIDERS) + ". "
+        providers.CPU,
+        description="The execution provider to optimize for: " + ", ".join(_saving()) + ". "
                     "Others must be present in this host's onnxruntime (CUDA and ROCm also need a "
                     "GPU); providers that compile the graph (TensorRT, OpenVINO...) are rejected.",
         examples=["CUDAExecutionProvider"])
@@ -91,20 +88,21 @@ class OrtEngineParams(StepParams):
     @field_validator("provider")
     @classmethod
     def _known_provider(cls, value: str) -> str:
-        if value in PROVIDERS:
+        known, saving = providers.PROVIDERS, ", ".join(_saving())
+        if value in known and known[value].saves_graph:
             return value
-        if value in _COMPILING:
+        if value in known:
             raise ValueError(f"{value} compiles the graph into nodes onnxruntime cannot save; offline "
-                             f"optimization works with {', '.join(PROVIDERS)}"
+                             f"optimization works with {saving}"
                              + (" (for TensorRT use kind 'engine' with backend 'tensorrt')"
-                                if "Tensorrt" in value or "TensorRT" in value else ""))
+                                if "tensorrt" in value.lower() else ""))
         import difflib
 
-        by_case = {name.lower(): name for name in PROVIDERS + _COMPILING}
+        by_case = {name.lower(): name for name in known}
         hint = ([by_case[value.lower()]] if value.lower() in by_case
-                else difflib.get_close_matches(value, PROVIDERS + _COMPILING, n=1))
+                else difflib.get_close_matches(value, list(known), n=1))
         suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ValueError(f"unknown execution provider {value!r}{suggestion} (one of: {', '.join(PROVIDERS)})")
+        raise ValueError(f"unknown execution provider {value!r}{suggestion} (one of: {saving})")
 
 
 class OrtEngine(Step[OrtEngineParams]):
@@ -144,6 +142,7 @@ class OrtEngine(Step[OrtEngineParams]):
 
     Params = OrtEngineParams
     preload = ONNX_TOOLS
+    builds_engine = True
     version = "2"  # 2: engine.json names the provider the model runs on
 
     def __init__(self, params: OrtEngineParams, base_dir: Path, project_root: Path):
@@ -181,7 +180,7 @@ class OrtEngine(Step[OrtEngineParams]):
         optimized = self._load(ctx, out)
         manifest = {**self.runs_on(), "level": p.level, "format": p.format}
         write_manifest(ctx.out_dir, manifest)
-        if p.provider == "CPUExecutionProvider" and p.check:
+        if p.provider == providers.CPU and p.check:
             self._check(ctx, source, optimized)
         elif not p.check:
             ctx.log("numeric check disabled (check = 0); the result loads in onnxruntime")

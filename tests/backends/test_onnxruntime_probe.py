@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from optbuild.backends.onnxruntime.probe import cuda_provider_loads, loads, tensorrt_provider_loads
+from optbuild.backends.onnxruntime.providers import cuda_provider_loads, loads, tensorrt_provider_loads
 from optbuild.common.fingerprint import Fingerprint
 
 

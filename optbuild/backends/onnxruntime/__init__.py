@@ -17,18 +17,13 @@ from functools import cache
 from pathlib import Path
 
 from optbuild.backends.base import Backend, Manifest, Runner, module_missing
-from optbuild.backends.onnxruntime.loader import CPU, LEVELS, NVIDIA, SESSION_LEVELS
+from optbuild.backends.onnxruntime import providers
+from optbuild.backends.onnxruntime.loader import LEVELS, SESSION_LEVELS
+from optbuild.backends.onnxruntime.providers import CPU
 
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
 
-# What an NVIDIA provider needs beside a GPU, in words (others: the onnxruntime build with them)
-PROVIDER_NEEDS = {
-    "CUDAExecutionProvider": "onnxruntime-gpu in place of onnxruntime, with the CUDA and cuDNN libraries "
-                             "it loads (pip install onnxruntime-gpu)",
-    "TensorrtExecutionProvider": "onnxruntime-gpu in place of onnxruntime, with TensorRT's libraries "
-                                 "(pip install onnxruntime-gpu tensorrt)",
-}
 GPU_FIELDS = ("gpu.0.name", "gpu.0.compute_capability")  # the kernels that ran on the GPU
 CPU_FIELDS = ("cpu.arch", "cpu.flags")  # quantized kernels differ between CPUs (VNNI or not)
 
@@ -65,7 +60,7 @@ class OnnxRuntime(Backend):
         return (distribution(), "numpy")
 
     def host_fields(self, manifest: Manifest) -> tuple[str, ...]:
-        return GPU_FIELDS if provider(manifest) in NVIDIA else CPU_FIELDS
+        return GPU_FIELDS if providers.nvidia(provider(manifest)) else CPU_FIELDS
 
     def unavailable(self, host: Fingerprint, manifest: Manifest) -> str | None:
         if (missing := module_missing("onnxruntime", "onnxruntime", self.extra)) is not None:
@@ -73,7 +68,7 @@ class OnnxRuntime(Backend):
         wanted = provider(manifest)
         if wanted == CPU:
             return None
-        if wanted not in NVIDIA:
+        if not providers.nvidia(wanted):
             listed = wanted in _listed(host)
             return None if listed else f"needs the onnxruntime build with the {wanted}"
         gpu = bool(host.get("gpu.count"))
@@ -86,7 +81,7 @@ class OnnxRuntime(Backend):
         # onnxruntime-gpu lists its NVIDIA providers only where a GPU is: without one, it is
         # the GPU alone that is missing
         if not listed and (gpu or host.get("onnxruntime.distribution") != "onnxruntime-gpu"):
-            needs.append(PROVIDER_NEEDS[wanted])
+            needs.append(providers.get(wanted).needs or f"the onnxruntime build with the {wanted}")
         return f"needs {' and '.join(needs)} for the {wanted}" if needs else None
 
     def open(self, model: Path, manifest: Manifest, host: Fingerprint, *, threads: int | None = None,
@@ -94,7 +89,7 @@ class OnnxRuntime(Backend):
         from optbuild.backends.onnxruntime.runner import OrtRunner
 
         wanted = provider(manifest)
-        device = f"gpu.0 ({host.get('gpu.0.name')})" if wanted in NVIDIA else ""
+        device = f"gpu.0 ({host.get('gpu.0.name')})" if providers.nvidia(wanted) else ""
         return OrtRunner(model, provider=wanted, device=device, threads=threads,
                          level="disable" if literal else None)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from optbuild.backends.base import TensorSpec
+from optbuild.backends.onnxruntime.providers import CPU, session_list
 
 Level = Literal["disable", "basic", "extended", "all"]
 # onnxruntime's graph optimization levels, highest first, and the GraphOptimizationLevel each
@@ -18,11 +19,7 @@ LEVELS: tuple[Level, ...] = ("all", "extended", "basic", "disable")
 SESSION_LEVELS: dict[str, str] = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED",
                                   "basic": "ORT_ENABLE_BASIC", "disable": "ORT_DISABLE_ALL"}
 
-CPU = "CPUExecutionProvider"
-# Providers that run on an NVIDIA GPU (gpu.0): their sessions take inputs and give outputs
-# on that device through an IOBinding ("cuda" in onnxruntime's device names).
-NVIDIA = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-DEVICE_ID = 0
+DEVICE_ID = 0  # gpu.0: where a provider that runs on an NVIDIA GPU (providers.Provider.nvidia) runs
 
 _ORT_TYPES = {
     "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -35,14 +32,9 @@ _ORT_TYPES = {
 
 def providers_for(provider: str) -> list[Any]:
     """The providers list a session on ``provider`` is made with: it first, then what
-    onnxruntime assigns the nodes it has no kernel for (TensorRT hands its leftovers to CUDA;
-    every provider, to the CPU). NVIDIA providers on gpu.0."""
-    if provider == CPU:
-        return [CPU]
-    on_gpu = {"device_id": DEVICE_ID}
-    if provider == "TensorrtExecutionProvider":
-        return [(provider, on_gpu), ("CUDAExecutionProvider", on_gpu), CPU]
-    return [(provider, on_gpu) if provider in NVIDIA else provider, CPU]
+    onnxruntime assigns the nodes it has no kernel for (``Provider.then``: TensorRT hands its
+    leftovers to CUDA; every provider, to the CPU). NVIDIA providers on gpu.0."""
+    return session_list(provider, DEVICE_ID)
 
 
 def session(path: Path | bytes, level: Level | None = None, threads: int = 0, provider: str = CPU, *,

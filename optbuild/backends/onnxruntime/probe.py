@@ -9,51 +9,14 @@ onnxruntime (~230 ms): ``optbuild fingerprint`` and steps that need a provider r
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.backends.base import Sections, distribution_section
+from optbuild.backends.onnxruntime import providers
 
 if TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
-
-
-def loads(*names: str | Path) -> bool:
-    """Whether one of these shared libraries loads (with the libraries it links)."""
-    import ctypes
-
-    for name in names:
-        try:
-            ctypes.CDLL(str(name))
-            return True
-        except OSError:
-            continue
-    return False
-
-
-def cuda_provider_loads(capi: Path) -> bool:
-    """onnxruntime's CUDA provider library (in ``capi``) loads: it links libcudart, libcublas
-    and cuDNN, so it loads only where they do."""
-    return loads(capi / "libonnxruntime_providers_cuda.so", capi / "onnxruntime_providers_cuda.dll")
-
-
-def tensorrt_provider_loads(capi: Path) -> bool:
-    """onnxruntime has the TensorRT provider library (in ``capi``), and TensorRT's library,
-    which that links, loads, or the tensorrt package that brings it is importable."""
-    if not any((capi / name).is_file() for name in ("libonnxruntime_providers_tensorrt.so",
-                                                     "onnxruntime_providers_tensorrt.dll")):
-        return False
-    return (importlib.util.find_spec("tensorrt") is not None
-            or loads("libnvinfer.so.10", "libnvinfer.so.11", "libnvinfer.so.8", "libnvinfer.so", "nvinfer_10.dll"))
-
-
-# providers onnxruntime-gpu lists that need a GPU, and whether the rest they need loads
-NEEDS_GPU: dict[str, Callable[[Path], bool]] = {
-    "CUDAExecutionProvider": cuda_provider_loads,
-    "TensorrtExecutionProvider": tensorrt_provider_loads,
-}
 
 
 def probe_providers(host: Fingerprint) -> dict[str, Any]:
@@ -65,8 +28,18 @@ def probe_providers(host: Fingerprint) -> dict[str, Any]:
     capi = Path(onnxruntime.__file__).parent / "capi"
     gpu = bool(host.get("gpu.count"))
     usable = [name for name in onnxruntime.get_available_providers()
-              if name not in NEEDS_GPU or (gpu and NEEDS_GPU[name](capi))]
+              if not _needs_gpu(name) or (gpu and _loads(name, capi))]
     return {"ort_providers.available": ",".join(usable)}
+
+
+def _needs_gpu(name: str) -> bool:
+    """onnxruntime-gpu lists its NVIDIA providers wherever it is installed: they count only with a GPU."""
+    return providers.get(name).nvidia
+
+
+def _loads(name: str, capi: Path) -> bool:
+    check = providers.get(name).loads
+    return check is None or check(capi)
 
 
 SECTIONS: Sections = {

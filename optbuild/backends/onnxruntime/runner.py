@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbuild.backends.base import Runner, TensorSpec
+from optbuild.backends.onnxruntime import providers
 from optbuild.backends.onnxruntime.loader import (
-    CPU,
     DEVICE_ID,
-    NVIDIA,
     Level,
     input_specs,
     output_specs,
@@ -36,7 +35,7 @@ class OrtRunner(Runner):
     ``level`` (None: onnxruntime's default, "all"), which may be set until it is entered: verify,
     benchmark and select open a model at a lower level where it crashed at a higher one."""
 
-    def __init__(self, model: Path, *, provider: str = CPU, device: str = "", threads: int | None = None,
+    def __init__(self, model: Path, *, provider: str = providers.CPU, device: str = "", threads: int | None = None,
                  level: Level | None = None):
         self.model, self.provider, self.device = Path(model), provider, device
         self.threads, self.level = threads, level
@@ -45,7 +44,7 @@ class OrtRunner(Runner):
 
     @property
     def on_gpu(self) -> bool:
-        return self.provider in NVIDIA
+        return providers.nvidia(self.provider)
 
     def _open(self) -> None:
         import onnxruntime
