@@ -43,30 +43,27 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from optbuild.common import usermodule
 from optbuild.common.callables import Call
 from optbuild.common.errors import StepError, first_line, root_cause
 from optbuild.common.pyimports import local_imports
-from optbuild.model.compare import compare_outputs
 from optbuild.steps.base import TORCH_TOOLS, Step, StepContext
+from optbuild.steps.export_check import check_export, input_axes
 from optbuild.steps.export_params import DYNAMO_MIN_OPSET, TORCHSCRIPT_MAX_OPSET, ExportParams
 from optbuild.steps.export_torch import (
     UNSUPPORTED,
     described,
     mha_fastpath_off,
-    output_tensors,
     shape_text,
     shortened,
     strip_stack_traces,
     where_in,
 )
 
-if TYPE_CHECKING:
-    from optbuild.backends.base import Runner
 
 class Export(Step[ExportParams]):
     """A PyTorch module to ONNX (TorchScript or dynamo exporter), checked against PyTorch."""
@@ -126,7 +123,7 @@ class Export(Step[ExportParams]):
                 ctx.metrics["export_s"] = round(time.perf_counter() - started, 3)
                 self._finish(ctx, out)
                 ctx.progress("checking the export on onnxruntime against PyTorch")
-                self._verify(ctx, out, module, inputs, expected)
+                check_export(ctx, self.params, out, module, inputs, expected)
 
     @contextmanager
     def load_module(self, ctx: StepContext) -> Iterator[tuple[Any, tuple]]:
@@ -213,13 +210,8 @@ class Export(Step[ExportParams]):
                             f"{shortened(' '.join(str(exc).split()))}") from None
         ctx.log(f"loaded {len(state)} tensors from {path.name}")
 
-    def _input_axes(self, count: int) -> list[dict[int, str] | None]:
-        """Per example input (by position): its dynamic axes, if named and given any."""
-        names = self.params.input_names
-        return [self.params.dynamic_axes.get(names[i]) if i < len(names) else None for i in range(count)]
-
     def _check_axes(self, inputs: tuple) -> None:
-        for tensor, name, axes in zip(inputs, self.params.input_names, self._input_axes(len(inputs))):
+        for tensor, name, axes in zip(inputs, self.params.input_names, input_axes(self.params, len(inputs))):
             for axis in axes or {}:
                 if axis >= tensor.dim():
                     raise StepError(f"dynamic_axes: input {name!r} has {tensor.dim()} dimensions, "
@@ -240,7 +232,7 @@ class Export(Step[ExportParams]):
                         torch.onnx.export(module, inputs, str(out), dynamo=False, dynamic_axes=axes or None,
                                           do_constant_folding=True, **common)
                 else:
-                    shapes = self._input_axes(len(inputs))
+                    shapes = input_axes(self.params, len(inputs))
                     torch.onnx.export(module, inputs, str(out), dynamo=True, external_data=False,
                                       verbose=False, optimize=True,
                                       dynamic_shapes=tuple(shapes) if any(shapes) else None, **common)
@@ -337,106 +329,3 @@ class Export(Step[ExportParams]):
                     dims[axis].dim_param = symbol
                     changed = True
         return changed
-
-    def _verify(self, ctx: StepContext, out: Path, module: Any, inputs: tuple, expected: Any) -> None:
-        """The export on the backend that runs ONNX models (onnxruntime) vs PyTorch on the
-        example inputs, then with every dynamic axis grown."""
-        from optbuild.steps.rewrite_check import entered_onnx
-
-        with ExitStack() as stack:
-            runner = entered_onnx(stack, out, ctx.host, f"the export of {self.params.model}", literal=False)
-            self._compare(ctx, runner, module, inputs, expected)
-
-    def _compare(self, ctx: StepContext, runner: Runner, module: Any, inputs: tuple, expected: Any) -> None:
-        from optbuild.steps.rewrite_check import infer_outputs
-
-        p = self.params
-        names = runner.output_names()
-        reference = [t.detach().cpu().numpy() for t in output_tensors(expected)]
-        try:
-            outputs = infer_outputs(runner, self._feeds(runner, inputs), names)
-        except StepError:
-            raise
-        except Exception as exc:
-            raise StepError(f"{runner.label} fails to run the export of {p.model}: {first_line(exc)}") from None
-        result = compare_outputs(names, reference, outputs)
-        ctx.metrics.update(max_abs_error=result.max_abs, max_rel_error=result.max_rel)
-        ctx.log(f"{runner.label} vs PyTorch: max abs error {result.max_abs:.3g}, relative {result.max_rel:.3g}")
-        if result.problem or not result.max_rel <= p.tolerance:
-            raise StepError(f"the export of {p.model} disagrees with PyTorch on the example inputs: "
-                            f"{result.describe(p.tolerance)}")
-        grown, sizes = self._grown(inputs)
-        if grown is None:
-            return
-        try:
-            expected = module(*grown)
-        except Exception as exc:
-            ctx.log(f"dynamic axes not re-checked: PyTorch itself fails at {sizes}: {first_line(exc)}")
-            return
-        reference = [t.detach().cpu().numpy() for t in output_tensors(expected)]
-        hint = self._dynamic_hint(inputs)
-        try:
-            outputs = infer_outputs(runner, self._feeds(runner, grown), names)
-        except StepError:
-            raise
-        except Exception as exc:
-            raise StepError(f"the export of {p.model} does not run with dynamic axes at {sizes}: "
-                            f"{first_line(exc)}{hint}") from None
-        result = compare_outputs(names, reference, outputs)
-        ctx.metrics.update(dynamic_check=sizes, dynamic_max_rel_error=result.max_rel)
-        if result.problem or not result.max_rel <= p.tolerance:
-            raise StepError(f"the export of {p.model} does not follow its dynamic axes: at {sizes}, "
-                            f"{result.describe(p.tolerance)}{hint}")
-
-    def _dynamic_hint(self, inputs: tuple) -> str:
-        """Why an export may not follow its dynamic axes, by exporter."""
-        if self.params.exporter == "torchscript":
-            return ("; the trace baked a size into the graph (a Python int taken from a tensor "
-                    "shape?): compute it with tensor ops, or use exporter = 'dynamo'")
-        ones = [f"{name}[{axis}]" for tensor, name, axes
-                in zip(inputs, self.params.input_names, self._input_axes(len(inputs)))
-                for axis in sorted(axes or {}) if tensor.shape[axis] == 1]
-        if not ones:
-            return ""
-        return (f"; torch.export takes a dynamic axis of size 1 in the example for the constant 1 "
-                f"({', '.join(ones)} is 1): return example inputs of size 2 or more on every dynamic "
-                "axis (e.g. a batch of 2)")
-
-    def _feeds(self, runner: Runner, inputs: tuple) -> dict[str, Any]:
-        graph_inputs = [spec.name for spec in runner.input_specs()]
-        arrays = [t.detach().cpu().numpy() for t in inputs]
-        if len(graph_inputs) == len(arrays):
-            return dict(zip(graph_inputs, arrays))
-        named = dict(zip(self.params.input_names, arrays))
-        if set(graph_inputs) <= set(named):  # the exporter dropped unused inputs
-            return {name: named[name] for name in graph_inputs}
-        raise StepError(f"the export of {self.params.model} has {len(graph_inputs)} inputs "
-                        f"{graph_inputs} for {len(arrays)} example inputs; name them all in input_names")
-
-    def _grown(self, inputs: tuple) -> tuple[tuple | None, str]:
-        """The example inputs with every dynamic axis at another size (``_other_size``), its
-        slices repeated in turn."""
-        import torch
-
-        grown, sizes = list(inputs), []
-        for i, (name, axes) in enumerate(zip(self.params.input_names, self._input_axes(len(inputs)))):
-            for axis in sorted(axes or {}):
-                tensor = grown[i]
-                if tensor.shape[axis] == 0:
-                    continue
-                size = self._other_size(name, axis, tensor.shape[axis])
-                grown[i] = tensor.index_select(axis, torch.arange(size) % tensor.shape[axis])
-                sizes.append(f"{name}[{axis}] = {size}")
-        return (tuple(grown), ", ".join(sizes)) if sizes else (None, "")
-
-    def _other_size(self, name: str, axis: int, current: int) -> int:
-        """A size of ``name``'s dynamic ``axis`` other than the example's: the declared max,
-        else the declared min, else one larger (a guess the model may not take)."""
-        decl = (self.params.inputs or {}).get(name)
-        if decl is not None and decl.shape is not None and axis < len(decl.shape):
-            dim = decl.shape[axis]
-            declared = dim if isinstance(dim, list) else [dim]
-            for size in (declared[-1], declared[0]):
-                if size > 0 and size != current:
-                    return size
-        return current + 1

@@ -65,7 +65,6 @@ it, and is the default there for int8 weights (the host's VNNI then enters the k
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -78,10 +77,10 @@ from optbuild.model.onnxgraph import (
     constants_to_initializers,
     default_opset,
     sort_topologically,
-    subgraphs,
 )
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext
-from optbuild.steps.quantize_fp16 import fp16_hint, to_float16
+from optbuild.steps.quantize_check import check_result, subgraphs_quantized, unchanged
+from optbuild.steps.quantize_fp16 import to_float16
 from optbuild.steps.quantize_int8 import (
     infinite_fill_nodes,
     integer_op,
@@ -110,6 +109,10 @@ class Quantize(Step[QuantizeParams]):
     version = "4"
     Params = QuantizeParams
     preload = ONNX_TOOLS
+
+    def precision(self) -> str:
+        mode = self.params.mode
+        return f"{mode} INT8" if mode in ("static", "dynamic") else mode
 
     def __init__(self, params: QuantizeParams, base_dir: Path, project_root: Path):
         super().__init__(params, base_dir, project_root)
@@ -158,7 +161,7 @@ class Quantize(Step[QuantizeParams]):
             quantize, suspects = self._int8(ctx, source, before, out)
             quantize(p.nodes_to_exclude)
             if p.exclude_until is not None:
-                self._check(ctx, source, out, label)  # a model that cannot run is named before the search
+                check_result(ctx, self.params, source, out, label)  # a model that cannot run is named before the search
                 errors, search = exclude_until(ctx, p.exclude_until, p.nodes_to_exclude, source, before, out,
                                                quantize, self._samples(ctx, source), suspects)
         ops = [n.op_type for n in all_nodes(onnx.load(str(out), load_external_data=False).graph)]
@@ -173,8 +176,8 @@ class Quantize(Step[QuantizeParams]):
                 f"{source.stat().st_size} -> {out.stat().st_size} bytes")
         quantized = sum(map(quantized_op, ops)) > sum(map(quantized_op, ops_before))
         if p.mode != "fp16" and not quantized and not p.allow_unchanged:
-            raise StepError(self._unchanged(before, label))
-        self._check(ctx, source, out, label)
+            raise StepError(unchanged(self.params, before, label))
+        check_result(ctx, self.params, source, out, label)
         if p.report or search is not None:
             self._report(ctx, source, out, errors, search)
 
@@ -227,7 +230,7 @@ class Quantize(Step[QuantizeParams]):
         extra = dict(p.extra_options)
         if p.symmetric_weights is not None:
             extra["WeightSymmetric"] = p.symmetric_weights
-        nested = self._subgraphs_quantized(model)
+        nested = subgraphs_quantized(self.params, model)
         if nested and "EnableSubgraph" not in extra:
             extra["EnableSubgraph"] = True
             ctx.log("the model has If/Loop/Scan subgraphs: quantizing inside them too (EnableSubgraph)")
@@ -293,13 +296,6 @@ class Quantize(Step[QuantizeParams]):
                                     f"{ctx.inputs['calibration'].step}: {type(exc).__name__}: {exc}"
                                     f"{quantizer_hint(exc, model)}") from exc
         return static, suspects
-
-    def _subgraphs_quantized(self, model: Any) -> bool:
-        """onnxruntime quantizes If/Loop/Scan subgraphs in dynamic mode only (its docs, and
-        QDQQuantizer ignores EnableSubgraph); on unless extra_options turns it off."""
-        p = self.params
-        return (p.mode == "dynamic" and p.extra_options.get("EnableSubgraph", True)
-                and any(subgraphs(n) for n in model.graph.node))
 
     def _reduce_range(self, ctx: StepContext) -> bool:
         """reduce_range, or its host-dependent default (see the parameter's description)."""
@@ -370,89 +366,6 @@ class Quantize(Step[QuantizeParams]):
                   "percentile": CalibrationMethod.Percentile}[table["method"]]
         return method, {t: tensors[t] for t in known}
 
-    def _unchanged(self, model: Any, label: str) -> str:
-        """Why onnxruntime likely quantized nothing, and how to accept that."""
-        from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
-
-        p = self.params
-        handled = set(IntegerOpsRegistry if p.mode == "dynamic" else
-                      QDQRegistry if p.format == "qdq" else QLinearOpsRegistry)
-        wanted = handled & set(p.op_types_to_quantize) if p.op_types_to_quantize else handled
-        top = [n for n in model.graph.node if n.op_type in wanted]
-        inner = [n for t in model.graph.node for g in subgraphs(t) for n in all_nodes(g) if n.op_type in wanted]
-        reachable = top + inner if self._subgraphs_quantized(model) else top
-        chosen = [n for n in reachable if n.name not in p.nodes_to_exclude
-                  and (not p.nodes_to_quantize or n.name in p.nodes_to_quantize)]
-        weighted = ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "Attention")
-        first = min(chosen or inner, key=lambda n: n.op_type not in weighted, default=None)
-        where = f" (first: {first.op_type} {first.name!r})" if first is not None else ""
-        if p.op_types_to_quantize and not wanted:
-            reason = (f"onnxruntime's {p.mode} quantization handles none of op_types_to_quantize "
-                      f"{p.op_types_to_quantize} (it handles {', '.join(sorted(handled))})")
-        elif not top and not inner:
-            reason = (f"the model has no node of an op type that onnxruntime's {p.mode} quantization "
-                      f"handles ({', '.join(sorted(wanted))})")
-        elif not top and p.mode == "static":
-            reason = (f"its {len(inner)} quantizable nodes{where} all sit inside If/Loop/Scan "
-                      f"subgraphs, which onnxruntime's static quantization does not enter (only "
-                      f"mode = \"dynamic\" quantizes subgraphs)")
-        elif not top and not reachable:
-            reason = (f"its {len(inner)} quantizable nodes{where} all sit inside If/Loop/Scan "
-                      f"subgraphs, and extra_options EnableSubgraph = false keeps onnxruntime out")
-        elif not chosen:
-            reason = f"nodes_to_quantize / nodes_to_exclude leave none of its {len(reachable)} quantizable nodes"
-        else:
-            reason = (f"onnxruntime passed over all {len(chosen)} candidate nodes{where}: weights computed "
-                      f"in the graph rather than stored, inputs of unknown type"
-                      + (", no calibrated range for their inputs" if p.mode == "static" else "")
-                      + ", or ops (such as Relu) quantized only beside a quantized neighbour")
-        return (f"{label}: the {p.mode} INT8 result quantizes nothing (no QuantizeLinear, "
-                f"DequantizeLinear, DynamicQuantizeLinear, *Integer or QLinear* node, subgraphs "
-                f"included): it is the float model. Likely why: {reason}. To keep it anyway, set "
-                f"allow_unchanged = true on this step.")
-
-    # --- the result loads, and runs ------------------------------------------------------------
-    def _check(self, ctx: StepContext, source: Path, out: Path, label: str) -> None:
-        """The result passes onnx.checker (full_check) and opens on the backend that runs ONNX
-        models (onnxruntime, CPU), whatever ``check`` says: a cached model must at least load.
-        With ``check``, it also runs once on check 0's feeds. It is opened as written, with no
-        graph optimization: whether it loads is this step's question; how the runtime's
-        optimizer treats it is the engine's and verify's (a ViT in float16 crashed
-        onnxruntime at ORT_ENABLE_ALL only, and no model came out of this step)."""
-        import onnx
-
-        from optbuild.backends import registry
-        from optbuild.model.inputdecl import check_declarations
-        from optbuild.model.samples import describe_tried, feeds
-        from optbuild.steps.rewrite_check import blame
-
-        what = f"the {self.params.mode} model"
-        backend = registry.onnx_backend()
-        with contextlib.ExitStack() as stack:
-            try:
-                runner = stack.enter_context(registry.open_onnx(out, ctx.host, literal=True))
-            except Exception as exc:
-                hint = fp16_hint(exc, self.params.node_block_list) if self.params.mode == "fp16" else ""
-                raise StepError(f"{what} does not load in {backend.label} (CPU): {type(exc).__name__}: "
-                                f"{exc}{hint}") from None
-            try:
-                onnx.checker.check_model(str(out), full_check=True)
-            except Exception as exc:  # ValidationError, or an InferenceError of the strict shape inference
-                raise StepError(f"{what} fails onnx.checker (full_check): {type(exc).__name__}: {exc}") from None
-            if not self.params.check:
-                return
-            specs = runner.input_specs()
-            check_declarations(specs, self.params.inputs, label)
-            feed = feeds(specs, self.params.inputs, 0)
-            try:
-                runner.infer(feed)
-            except Exception as exc:
-                error = str(blame(exc, source, feed, label, what, describe_tried(specs, self.params.inputs, [0]),
-                                  ctx.host))
-                if "ConvInteger" in str(exc) or "NOT_IMPLEMENTED" in str(exc):
-                    error += ("\nhint: onnxruntime's CPU kernels lack this quantized op for these types; try "
-                              "weight_type = \"uint8\", or leave the op out (op_types_to_quantize / nodes_to_exclude)")
-                raise StepError(error) from None
 
 
 REPORT_FILE = "quant_report.json"
