@@ -44,7 +44,7 @@ class Restorer:
         are swept (once a run), even when nothing needs restoring. BlobGone when a blob
         vanished or proved corrupt: the caller rebuilds. A file optbuild did not write there
         stops it: replacing the folder would delete it."""
-        build_dir, folder = self.project.build_dir, f"{spec.recipe}/{spec.name}"
+        build_dir, folder = self.project.build_dir, self.project.step_folder(spec.id)
         if self.memo.materialized(spec.id, entry.key, dest) and written.is_recorded(build_dir, folder):
             return  # as the last run left it, which checked it
         try:
@@ -74,7 +74,7 @@ class Restorer:
         """Empty ``dest`` of the outputs optbuild put there before, for a step whose outputs
         of this run stay on the remote cache: build/ never shows outputs that are not the
         step's current ones. Only files optbuild recorded writing go (``written.delete``)."""
-        folder = f"{spec.recipe}/{spec.name}"
+        folder = self.project.step_folder(spec.id)
         if not written.is_recorded(self.project.build_dir, folder):
             return
         try:

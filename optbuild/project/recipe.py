@@ -82,11 +82,16 @@ class Project:
     def lock_file(self) -> Path:
         return self.root / self.config.project.lock_file
 
-    def step_dir(self, sid: str) -> Path:
-        """``build/<recipe>/<step>``, where a step's outputs are put: the one place that names
-        it (the builder proves it inside the build folder before writing there)."""
+    def step_folder(self, sid: str) -> str:
+        """``<recipe>/<step>``: where a step's outputs are put, under the build folder (the one
+        place that names it; what optbuild wrote there is recorded under this name)."""
         spec = self.steps[sid]
-        return self.build_dir / spec.recipe / spec.name
+        return f"{spec.recipe}/{spec.name}"
+
+    def step_dir(self, sid: str) -> Path:
+        """``build/<recipe>/<step>`` (the builder proves it inside the build folder before
+        writing there)."""
+        return self.build_dir / self.step_folder(sid)
 
 
 def find_config(start: Path) -> Path:
