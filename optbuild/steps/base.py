@@ -166,7 +166,8 @@ class Step(Generic[P]):
     # bench shows beside that model;
     checks_model: ClassVar[str | None] = None
     # its output is an engine a runtime made of its input (labelled "-optimized" where the same
-    # runtime runs that input).
+    # runtime runs that input). Its ``precision()`` below; a kind with a ``load_module(ctx)``
+    # (export's) is benched beside that module run in PyTorch, eager.
     builds_engine: ClassVar[bool] = False
 
     def __init__(self, params: P, base_dir: Path, project_root: Path):

@@ -13,12 +13,13 @@ from optbuild.model import thresholds
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
+    from optbuild.builder.outcome import Outcome
     from optbuild.builder.report import Reporter
 
 
 # --- building --------------------------------------------------------------------------------
 def build_models(ws: Workspace, models: list[str], verifies: list[str], options: BenchOptions,
-           reporter: Reporter | None) -> tuple[dict[str, Any], dict[str, str]]:
+                 reporter: Reporter | None) -> tuple[dict[str, Outcome], dict[str, str]]:
     """Build (or restore) the models and their verify steps: (outcomes, verify step -> note
     for those that gave no report)."""
     from optbuild import api
@@ -57,7 +58,8 @@ def build_models(ws: Workspace, models: list[str], verifies: list[str], options:
     return outcomes, notes
 
 
-def artifact_path(ws: Workspace, sid: str, outcome: Any) -> Path:
+def artifact_path(ws: Workspace, sid: str, outcome: Outcome) -> Path:
+    """The model file a built step left in its folder of the build folder."""
     folder = ws.project.step_dir(sid)
     primary = outcome.entry.primary if outcome.entry is not None else None
     path = folder / primary if primary else None
@@ -66,10 +68,11 @@ def artifact_path(ws: Workspace, sid: str, outcome: Any) -> Path:
     return path
 
 
-def verify_figures(ws: Workspace, sid: str, outcome: Any) -> dict[str, Any] | None:
+def verify_figures(ws: Workspace, sid: str, outcome: Outcome) -> dict[str, Any] | None:
     """The figures of a verify step's report.json: worst over outputs and the parts of outputs
     its thresholds judge (optbuild.model.thresholds.worst), and per output."""
-    path = ws.project.step_dir(sid) / (outcome.entry.primary or "report.json")
+    primary = outcome.entry.primary if outcome.entry is not None else None
+    path = ws.project.step_dir(sid) / (primary or "report.json")
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -19,11 +19,12 @@ steps that checked them.
    batch of a declared range that holds it), other open dimensions ``dim``, with a note that
    says to declare them; integer inputs (token ids) are drawn from a declared range, else the
    ``int_range`` of a verify step that checks one of the models, else [0, 8). Every model of
-   a recipe gets the same inputs. An export step also gives a "PyTorch eager" row: its
-   callable, loaded the way the export step loads it, run under ``torch.no_grad()`` on the
-   same inputs; where ``torch.cuda.is_available()``, also a "PyTorch eager (CUDA)" row: the
-   module and inputs on cuda:0, each timed call ending in ``torch.cuda.synchronize()`` (CUDA
-   launches return before the GPU is done), so GPU variants have their eager baseline.
+   a recipe gets the same inputs. A step that loads its PyTorch module (an export:
+   ``runners.LoadsModule``) also gives a "PyTorch eager" row: the module, loaded the way the
+   step loads it, run under ``torch.no_grad()`` on the same inputs; where
+   ``torch.cuda.is_available()``, also a "PyTorch eager (CUDA)" row: the module and inputs on
+   cuda:0, each timed call ending in ``torch.cuda.synchronize()`` (CUDA launches return before
+   the GPU is done), so GPU variants have their eager baseline.
 4. Timed runs are interleaved across the models of a recipe in ``rounds`` blocks (each block
    opens with one untimed run), so load from other processes on a shared host hits every
    row alike instead of whichever model was running at the time. The garbage collector is
@@ -47,6 +48,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optbuild.app.bench.build import artifact_path, build_models, verify_figures
@@ -66,6 +68,7 @@ from optbuild.model.timing import gc_off, latency_figures
 
 if TYPE_CHECKING:
     from optbuild.api import Workspace
+    from optbuild.builder.outcome import Outcome
     from optbuild.builder.report import Reporter
 
 
@@ -147,6 +150,17 @@ def _torch_version() -> str | None:
     return torch.__version__
 
 
+@dataclass
+class _Built:
+    """What the build gave the measuring: each step's outcome, the verify steps of each model
+    and their figures, and torch's version where a model step loads a PyTorch module."""
+
+    outcomes: dict[str, Outcome]
+    verify_of: dict[str, list[str]]
+    figures: dict[str, dict[str, Any]]
+    torch_version: str | None
+
+
 def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None, *,
           reporter: Reporter | None = None, progress: Callable[[str], None] | None = None) -> list[RecipeBench]:
     """Build ``targets`` (or with ``options.build`` False, restore them), measure their models,
@@ -157,65 +171,79 @@ def bench(ws: Workspace, targets: list[str], options: BenchOptions | None = None
     chosen, skipped = select(ws, targets)
     models = [sid for sids in chosen.values() for sid in sids]
     verify_of = verify_steps(ws, models)
-    verifies = [v for sid in models for v in verify_of.get(sid, [])]
+    verifies = list(dict.fromkeys(v for sid in models for v in verify_of.get(sid, [])))
     _imports()
-    outcomes, build_notes = build_models(ws, models, list(dict.fromkeys(verifies)), options, reporter)
-    figures = {v: f for v in dict.fromkeys(verifies)
+    outcomes, build_notes = build_models(ws, models, verifies, options, reporter)
+    figures = {v: f for v in verifies
                if outcomes.get(v) is not None and outcomes[v].status.ok
                and (f := verify_figures(ws, v, outcomes[v])) is not None}
     torch_version = _torch_version() if any(isinstance(ws.project.steps[s].step, LoadsModule) for s in models) else None
+    built = _Built(outcomes, verify_of, figures, torch_version)
     results = []
     for recipe, sids in chosen.items():
-        notes = list(skipped.get(recipe, []))
-        recipe_verifies = [v for sid in sids for v in verify_of.get(sid, [])]
-        notes += [build_notes[v] for v in dict.fromkeys(recipe_verifies) if v in build_notes]
-        int_range = verified_int_range(ws, recipe_verifies)
-        runners: list[Runner] = []
-        eager = [sid for sid in sids if isinstance(ws.project.steps[sid].step, LoadsModule) and torch_version is not None]
-        devices = ["cpu", *(["cuda"] if eager and _cuda_available() else [])]
-        say(f"bench {recipe}: {len(sids) + len(eager) * len(devices)} models, {options.warmup} warm-up + "
-            f"{options.runs} timed runs each, batch {options.batch}, threads {options.threads or 'default'}")
-        with ExitStack() as stack:
-            for sid in sids:
-                path = artifact_path(ws, sid, outcomes[sid])
-                if isinstance(ws.project.steps[sid].step, LoadsModule):
-                    if torch_version is None:
-                        notes.append(f"{sid}: no PyTorch eager baseline: torch is not installed "
-                                     "(pip install 'optbuild[torch]')")
-                    else:
-                        for device in devices:
-                            say(f"  load     {sid} (torch{'' if device == 'cpu' else ', ' + device})")
-                            runners.append(stack.enter_context(
-                                torch_runner(ws, sid, path, options, int_range, outcomes, device)))
-                found = runs_on(ws.project.steps[sid])
-                say(f"  load     {sid} ({found[0].name if found is not None else 'no runtime'})")
-                runner, row_notes = model_runner(ws, sid, path, options, int_range, stack)
-                runners.append(runner)
-                notes += [note for note in row_notes if note not in notes]  # the recipe's models share inputs
-                runner.row.verify = [figures[v] for v in verify_of.get(sid, []) if v in figures]
-            if eager and "cuda" not in devices and any(r.row.on_gpu for r in runners):
-                notes.append("no PyTorch eager (CUDA) row beside the CUDA models: torch.cuda.is_available() "
-                             f"is false for torch {torch_version} (a CPU build of torch?); install a CUDA build "
-                             "of torch to get one")
-            with set_torch_threads(options.threads, any(r.row.runtime.startswith("torch") for r in runners)) \
-                    as torch_threads, timing.watch_load() as load:
-                time_runners(runners, options, say)
-            if (busy := timing.busy_note(load)) is not None:
-                notes.append(busy)
-        rows = [r.row for r in runners]
-        baseline = _baseline(rows)
-        if baseline is not None:
-            for row in rows:
-                row.speedup = baseline.latency_ms["p50"] / row.latency_ms["p50"]
-        settings = {"runs": options.runs, "warmup": options.warmup, "batch": options.batch,
-                    "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
-                    "other_dims": options.dim, "int_range": list(int_range),
-                    "rounds": len(timing.blocks(options.runs, options.rounds)), "gc_disabled": True}
-        result = RecipeBench(recipe, rows, settings, {**_host(rows, torch_version), "load_average": load["load_average"],
-                                                      "others_cpu": load["others_cpu"]},
-                             baseline, notes)
-        out_dir = ws.project.build_dir / recipe
-        result.file = out_dir / BENCH_FILE
+        recipe_verifies = dict.fromkeys(v for sid in sids for v in verify_of.get(sid, []))
+        notes = [*skipped.get(recipe, []), *(build_notes[v] for v in recipe_verifies if v in build_notes)]
+        result = _bench_recipe(ws, recipe, sids, options, built, notes, say)
+        result.file = ws.project.build_dir / recipe / BENCH_FILE
         write_atomic(result.file, (json.dumps(result.as_json(ws.project.root), indent=1) + "\n").encode())
         results.append(result)
     return results
+
+
+def _bench_recipe(ws: Workspace, recipe: str, sids: list[str], options: BenchOptions, built: _Built,
+                  notes: list[str], say: Callable[[str], None]) -> RecipeBench:
+    """Open the runners of a recipe's models, time them interleaved, and put their rows
+    beside the baseline: every model of a recipe gets the same inputs."""
+    int_range = verified_int_range(ws, [v for sid in sids for v in built.verify_of.get(sid, [])])
+    with ExitStack() as stack:
+        runners = _open_runners(ws, recipe, sids, options, built, int_range, stack, notes, say)
+        with set_torch_threads(options.threads, any(r.row.runtime.startswith("torch") for r in runners)) \
+                as torch_threads, timing.watch_load() as load:
+            time_runners(runners, options, say)
+        if (busy := timing.busy_note(load)) is not None:
+            notes.append(busy)
+    rows = [r.row for r in runners]
+    baseline = _baseline(rows)
+    if baseline is not None:
+        for row in rows:
+            row.speedup = baseline.latency_ms["p50"] / row.latency_ms["p50"]
+    settings = {"runs": options.runs, "warmup": options.warmup, "batch": options.batch,
+                "threads": options.threads, "torch_threads": torch_threads, "seed": options.seed,
+                "other_dims": options.dim, "int_range": list(int_range),
+                "rounds": len(timing.blocks(options.runs, options.rounds)), "gc_disabled": True}
+    host = {**_host(rows, built.torch_version), "load_average": load["load_average"], "others_cpu": load["others_cpu"]}
+    return RecipeBench(recipe, rows, settings, host, baseline, notes)
+
+
+def _open_runners(ws: Workspace, recipe: str, sids: list[str], options: BenchOptions, built: _Built,
+                  int_range: tuple[int, int], stack: ExitStack, notes: list[str],
+                  say: Callable[[str], None]) -> list[Runner]:
+    """A runner per model, and PyTorch eager ones (on the CPU, and on CUDA where torch sees a
+    GPU) for a step that loads its module; open until ``stack`` closes. Adds to ``notes``."""
+    eager = [sid for sid in sids if isinstance(ws.project.steps[sid].step, LoadsModule)
+             and built.torch_version is not None]
+    devices = ["cpu", *(["cuda"] if eager and _cuda_available() else [])]
+    say(f"bench {recipe}: {len(sids) + len(eager) * len(devices)} models, {options.warmup} warm-up + "
+        f"{options.runs} timed runs each, batch {options.batch}, threads {options.threads or 'default'}")
+    runners: list[Runner] = []
+    for sid in sids:
+        path = artifact_path(ws, sid, built.outcomes[sid])
+        if isinstance(ws.project.steps[sid].step, LoadsModule):
+            if built.torch_version is None:
+                notes.append(f"{sid}: no PyTorch eager baseline: torch is not installed "
+                             "(pip install 'optbuild[torch]')")
+            for device in devices if sid in eager else []:
+                say(f"  load     {sid} (torch{'' if device == 'cpu' else ', ' + device})")
+                runners.append(stack.enter_context(
+                    torch_runner(ws, sid, path, options, int_range, built.outcomes, device)))
+        found = runs_on(ws.project.steps[sid])
+        say(f"  load     {sid} ({found[0].name if found is not None else 'no runtime'})")
+        runner, row_notes = model_runner(ws, sid, path, options, int_range, stack)
+        runners.append(runner)
+        notes += [note for note in row_notes if note not in notes]  # the recipe's models share inputs
+        runner.row.verify = [built.figures[v] for v in built.verify_of.get(sid, []) if v in built.figures]
+    if eager and "cuda" not in devices and any(r.row.on_gpu for r in runners):
+        notes.append("no PyTorch eager (CUDA) row beside the CUDA models: torch.cuda.is_available() "
+                     f"is false for torch {built.torch_version} (a CPU build of torch?); install a CUDA build "
+                     "of torch to get one")
+    return runners

@@ -18,6 +18,7 @@ from optbuild.model.inputdecl import DOCS
 if TYPE_CHECKING:
     from optbuild.api import Workspace
     from optbuild.backends.base import TensorSpec
+    from optbuild.builder.outcome import Outcome
     from optbuild.model.inputdecl import InputDecls
 
 
@@ -129,14 +130,18 @@ def model_runner(ws: Workspace, sid: str, path: Path, options: BenchOptions, int
 
 @runtime_checkable
 class LoadsModule(Protocol):
-    """A step that builds its PyTorch module as it exports it (``steps.export.Export``)."""
+    """A step that builds its PyTorch module as it exports it (``steps.export.Export``): bench
+    runs that module as the eager baseline. Its parameters may name the module's source
+    (``model = "file.py:callable"``, shown in the row) and the order of its inputs
+    (``input_names``); without them the row shows the exported model and the inputs go in
+    the exported model's order."""
 
     def load_module(self, ctx: Any) -> AbstractContextManager[tuple[Any, tuple]]: ...
 
 
 @contextmanager
 def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOptions,
-                  int_range: tuple[int, int], outcomes: dict[str, Any], device: str = "cpu") -> Iterator[Runner]:
+                 int_range: tuple[int, int], outcomes: dict[str, Outcome], device: str = "cpu") -> Iterator[Runner]:
     """The export step's PyTorch module, loaded as the export step loads it, on the inputs the
     exported model gets, on ``device`` ("cpu" or "cuda"). Open while measuring: the model's
     sibling modules stay importable."""
@@ -149,7 +154,9 @@ def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpti
     spec = ws.project.steps[sid]
     step = spec.step
     if not isinstance(step, LoadsModule):
-        raise BenchError(f"{sid} is a {spec.kind} step, not an export: it has no PyTorch module to run")
+        raise BenchError(f"{sid} is a {spec.kind} step: it has no PyTorch module to run (no load_module)")
+    model = getattr(step.params, "model", None)
+    model = model if isinstance(model, str) else None
     upstream = {}  # what its worker saw: the outputs of the steps it names (weights_from)
     for field_name, dep in spec.deps.items():
         outcome = outcomes.get(dep)
@@ -167,10 +174,10 @@ def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpti
         with backend.open(export_model, manifest, host_fingerprint()) as exported:
             specs, decls, _ = _inputs(ws, sid, exported.input_specs(), options)  # noted with the model's row
         feeds = sampling.random_samples(specs, 1, options.seed, int_range=int_range, decls=decls).feeds[0]
-        names = list(step.params.input_names) or [s.name for s in specs]
+        names = list(getattr(step.params, "input_names", None) or ()) or [s.name for s in specs]
         args = tuple(torch.from_numpy(feeds[names[i]]) if i < len(names) and names[i] in feeds else example
                      for i, example in enumerate(examples))
-        what = f"the PyTorch module of {sid} ({step.params.model})"
+        what = f"the PyTorch module of {sid}" + (f" ({model})" if model else "")
         if cuda:
             moving = time.perf_counter()
             try:
@@ -197,7 +204,7 @@ def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpti
                 module(*args)
             torch.cuda.synchronize()
 
-        source = ctx.path(step.params.model.rpartition(":")[0])
+        source = ctx.path(model.rpartition(":")[0]) if model else export_model
         runner = (f"torch {torch.__version__} (CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)})"
                   if cuda else "")
         row = Row(sid, "torch-cuda" if cuda else "torch", "PyTorch eager (CUDA)" if cuda else "PyTorch eager",
@@ -206,10 +213,10 @@ def torch_runner(ws: Workspace, sid: str, export_model: Path, options: BenchOpti
         yield Runner(row, call_cuda if cuda else call)
 
 
-
-
 @contextmanager
 def set_torch_threads(threads: int | None, used: bool) -> Iterator[int | None]:
+    """torch's intra-op threads set to ``threads`` while the eager rows are timed (put back
+    after); yields the number torch uses, None when no row runs torch."""
     if not used:
         yield None
         return

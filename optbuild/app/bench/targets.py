@@ -35,6 +35,9 @@ def not_benched(spec: StepSpec, host: Fingerprint) -> str | None:
 
 
 def _refusal(spec: StepSpec, why: str) -> str:
+    """Why a step named as a target cannot be benched, and what to bench instead."""
+    if spec.step.carries_model:
+        return f"{spec.id} is a {spec.kind} step: it {why}; bench that step, or the recipe"
     on = runs_on(spec)
     if on is None:
         return (f"{spec.id} is a {spec.kind} step: its output ({spec.step.primary_output or 'no file'}) is "
@@ -69,8 +72,8 @@ def select(ws: Workspace, targets: list[str]) -> tuple[dict[str, list[str]], dic
                 wanted.add(sid)
                 found = True
             else:
-                if (on := runs_on(spec)) is not None:
-                    why = f"{on[0].label} engines: {why}"
+                if not spec.step.carries_model and (on := runs_on(spec)) is not None:
+                    why = f"{on[0].label} engines: {why}"  # this host cannot run them
                 skipped.setdefault(text, {}).setdefault(why, []).append(spec.name)
         if not found:
             raise BenchError(f"recipe {text!r} has no step that gives a model this host can run")
