@@ -189,3 +189,20 @@ def test_a_memo_naming_an_output_outside_its_step_folder_is_not_followed(chains,
     assert outcomes["c0:s1"][0] == "cached"
     assert not list(tmp_path.rglob("escaped.txt"))
     assert (chains.root / "build" / "c0" / "s1" / "data.txt").read_text() == "input 0-1"
+
+
+def test_a_run_that_changed_no_record_writes_no_memo(chains, monkeypatch):
+    """A no-op decides every step from the memo and changes none of its records: it writes
+    nothing (the memo is 7 MB of JSON at 10,000 steps). A build that changed a step writes it."""
+    monkeypatch.setattr(memo, "RACY_NS", 0)  # every product old enough at once
+    _run(chains, dry_run=False)
+    _run(chains, dry_run=False)  # its records now as this run checked them
+    path = chains.root / "build" / ".optbuild" / memo.NAME
+    written = path.stat()
+    statuses, served = _run(chains, dry_run=False)
+    assert served == CHAINS * LENGTH and all(status == "cached" for status, _ in statuses.values())
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == (written.st_mtime_ns, written.st_ino)
+    chains.write("data/in0.txt", "changed")
+    statuses, _ = _run(chains, dry_run=False)
+    assert statuses["c0:s0"][0] == "built"
+    assert path.stat().st_ino != written.st_ino  # replaced whole, with the new records
