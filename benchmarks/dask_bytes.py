@@ -15,16 +15,16 @@ it in brackets), from the build's own counts (`api.BuildResult.transfers`), then
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dask_vs_local import start_nodes
+
 REPO = Path(__file__).resolve().parent.parent
-ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "OPTBUILD_SERVER": "0"}
 
 
 def example(root: Path, address: str, remote: Path) -> Path:
@@ -36,23 +36,6 @@ def example(root: Path, address: str, remote: Path) -> Path:
         config.replace("[build]\n", f'[build]\nexecutor = "dask"\nscheduler = "{address}"\n', 1)
         + f'\n[remote]\nurl = "file://{remote}"\n')
     return root
-
-
-def start_nodes(address: str, folder: Path, remote: Path, count: int) -> list[subprocess.Popen]:
-    nodes = []
-    for i in range(count):
-        log = open(folder / f"node{i}.log", "wb")  # noqa: SIM115 (the node's, for its life)
-        nodes.append(subprocess.Popen(
-            [sys.executable, "-m", "optbuild", "worker", "--scheduler", address, "--nthreads", "1",
-             "--name", f"node{i}", "--host", "127.0.0.1", "--cache", str(folder / f"cache{i}"),
-             "--remote", f"file://{remote}"],
-            stdout=log, stderr=subprocess.STDOUT, env=ENV))
-        log.close()
-    from distributed import Client
-
-    with Client(address, timeout=30, set_as_default=False) as client:
-        client.wait_for_workers(count, timeout=120)
-    return nodes
 
 
 def build(root: Path, target: str, download: str) -> tuple[Any, dict[str, tuple[str, int]]]:
@@ -107,7 +90,7 @@ def main() -> None:
             remote.mkdir()
             folder = tmp / f"nodes-{download}"
             folder.mkdir()
-            nodes = start_nodes(address, folder, remote, args.nodes)
+            nodes = start_nodes(address, folder, remote, args.nodes, threads=1)
             try:
                 result, names = build(example(tmp / f"project-{download}", address, remote), args.target, download)
             finally:

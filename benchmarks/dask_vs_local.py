@@ -57,14 +57,15 @@ def timed_build(root: Path, jobs: int) -> float:
     return elapsed
 
 
-def start_nodes(address: str, folder: Path, remote: Path) -> list[subprocess.Popen]:
-    """The build nodes, each with its own cold blob cache and the farm's one remote (a node
-    takes its remote from its own command line, never from a task)."""
+def start_nodes(address: str, folder: Path, remote: Path, count: int = NODES,
+                threads: int = THREADS) -> list[subprocess.Popen]:
+    """``count`` build nodes of ``threads`` each, with their own cold blob caches and the farm's
+    one remote (a node takes its remote from its own command line, never from a task)."""
     nodes = []
-    for i in range(NODES):
+    for i in range(count):
         log = open(folder / f"node{i}.log", "wb")  # noqa: SIM115 (the node's, for its life)
         nodes.append(subprocess.Popen(
-            [sys.executable, "-m", "optbuild", "worker", "--scheduler", address, "--nthreads", str(THREADS),
+            [sys.executable, "-m", "optbuild", "worker", "--scheduler", address, "--nthreads", str(threads),
              "--name", f"node{i}", "--host", "127.0.0.1", "--cache", str(folder / f"cache{i}"),
              "--remote", f"file://{remote}"],
             stdout=log, stderr=subprocess.STDOUT, env=ENV))
@@ -72,7 +73,7 @@ def start_nodes(address: str, folder: Path, remote: Path) -> list[subprocess.Pop
     from distributed import Client
 
     with Client(address, timeout=30, set_as_default=False) as client:
-        client.wait_for_workers(NODES, timeout=60)
+        client.wait_for_workers(count, timeout=120)
     return nodes
 
 

@@ -130,3 +130,21 @@ def make_project(root: Path, *, build: str = "", remote: str = "", recipe: str =
     proj.write("optbuild.toml", f'[project]\nrecipes = ["recipes/*.toml"]\n\n{KINDS}\n[build]\njobs = 6\n{build}\n{remote}')
     proj.write("recipes/farm.toml", recipe)
     return proj
+
+
+def dask_project(tmp_path: Path, farm: Cluster, remote: Remote, recipe: str, name: str = "coordinator") -> ProjectDir:
+    """A project at ``tmp_path/name`` that builds ``recipe`` on ``farm``, storing into ``remote``."""
+    return make_project(tmp_path / name, build=f'executor = "dask"\nscheduler = "{farm.address}"\n',
+                        remote=remote.section(), recipe=recipe)
+
+
+def build(proj: ProjectDir, targets: list[str] | None = None, **options: Any) -> Any:
+    """``api.build`` of ``proj`` in this process (an ``api.BuildResult``)."""
+    from optbuild import api
+    from optbuild.builder.report import Reporter
+
+    ws = api.open_workspace(proj.root)
+    try:
+        return api.build(ws, targets, reporter=Reporter(), **options)
+    finally:
+        ws.close()

@@ -6,12 +6,10 @@ Counted by the build's own transfer counts, on a loopback cluster and S3 server.
 from __future__ import annotations
 
 import pytest
-from daskfarm import make_project
+from daskfarm import build, dask_project
 from plugins.remote import outputs
 
-from optbuild import api
 from optbuild.builder import lockfile
-from optbuild.builder.report import Reporter
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -38,16 +36,7 @@ suffix = "-side"
 
 
 def project(tmp_path, farm, remote, name="coordinator"):
-    return make_project(tmp_path / name, build=f'executor = "dask"\nscheduler = "{farm.address}"\n',
-                        remote=remote.section(), recipe=CHAIN)
-
-
-def build(proj, targets=None, **options) -> api.BuildResult:
-    ws = api.open_workspace(proj.root)
-    try:
-        return api.build(ws, targets, reporter=Reporter(), **options)
-    finally:
-        ws.close()
+    return dask_project(tmp_path, farm, remote, CHAIN, name)
 
 
 def output_digests(proj, *steps: str) -> dict[str, str]:

@@ -9,13 +9,14 @@ import io
 import json
 import os
 
+import daskfarm
 import pytest
-from daskfarm import FINGERPRINTS, Cluster, make_project
+from daskfarm import FINGERPRINTS, Cluster, build, make_project
 from plugins.remote import outputs
 
 from optbuild import api
 from optbuild.builder import lockfile
-from optbuild.builder.report import PlainReporter, Reporter
+from optbuild.builder.report import PlainReporter
 from optbuild.common.fingerprint import Fingerprint
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,16 +56,7 @@ STEPS = sorted(["farm:src", "farm:ampere", "farm:hopper", "farm:cpu", "farm:both
 
 
 def dask_project(tmp_path, farm: Cluster, remote, name: str = "coordinator", recipe: str = RECIPE):
-    return make_project(tmp_path / name, build=f'executor = "dask"\nscheduler = "{farm.address}"\n',
-                        remote=remote.section(), recipe=recipe)
-
-
-def build(proj, targets=None, **options) -> api.BuildResult:
-    ws = api.open_workspace(proj.root)
-    try:
-        return api.build(ws, targets, reporter=Reporter(), **options)
-    finally:
-        ws.close()
+    return daskfarm.dask_project(tmp_path, farm, remote, recipe, name)
 
 
 def test_host_keyed_steps_land_on_their_node_and_match_a_local_build(tmp_path, farm, farm_remote):

@@ -18,9 +18,9 @@ class Crossings:
     hosts: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def count(self, digest: str, direction: int, host: str = "") -> None:
+    def count(self, digest: str, direction: int, host: str = "", times: int = 1) -> None:
         with self._lock:
-            self.hosts.setdefault(host, {}).setdefault(digest, [0, 0])[direction] += 1
+            self.hosts.setdefault(host, {}).setdefault(digest, [0, 0])[direction] += times
 
     def own(self) -> dict[str, list[int]]:
         """This host's counts, as a node reports them."""
@@ -30,9 +30,8 @@ class Crossings:
     def add(self, host: str, counts: dict[str, list[int]]) -> None:
         """A node's counts (``own`` there) under its name."""
         for digest, (up, down) in counts.items():
-            for direction, times in ((UP, up), (DOWN, down)):
-                for _ in range(times):
-                    self.count(digest, direction, host)
+            self.count(digest, UP, host, up)
+            self.count(digest, DOWN, host, down)
 
     def per_blob(self) -> dict[str, dict[str, int]]:
         """Per blob: ``up`` (uploads by every host), ``down_here`` (downloads to this host),
