@@ -27,6 +27,7 @@ from optbuild.project.overrides import (
     parse_override,
     unknown_override_recipes,
 )
+from optbuild.project.parsed import ParsedRecipes
 from optbuild.project.problems import non_finite_problems, unknown_key, validation_problems
 from optbuild.project.tomlsource import TomlDocument, load_toml
 from optbuild.steps import registry
@@ -209,11 +210,11 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
                     enabled=enabled, declared=declared)
 
 
-def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem],
-                 local: dict[str, str], invalid: set[str], overrides: list[Override]) -> list[StepSpec]:
+def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem], local: dict[str, str],
+                 invalid: set[str], overrides: list[Override], parsed: ParsedRecipes) -> list[StepSpec]:
     """The valid steps of one recipe; ids of steps that failed validation go to ``invalid``."""
     try:
-        doc = load_toml(path)
+        doc = load_toml(path, parsed)
     except ProjectError as exc:
         problems.extend(exc.problems)
         return []
@@ -383,9 +384,11 @@ def load_project(start: Path | None = None, overrides: list[str] | None = None) 
     steps: dict[str, StepSpec] = {}
     invalid: set[str] = set()
     problems.extend(unknown_override_recipes(parsed, set(recipe_files)))
+    recipes_parsed = ParsedRecipes(root / config.project.build_dir)
     for name, path in recipe_files.items():
-        for spec in _load_recipe(path, name, root, problems, local, invalid, parsed):
+        for spec in _load_recipe(path, name, root, problems, local, invalid, parsed, recipes_parsed):
             steps[spec.id] = spec
+    recipes_parsed.save()
     _resolve_refs(steps, problems, invalid)
     _check_files(steps, problems)
     _check_calls(steps, problems)

@@ -15,6 +15,7 @@ from typing import Any
 
 from optbuild.common import tomlfile
 from optbuild.common.errors import Problem, ProjectError
+from optbuild.project.parsed import ParsedRecipes
 
 _BARE = r"[A-Za-z0-9_-]+"
 _KEY = rf"(?:{_BARE}|\"(?:[^\"\\]|\\.)*\"|'[^']*')"
@@ -103,8 +104,9 @@ def _scan_lines(text: str) -> dict[tuple, int]:
     return lines
 
 
-def load_toml(path: Path) -> TomlDocument:
-    """Parse ``path``; a syntax error or unreadable file raises ProjectError with its line."""
+def load_toml(path: Path, parsed: ParsedRecipes | None = None) -> TomlDocument:
+    """Parse ``path`` (taken from ``parsed`` when its text was parsed last run); a syntax
+    error or unreadable file raises ProjectError with its line."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -112,7 +114,7 @@ def load_toml(path: Path) -> TomlDocument:
     except (OSError, UnicodeDecodeError) as exc:
         raise ProjectError([Problem(f"cannot read: {exc}", file=path)]) from None
     try:
-        data = tomlfile.loads(text, path)
+        data = parsed.loads(text, path) if parsed is not None else tomlfile.loads(text, path)
     except tomlfile.TomlError as exc:
         raise ProjectError([Problem(f"invalid TOML: {exc}", file=path, line=exc.line)]) from None
     except RecursionError:  # tomllib recurses once per nested array or inline table
