@@ -29,6 +29,7 @@ from optbuild.common.noopstamp import (
     stamp_path,
 )
 from optbuild.common.signatures import changed_within, module_files, signature
+from optbuild.store.layout import blob_name, entry_name
 
 
 def record(ws, result) -> None:
@@ -103,6 +104,7 @@ def _record(ws, result) -> str | None:
     project, store = ws.project, ws.store
     root = os.path.abspath(project.root)
     build_dir = os.path.abspath(project.build_dir)
+    cache_root = os.path.abspath(store.root)
     product_roots = (build_dir + os.sep, os.path.abspath(project.cache_dir) + os.sep)
 
     inputs: set[str] = {os.path.abspath(project.config_file), sys.executable}
@@ -142,10 +144,10 @@ def _record(ws, result) -> str | None:
             continue
         if outcome.key:
             local["hits" if status == "cached" else "unavailable" if status == "unavailable" else "misses"] += 1
-            products.add(os.path.abspath(store.entry_path(outcome.key)))
+            products.add(f"{cache_root}/{entry_name(outcome.key)}")  # paths as text: 10,000 steps add up
         entry = outcome.entry
         if entry is not None and status == "cached":
-            folder = os.path.abspath(project.step_dir(sid))
+            folder = f"{build_dir}/{project.step_folder(sid)}"
             products.add(folder)
             for name in entry.outputs:
                 products.add(os.path.join(folder, name))
@@ -153,7 +155,7 @@ def _record(ws, result) -> str | None:
                 while parent:
                     products.add(os.path.join(folder, parent))
                     parent = os.path.dirname(parent)
-            products.update(os.path.abspath(store.blob_path(d)) for d in entry.blob_digests())
+            products.update(f"{cache_root}/{blob_name(d)}" for d in entry.blob_digests())  # digests checked in the entry
     from optbuild.builder.report import summary_lines
 
     lines.extend(summary_lines(result.reporter.events))  # the reasons, grouped, as the build showed them
