@@ -61,3 +61,25 @@ def test_written_files_get_the_permissions_of_the_umask(project, tmp_path, umask
     for path in (tmp_path / "report.json", project.root / "optbuild.lock"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
     assert json.loads((project.root / "optbuild.lock").read_text())["steps"]
+
+
+def test_an_update_encodes_only_the_records_that_changed(tmp_path):
+    path, guard = tmp_path / "optbuild.lock", tmp_path / "lock"
+    records = {f"r:s{i}": {"key": f"{i:064x}", "metrics": {"n": i}} for i in range(5)}
+    lockfile.update(path, records, guard)
+    # An untouched record's line is kept as it was: a tighter one (same record) shows it.
+    tight = '"r:s1": {"key":"' + f"{1:064x}" + '","metrics":{"n":1}}'
+    path.write_text(path.read_text().replace(f'"r:s1": {json.dumps(records["r:s1"], sort_keys=True)}', tight))
+    changed = {"r:s2": {"key": "f" * 64, "metrics": {"n": -1}}, "r:new": {"key": "e" * 64}}
+    lockfile.update(path, changed, guard)
+    assert lockfile.load(path).steps == {**records, **changed}
+    assert path.read_text() == lockfile.render({**records, **changed}).replace(
+        f'"r:s1": {json.dumps(records["r:s1"], sort_keys=True)}', tight)
+
+
+def test_a_lock_file_laid_out_by_hand_is_rewritten_in_full(tmp_path):
+    path, guard = tmp_path / "optbuild.lock", tmp_path / "lock"
+    records = {"r:a": {"key": "a" * 64}, "r:b": {"key": "b" * 64}}
+    path.write_text(json.dumps({"format": 1, "steps": records}, indent=2))
+    lockfile.update(path, {"r:b": {"key": "c" * 64}}, guard)
+    assert path.read_text() == lockfile.render({"r:a": records["r:a"], "r:b": {"key": "c" * 64}})

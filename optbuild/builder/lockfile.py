@@ -137,14 +137,34 @@ def update(path: Path, records: dict[str, dict[str, Any]], lock_path: Path) -> b
         merged = {**steps, **records}
         if merged == steps and path.exists():
             return False
-        write_atomic(path, render(merged).encode())
+        last = _last_parsed.get(path)
+        kept = _record_lines(last[0].decode(), steps) if last is not None and state.damage is None else {}
+        write_atomic(path, render(merged, {sid: line for sid, line in kept.items() if merged[sid] == steps[sid]}).encode())
         return True
 
 
-def render(steps: dict[str, dict[str, Any]]) -> str:
+def render(steps: dict[str, dict[str, Any]], kept: dict[str, str] | None = None) -> str:
     """The lock file's text: one step's record per line, in step order, so that a change to one
     step is a one-line diff. (Each line is encoded by json's C encoder; an indented dump goes
-    through its pure-Python one, 1.2 s for 10,000 steps.)"""
-    lines = [f"{json.dumps(sid)}: {json.dumps(steps[sid], sort_keys=True)}" for sid in sorted(steps)]
+    through its pure-Python one, 1.2 s for 10,000 steps.) ``kept``: lines of the file before,
+    of records that did not change, written again as they were (one edit at 10,000 steps
+    encodes one line, not 10,000)."""
+    kept = kept or {}
+    lines = [kept.get(sid) or f"{json.dumps(sid)}: {json.dumps(steps[sid], sort_keys=True)}" for sid in sorted(steps)]
     body = "\n" + ",\n".join(lines) + "\n" if lines else ""
     return f'{{"format": {FORMAT}, "steps": {{{body}}}}}\n'
+
+
+def _record_lines(text: str, steps: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Step id -> its line in ``text``, the lock file that ``steps`` were parsed from, when
+    ``render`` laid it out (one record a line, in step order); else none."""
+    lines = text.split("\n")
+    if len(lines) != len(steps) + 3 or lines[-2:] != ["}}", ""]:
+        return {}
+    found = {}
+    for line, sid in zip(lines[1:-2], sorted(steps), strict=True):
+        record = line.removesuffix(",")
+        if not record.startswith(f"{json.dumps(sid)}: {{"):
+            return {}
+        found[sid] = record
+    return found
