@@ -289,7 +289,7 @@ class Scheduler:
             return self._without_remote(spec, action, reasons, dest, placement)
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
-            if entry is None and stays:  # its nodes read it there
+            if entry is None and stays and self.remote is not None and self.remote.holds_blobs(remote_entry):  # its nodes read it there
                 self.restorer.vacate(spec, dest)
                 return Outcome(Status.RESTORED, key, remote_entry, reasons=reasons, source="remote", remote_only=True)
             if entry is None and self.remote is not None:

@@ -99,3 +99,20 @@ def test_a_local_build_brings_every_output(tmp_path, farm, farm_remote):
     local = build(proj, executor="local")
     assert local.ok and sorted(outputs(proj)) == [f"farm/{s}/data.txt" for s in ("a", "b", "side", "src")]
     assert not any(o.remote_only for o in local.outcomes.values())
+
+
+def test_an_output_evicted_from_the_remote_is_built_again_not_a_failed_transfer(tmp_path, farm, farm_remote):
+    """An output left on the remote is trusted only while the remote still lists its blob:
+    one evicted there (a gc on the remote) is built again for the step that reads it."""
+    proj = project(tmp_path, farm, farm_remote)
+    assert build(proj).ok
+    evicted = output_digests(proj, "farm:a")["farm:a"]
+    farm_remote.delete(farm_remote.blob_path(evicted))
+    for node_cache in farm.folder.glob("cache-*"):  # nor does any node keep a copy
+        (node_cache / "cas" / evicted[:2] / evicted[2:]).unlink(missing_ok=True)
+    proj.write("recipes/farm.toml", CHAIN.replace('suffix = "-b"', 'suffix = "-B"'))  # b reads a again
+    again = build(proj)
+    assert again.ok, (again.reporter.events, farm.logs())
+    assert "farm:a" in again.steps("built") and "farm:b" in again.steps("built")
+    assert outputs(proj)["farm/b/data.txt"] == b"hello-a-B"
+    assert farm_remote.read(farm_remote.blob_path(evicted)) == b"hello-a"  # put back by the node that built it

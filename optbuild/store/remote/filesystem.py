@@ -156,6 +156,11 @@ class RemoteStore:
             keys.add(folder + name.partition(".")[0])
         return keys
 
+    def _blob_sizes(self, touch: Callable[[int], None]) -> dict[str, int]:
+        """Digest -> size of every blob the remote holds, from one listing of cas/."""
+        return {folder + name: size for path, size in self._list("cas", touch).items()
+                for folder, name in [path.rsplit("/", 2)[-2:]]}
+
     def _blob_size(self, digest: str, touch: Callable[[int], None]) -> int | None:
         fs, _ = self.filesystem()
         try:

@@ -1,4 +1,4 @@
-"""What ``RemoteSession``'s mixins (``Writing``, ``Auditing``) use of the session, declared
+"""What ``RemoteSession``'s mixins (``Writing``, ``Auditing``, ``Listing``) use of the session, declared
 once so that a type checker checks the mixins against it; ``session`` defines each of them."""
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ class SessionParts:
     _suspect: set[str]
     _uploads: list[Future[str]]
     _pool: ThreadPoolExecutor | None
+    _prefetched: dict[str, bytes | None]
+    _listed: set[str] | None
+    _blobs: dict[str, int] | None
+    _blobs_lock: threading.Lock
 
     if TYPE_CHECKING:
         def warn(self, message: str, *, step: str | None = None, key: str | None = None,

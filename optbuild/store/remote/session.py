@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from optbuild.common.digest import hash_file
 from optbuild.common.events import warning
-from optbuild.store.entry import ActionEntry, is_digest
+from optbuild.store.entry import ActionEntry
 from optbuild.store.remote.audit import Auditing
 from optbuild.store.remote.crossings import DOWN, Crossings
 from optbuild.store.remote.errors import EventSink, Failed, Rejected, RemoteMissing, TransferError, describe
 from optbuild.store.remote.filesystem import RemoteStore
+from optbuild.store.remote.listing import Listing
 from optbuild.store.remote.signing import SIGNATURE_PREFIX, decode_entry, key_id, signed_by_another
 from optbuild.store.remote.writing import Writing
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 _SLOWEST_UPLOAD_BPS = 1 << 20  # an upload's first progress report may come only after this rate
 ANY_MAIN = object()  # lookup: whatever main output the entry names
-_UNASKED = object()  # a key prefetch did not answer for
 _PARALLEL_BLOBS = 4  # an entry's blobs downloaded at once
 
 
@@ -64,7 +64,7 @@ class RemoteStats:
 
 
 @dataclass
-class RemoteSession(Writing, Auditing):
+class RemoteSession(Writing, Auditing, Listing):
     """The remote as one build (or push, or pull) uses it: counters and circuit breaker.
 
     Every method is safe to call from the executor's threads and, but for the single-blob
@@ -89,6 +89,8 @@ class RemoteSession(Writing, Auditing):
     _told_unchecked: bool = False  # the warning that signatures go unchecked was given
     _prefetched: dict[str, bytes | None] = field(default_factory=dict)  # key -> its entry's bytes; None: absent
     _listed: set[str] | None = None  # the keys the remote held an entry for when listed (prefetch_listing)
+    _blobs: dict[str, int] | None = None  # digest -> size of the blobs listed once (holds_blobs)
+    _blobs_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
@@ -241,55 +243,6 @@ class RemoteSession(Writing, Auditing):
         if self.dry_run:
             self._count(hits=1)
         return entry
-
-    def prefetch(self, keys: Iterable[str]) -> None:
-        """Read the entries of ``keys`` together (concurrent requests on an object store), so
-        that ``lookup`` of each afterwards costs no round trip. Each answer serves one
-        ``lookup``, which checks it as any entry it reads (signature, bounds, main output);
-        a key whose read failed is left to ``lookup`` to ask again. Never raises."""
-        with self._lock:
-            known = set(self._prefetched)
-            listed = self._listed
-        wanted = sorted({key for key in keys if is_digest(key)} - known)
-        if listed is not None:  # what the listing lacks is a miss already
-            wanted = [key for key in wanted if key in listed]
-        if not wanted or not self._usable():
-            return
-        try:
-            found = self._call(f"reading {len(wanted)} entries", self.store._read_entries, wanted)
-        except (Failed, Rejected):  # counted and reported; lookup asks again, key by key
-            return
-        with self._lock:
-            self._prefetched.update(found)
-
-    def prefetch_listing(self) -> None:
-        """List the remote's entries once, so that ``lookup`` of a key not listed is a miss
-        without a round trip. An entry pushed after the listing is missed in this run (the
-        step builds here, as when two hosts race for it). Never raises."""
-        if not self._usable():
-            return
-        try:
-            listed = self._call("listing entries", self.store._entry_keys)
-        except (Failed, Rejected):
-            return
-        with self._lock:
-            self._listed = listed
-
-    def listed_absent(self, key: str) -> bool:
-        """Whether the listing (``prefetch_listing``) says the remote has no entry of ``key``."""
-        with self._lock:
-            return self._listed is not None and key not in self._listed
-
-    def _answered(self, key: str) -> bytes | None:
-        """The entry of ``key`` as prefetched (taken: it serves one lookup), or None when
-        there was no answer; FileNotFoundError when the remote has none."""
-        with self._lock:
-            data = self._prefetched.pop(key, _UNASKED)
-            if data is _UNASKED and self._listed is not None and key not in self._listed:
-                data = None
-        if data is None:
-            raise FileNotFoundError(key)
-        return data if isinstance(data, bytes) else None  # not bytes: _UNASKED, no answer
 
     def holds(self, entry: ActionEntry, step: str = "") -> bool:
         """Whether the remote's entry of ``entry.key`` is one this host accepts and names the
