@@ -5,6 +5,7 @@ file optbuild did not write, and spared where the last run left the folder as it
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from optbuild.builder.memo import DecisionMemo
@@ -27,16 +28,24 @@ class Restorer:
         self.memo = memo
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
         self._recipe_dirs: dict[str, Path] = {}  # recipe -> build/<recipe>, resolved (``dest``)
+        self._build_real: Path | None = None  # the build folder, resolved once a run
 
     def dest(self, spec: StepSpec) -> Path:
         """``build/<recipe>/<step>`` as it really is, proven inside the build folder: the
-        recipe's folder is resolved once a run (a realpath per step adds up), the step's own
-        name is never resolved (``paths.confined``), and names hold no separator."""
+        build folder is resolved once a run and each recipe's folder once (a realpath per step
+        adds up); a recipe's folder that is no link is the resolved build folder's child of
+        that name (names hold no separator and are never '.' or '..'); the step's own name is
+        never resolved (``paths.confined``)."""
         if (folder := self._recipe_dirs.get(spec.recipe)) is not None:
             return folder / spec.name
-        dest = confined(self.project.step_dir(spec.id), self.project.build_dir, f"the outputs of {spec.id} to")
-        self._recipe_dirs[spec.recipe] = dest.parent
-        return dest
+        if self._build_real is None:
+            self._build_real = self.project.build_dir.resolve()
+        folder = self._build_real / spec.recipe
+        if os.path.islink(folder):  # where it leads is proven, or refused
+            folder = confined(self.project.step_dir(spec.id), self.project.build_dir,
+                              f"the outputs of {spec.id} to").parent
+        self._recipe_dirs[spec.recipe] = folder
+        return folder / spec.name
 
     def restore(self, spec: StepSpec, entry: ActionEntry, dest: Path) -> None:
         """Make ``dest`` hold the entry's outputs, recorded as written by optbuild (what
