@@ -29,6 +29,7 @@ class Restorer:
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
         self._recipe_dirs: dict[str, Path] = {}  # recipe -> build/<recipe>, resolved (``dest``)
         self._build_real: Path | None = None  # the build folder, resolved once a run
+        self._dests: dict[str, Path] = {}  # step -> its folder (``dest``), asked more than once a step
 
     def dest(self, spec: StepSpec) -> Path:
         """``build/<recipe>/<step>`` as it really is, proven inside the build folder: the
@@ -36,8 +37,11 @@ class Restorer:
         adds up); a recipe's folder that is no link is the resolved build folder's child of
         that name (names hold no separator and are never '.' or '..'); the step's own name is
         never resolved (``paths.confined``)."""
+        if (dest := self._dests.get(spec.id)) is not None:
+            return dest
         if (folder := self._recipe_dirs.get(spec.recipe)) is not None:
-            return folder / spec.name
+            dest = self._dests[spec.id] = folder / spec.name
+            return dest
         if self._build_real is None:
             self._build_real = self.project.build_dir.resolve()
         folder = self._build_real / spec.recipe
@@ -45,7 +49,8 @@ class Restorer:
             folder = confined(self.project.step_dir(spec.id), self.project.build_dir,
                               f"the outputs of {spec.id} to").parent
         self._recipe_dirs[spec.recipe] = folder
-        return folder / spec.name
+        dest = self._dests[spec.id] = folder / spec.name
+        return dest
 
     def restore(self, spec: StepSpec, entry: ActionEntry, dest: Path) -> None:
         """Make ``dest`` hold the entry's outputs, recorded as written by optbuild (what

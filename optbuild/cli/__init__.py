@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
+# A command holds a large heap that lives as long as it does (the project's steps, the decision
+# memo, the lock file) and makes few cycles. At Python's default thresholds (700, 10, 10) the
+# collector rescans that heap so often that it was a quarter of a `plan` at 10,000 steps
+# (1.97-2.09 s -> 1.54-1.60 s); memory stayed the same. Step processes keep the defaults.
+GC_THRESHOLDS = (50_000, 20, 100)
+
 SUBCOMMANDS = {
     "build": "build and cache the selected steps",
     "plan": "dry run: what would build, and why",
@@ -159,9 +165,12 @@ def _main(argv: list[str] | None, fast_path: bool) -> int:
 
 
 def _run_command(arguments: list[str]) -> int:
+    import gc
     import importlib
 
     from optbuild.common.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
+
+    gc.set_threshold(*GC_THRESHOLDS)
 
     args = _parser().parse_args(arguments)
     module = importlib.import_module(f"optbuild.cli.{args.command}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +72,15 @@ class Project:
     recipes: dict[str, Path]
     steps: dict[str, StepSpec]  # in load order: recipe files sorted, steps as written
 
-    @property
+    @cached_property  # asked once a step at 10,000 steps; the config does not change
     def cache_dir(self) -> Path:
         return self.root / self.config.cache.dir
 
-    @property
+    @cached_property
     def build_dir(self) -> Path:
         return self.root / self.config.project.build_dir
 
-    @property
+    @cached_property
     def lock_file(self) -> Path:
         return self.root / self.config.project.lock_file
 
