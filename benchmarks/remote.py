@@ -192,7 +192,7 @@ def main() -> None:
         print(f"   restore from the remote on a fresh host : {fmt(pulls)}")
         print(f"   rebuild it there (--no-remote)          : {fmt(rebuilds)}")
         print("   the same, from the start event to the step's end (no interpreter start-up):")
-        print(f"     restore (s3fs client, entry, 100 MB GET, verify, fsync, link): {fmt(pull_work)}")
+        print(f"     restore (s3fs client, entry, {args.size_mb} MB GET, verify, fsync, link): {fmt(pull_work)}")
         print(f"     rebuild (worker process, numpy, write, hash, fsync, link)    : {fmt(rebuild_work)}")
         print(f"   first build + upload (write-through)    : {upload:.3f} s (build alone: {build_only:.3f} s)")
         print(f"   no-op afterwards (local hit)            : {fmt(cached)}")

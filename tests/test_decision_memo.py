@@ -16,6 +16,7 @@ from optbuild import api
 from optbuild.builder import lockfile, memo
 from optbuild.builder.report import Reporter
 from optbuild.common.digest import FileHasher
+from optbuild.project import parsed
 from optbuild.store.local import LocalStore
 
 CHAINS, LENGTH = 6, 5
@@ -61,14 +62,18 @@ def _run(proj: ProjectDir, *, dry_run: bool) -> tuple[dict[str, tuple[str, str |
 
 
 def _from_scratch_plan(proj: ProjectDir) -> dict[str, tuple[str, str | None]]:
-    """The plan with no memo: the memo moved aside meanwhile (a plan writes none)."""
-    path = proj.root / "build" / ".optbuild" / memo.NAME
-    aside = path.with_name("aside.json")
-    path.rename(aside)
+    """The plan with nothing remembered: the decision memo and the parsed recipes moved aside
+    meanwhile (and back, as they were: a plan writes no memo)."""
+    state = proj.root / "build" / ".optbuild"
+    kept = {state / name: state / f"aside-{name}" for name in (memo.NAME, parsed.NAME) if (state / name).exists()}
+    assert state / memo.NAME in kept
+    for path, aside in kept.items():
+        path.rename(aside)
     try:
         return _run(proj, dry_run=True)[0]
     finally:
-        aside.rename(path)
+        for path, aside in kept.items():
+            aside.replace(path)
 
 
 def _materialized(proj: ProjectDir) -> list[str]:
