@@ -33,6 +33,20 @@ def test_an_unchanged_recipe_is_taken_from_the_last_run(project):
     assert _suffix(project, "chain:mid") == "-planted"
 
 
+def test_tables_filed_by_someone_without_this_users_salt_are_not_taken(project, monkeypatch, tmp_path):
+    """A build folder may come from elsewhere (a CI cache): the digests are keyed, so tables
+    planted under the digest of a recipe's text by another user are never found."""
+    project.build()
+    load_project(project.root)
+    memory = _memory(project)
+    doc = json.loads(memory.read_text())
+    (digest, text), = doc["docs"].items()
+    doc["docs"][digest] = text.replace('"-mid"', '"-planted"')
+    memory.write_text(json.dumps(doc))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-user"))
+    assert _suffix(project, "chain:mid") == "-mid"
+
+
 def test_an_edited_recipe_is_parsed_again_and_the_memory_follows(project):
     project.build()
     load_project(project.root)

@@ -12,8 +12,10 @@ The file is written only into a build folder that optbuild made (its marker) and
 used (``.optbuild`` there), and
 holds the documents of the last run only (it never grows past the project). A document that
 JSON cannot hold as it is (a TOML date) is parsed every run. A damaged file is ignored: it
-costs speed, never correctness. Like the decision memo beside it, it is trusted as the build
-folder is.
+costs speed, never correctness. A build folder may come from elsewhere (a CI cache restored
+from another job), so the digests are keyed with this user's private salt (the no-op stamp's,
+``common.noopstamp``): no one without it can file tables under the digest of a recipe's text.
+Without a usable salt every recipe is parsed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from optbuild.common import tomlfile
+from optbuild.common import noopstamp, tomlfile
 from optbuild.common.atomic import write_atomic
 from optbuild.common.errors import OptbuildError
 from optbuild.common.paths import confined
@@ -41,7 +43,11 @@ class ParsedRecipes:
     def __init__(self, build_dir: Path):
         self.build_dir = build_dir
         self.path = build_dir / ".optbuild" / NAME
-        self._old = self._load()
+        try:
+            self._salt: bytes | None = noopstamp.salt(create=True)
+        except (OSError, ValueError):
+            self._salt = None  # no private salt: nothing is taken nor kept
+        self._old = self._load() if self._salt is not None else {}
         self._new: dict[str, str] = {}
         self._parsed = False  # a document was parsed and kept this run
 
@@ -59,7 +65,9 @@ class ParsedRecipes:
     def loads(self, text: str, file: Path) -> dict[str, Any]:
         """The tables of ``text`` (read from ``file``): as parsed last run, else parsed now
         (``tomlfile.loads``, whose errors pass through)."""
-        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
+        if self._salt is None:
+            return tomlfile.loads(text, file)
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=20, key=self._salt).hexdigest()
         if (kept := self._old.get(digest)) is not None:
             try:
                 data = json.loads(kept)
@@ -79,7 +87,7 @@ class ParsedRecipes:
     def save(self) -> None:
         """Keep this run's documents when they differ from the last run's (best effort: one
         not kept only costs speed). Nothing is written where no build has run."""
-        if not self._parsed and self._new.keys() == self._old.keys():
+        if self._salt is None or (not self._parsed and self._new.keys() == self._old.keys()):
             return
         if ownership(self.build_dir, "build") is None or not self.path.parent.is_dir() or self.path.parent.is_symlink():
             return  # only into optbuild's own build folder, where a build has run
