@@ -229,7 +229,7 @@ def main() -> None:
 
         # --- 3. a fresh host: restore the project vs build it -----------------------------
         restore, rebuild = [], []
-        for i in range(3):
+        for i in range(min(args.runs, 3)):
             restore.append(optbuild(project(tmp / f"fresh-s3-{i}", s3, text, kinds), "build"))
             rebuild.append(optbuild(project(tmp / f"fresh-local-{i}", s3, text, kinds), "build", "--no-remote"))
         print(f"\n3. fresh host, {args.steps} small steps:")
