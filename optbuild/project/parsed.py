@@ -9,10 +9,9 @@ parsed again. No timestamp is trusted, so there is no racy window: each recipe i
 and hashed every run, which costs a few milliseconds at 1,000 recipes.
 
 The file is written only into a build folder that optbuild made (its marker) and a build has
-used (``.optbuild`` there), and
-holds the documents of the last run only (it never grows past the project). A document that
-JSON cannot hold as it is (a TOML date) is parsed every run. A damaged file is ignored: it
-costs speed, never correctness. A build folder may come from elsewhere (a CI cache restored
+used (``.optbuild`` there), and holds the documents of the last run only (it never grows past
+the project). A document that JSON cannot hold as it is (a TOML date) is parsed every run. A
+damaged file is ignored: it costs speed, never correctness. A build folder may come from elsewhere (a CI cache restored
 from another job), so the digests are keyed with this user's private salt (the no-op stamp's,
 ``common.noopstamp``): no one without it can file tables under the digest of a recipe's text.
 Without a usable salt every recipe is parsed.
@@ -43,8 +42,8 @@ class ParsedRecipes:
     def __init__(self, build_dir: Path):
         self.build_dir = build_dir
         self.path = build_dir / ".optbuild" / NAME
-        try:
-            self._salt: bytes | None = noopstamp.salt(create=True)
+        try:  # made here only where there is a build folder's state to keep the memory in
+            self._salt: bytes | None = noopstamp.salt(create=self.path.parent.is_dir())
         except (OSError, ValueError):
             self._salt = None  # no private salt: nothing is taken nor kept
         self._old = self._load() if self._salt is not None else {}
