@@ -66,9 +66,21 @@ class Listing(SessionParts):
             raise FileNotFoundError(key)
         return data if isinstance(data, bytes) else None  # not bytes: _UNASKED, no answer
 
-    def holds_blobs(self, entry: ActionEntry) -> bool:
-        """Whether the remote holds every blob ``entry`` names, at its size, by one listing of
-        its blobs a run: an entry whose outputs stay there is no use once one was evicted."""
+    def holds_blobs(self, entry: ActionEntry, *, listing: bool) -> bool:
+        """Whether the remote holds every blob ``entry`` names, at its size: an entry whose
+        outputs stay there is no use once one was evicted. ``listing``: by one listing of its
+        blobs a run (a build of many steps), else by a request per blob (a few steps: a fleet's
+        remote may hold millions of blobs). Any failure is a no: the entry is then downloaded,
+        which checks it."""
+        wanted = {o.digest: o.size for o in entry.outputs.values()}
+        if not listing:
+            try:
+                return all(self._call(f"checking blob {digest[:8]}", self.store._blob_size, digest) == size
+                           for digest, size in wanted.items()) and (
+                    not entry.log or self._call(f"checking blob {entry.log[:8]}", self.store._blob_size,
+                                                entry.log) is not None)
+            except (Failed, Rejected):
+                return False
         with self._blobs_lock:  # not self._lock, which _usable and _call take
             if self._blobs is None and self._usable():
                 try:
@@ -76,5 +88,4 @@ class Listing(SessionParts):
                 except (Failed, Rejected):
                     self._blobs = {}  # said once; each such entry is downloaded, which checks it
             blobs = self._blobs or {}
-        return all(blobs.get(o.digest) == o.size for o in entry.outputs.values()) and (
-            not entry.log or entry.log in blobs)
+        return all(blobs.get(d) == size for d, size in wanted.items()) and (not entry.log or entry.log in blobs)
