@@ -118,5 +118,7 @@ def test_an_output_evicted_from_the_remote_is_built_again_not_a_failed_transfer(
     again = build(proj)
     assert again.ok, (again.reporter.events, farm.logs())
     assert "farm:a" in again.steps("built") and "farm:b" in again.steps("built")
+    (warned,) = [e["message"] for e in again.reporter.events if e.get("event") == "warning"]
+    assert f"entry of farm:a not used: it names blob {evicted[:8]}" in warned and "the remote lacks" in warned
     assert outputs(proj)["farm/b/data.txt"] == b"hello-a-B"
     assert farm_remote.read(farm_remote.blob_path(evicted)) == b"hello-a"  # put back by the node that built it
