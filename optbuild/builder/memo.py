@@ -32,16 +32,15 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from optbuild.common.atomic import write_atomic
 from optbuild.common.digest import ALGORITHM, DIGEST_HEX, hash_file
-from optbuild.common.errors import OptbuildError
-from optbuild.common.paths import confined
 from optbuild.common.signatures import RACY_NS, changed_within
+from optbuild.common.statefile import read_state, write_state
 from optbuild.store.entry import FORMAT as ENTRY_FORMAT
 from optbuild.store.entry import ActionEntry, OutputFile, check_relative_path, read_entry
 from optbuild.store.layout import blob_name, entry_name
@@ -101,15 +100,12 @@ class DecisionMemo:
         self._changed = False  # a record was made, dropped or refreshed: the memo is written at save
 
     def _load(self) -> dict[str, Remembered]:
-        try:
-            if self.path.parent.is_symlink():
-                return {}  # what the build folder holds, not what a link points at
-            doc = json.loads(self.path.read_bytes())
-            if doc.get("format") != FORMAT or doc.get("cache") != self._cache:
-                return {}
-            return {sid: Remembered.from_json(r) for sid, r in doc["steps"].items()}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        if (doc := read_state(self.path, format=FORMAT, cache=self._cache)) is None:
             return {}  # absent, damaged or foreign: decide in full
+        try:
+            return {sid: Remembered.from_json(r) for sid, r in doc["steps"].items()}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return {}
 
     def entry(self, sid: str, key: str, spec_kind: str, ingredients: dict[str, Any]) -> ActionEntry | None:
         """The entry of ``key`` as remembered, when nothing it was read from changed (its
@@ -121,7 +117,7 @@ class DecisionMemo:
             paths = self._cache_paths(key, old.entry)
             if not _unchanged(paths, old.cache):
                 return None
-            found = ActionEntry.model_construct(  # every field given: pydantic's defaults cost 14 µs each
+            found = ActionEntry.model_construct(  # every field given: pydantic copies the defaults of the others
                 format=ENTRY_FORMAT, digest_function=ALGORITHM, key=key, kind=spec_kind, ingredients=ingredients,
                 **{**old.entry, "outputs": _outputs(old.entry)})
         except (TypeError, ValueError, KeyError, AttributeError):  # a damaged memo: ask the store
@@ -192,14 +188,9 @@ class DecisionMemo:
             return
         steps = {sid: r.to_json() for sid, r in {**self._old, **self._new}.items()}
         doc = {"format": FORMAT, "cache": self._cache, "steps": steps}
-        try:
+        with suppress(OSError):  # not made: nothing is written
             self.path.parent.mkdir(exist_ok=True)
-            path = confined(self.path, self.build_dir, "the decision memo")  # never through a link out
-            if self.path.parent.is_symlink():
-                return
-            write_atomic(path, json.dumps(doc, separators=(",", ":"), default=str).encode())
-        except (OSError, OptbuildError):
-            pass
+        write_state(self.path, self.build_dir, doc, "the decision memo")
 
     def _vouch_young(self) -> None:
         """The signatures left out of this run's records as young: each path now older than

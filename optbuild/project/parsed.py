@@ -11,10 +11,11 @@ and hashed every run, which costs a few milliseconds at 1,000 recipes.
 The file is written only into a build folder that optbuild made (its marker) and a build has
 used (``.optbuild`` there), and holds the documents of the last run only (it never grows past
 the project). A document that JSON cannot hold as it is (a TOML date) is parsed every run. A
-damaged file is ignored: it costs speed, never correctness. A build folder may come from elsewhere (a CI cache restored
-from another job), so the digests are keyed with this user's private salt (the no-op stamp's,
-``common.noopstamp``): no one without it can file tables under the digest of a recipe's text.
-Without a usable salt every recipe is parsed.
+damaged file is ignored: it costs speed, never correctness (``common.statefile``). A build
+folder may come from elsewhere (a CI cache restored from another job), so the digests are
+keyed with this user's private salt (the no-op stamp's, ``common.noopstamp``): no one without
+it can file tables under the digest of a recipe's text. Without a usable salt every recipe is
+parsed.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.common import noopstamp, tomlfile
-from optbuild.common.atomic import write_atomic
-from optbuild.common.errors import OptbuildError
-from optbuild.common.paths import confined
+from optbuild.common.statefile import read_state, write_state
 from optbuild.store.marker import ownership
 
 FORMAT = 1
@@ -51,15 +50,12 @@ class ParsedRecipes:
         self._parsed = False  # a document was parsed and kept this run
 
     def _load(self) -> dict[str, str]:
-        try:
-            if self.path.parent.is_symlink():
-                return {}  # what the build folder holds, not what a link points at
-            doc = json.loads(self.path.read_bytes())
-            if doc.get("format") != FORMAT or doc.get("python") != sys.version:
-                return {}
-            return {k: v for k, v in doc["docs"].items() if isinstance(v, str)}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        if (doc := read_state(self.path, format=FORMAT, python=sys.version)) is None:
             return {}  # absent, damaged or foreign: parse every recipe
+        try:
+            return {k: v for k, v in doc["docs"].items() if isinstance(v, str)}
+        except (TypeError, KeyError, AttributeError):
+            return {}
 
     def loads(self, text: str, file: Path) -> dict[str, Any]:
         """The tables of ``text`` (read from ``file``): as parsed last run, else parsed now
@@ -88,11 +84,7 @@ class ParsedRecipes:
         not kept only costs speed). Nothing is written where no build has run."""
         if self._salt is None or (not self._parsed and self._new.keys() == self._old.keys()):
             return
-        if ownership(self.build_dir, "build") is None or not self.path.parent.is_dir() or self.path.parent.is_symlink():
+        if ownership(self.build_dir, "build") is None or not self.path.parent.is_dir():
             return  # only into optbuild's own build folder, where a build has run
-        doc = {"format": FORMAT, "python": sys.version, "docs": self._new}
-        try:
-            path = confined(self.path, self.build_dir, "the parsed recipes")  # never through a link out
-            write_atomic(path, json.dumps(doc, separators=(",", ":")).encode())
-        except (OSError, ValueError, OptbuildError):
-            pass
+        write_state(self.path, self.build_dir, {"format": FORMAT, "python": sys.version, "docs": self._new},
+                    "the parsed recipes")
