@@ -28,7 +28,7 @@ class Restorer:
         self.memo = memo
         self._swept: set[Path] = set()  # build/<recipe> folders cleared of killed restores' leftovers
         self._recipe_dirs: dict[str, Path] = {}  # recipe -> build/<recipe>, resolved (``dest``)
-        self._build_real: Path | None = None  # the build folder, resolved once a run
+        self._build_real = project.build_dir.resolve()  # once a run (``dest``)
         self._dests: dict[str, Path] = {}  # step -> its folder (``dest``), asked more than once a step
 
     def dest(self, spec: StepSpec) -> Path:
@@ -42,8 +42,6 @@ class Restorer:
         if (folder := self._recipe_dirs.get(spec.recipe)) is not None:
             dest = self._dests[spec.id] = folder / spec.name
             return dest
-        if self._build_real is None:
-            self._build_real = self.project.build_dir.resolve()
         folder = self._build_real / spec.recipe
         if os.path.islink(folder):  # where it leads is proven, or refused
             folder = confined(self.project.step_dir(spec.id), self.project.build_dir,

@@ -72,20 +72,26 @@ class Listing(SessionParts):
         blobs a run (a build of many steps), else by a request per blob (a few steps: a fleet's
         remote may hold millions of blobs). Any failure is a no: the entry is then downloaded,
         which checks it."""
-        wanted = {o.digest: o.size for o in entry.outputs.values()}
-        if not listing:
-            try:
-                return all(self._call(f"checking blob {digest[:8]}", self.store._blob_size, digest) == size
-                           for digest, size in wanted.items()) and (
-                    not entry.log or self._call(f"checking blob {entry.log[:8]}", self.store._blob_size,
-                                                entry.log) is not None)
-            except (Failed, Rejected):
-                return False
+        sizes = {o.digest: o.size for o in entry.outputs.values()}  # the log's is not recorded
+        listed = self._blob_listing() if listing else None
+
+        def present(digest: str) -> bool:
+            size = (listed.get(digest) if listed is not None
+                    else self._call(f"checking blob {digest[:8]}", self.store._blob_size, digest))
+            return size is not None and sizes.get(digest, size) == size
+
+        try:
+            return all(present(digest) for digest in sorted(entry.blob_digests()))
+        except (Failed, Rejected):
+            return False
+
+    def _blob_listing(self) -> dict[str, int]:
+        """Digest -> size of the remote's blobs, listed once a run (empty when that failed:
+        said once; each entry is then downloaded, which checks it)."""
         with self._blobs_lock:  # not self._lock, which _usable and _call take
             if self._blobs is None and self._usable():
                 try:
                     self._blobs = self._call("listing blobs", self.store._blob_sizes)
                 except (Failed, Rejected):
-                    self._blobs = {}  # said once; each such entry is downloaded, which checks it
-            blobs = self._blobs or {}
-        return all(blobs.get(d) == size for d, size in wanted.items()) and (not entry.log or entry.log in blobs)
+                    self._blobs = {}
+            return self._blobs or {}

@@ -1,5 +1,5 @@
-"""What ``RemoteSession``'s mixins (``Writing``, ``Auditing``, ``Listing``) use of the session, declared
-once so that a type checker checks the mixins against it; ``session`` defines each of them."""
+"""What ``RemoteSession``'s mixins (``Writing``, ``Auditing``, ``Listing``) use of the session,
+declared once so that a type checker checks the mixins against it; ``session`` defines each."""
 
 from __future__ import annotations
 
