@@ -20,29 +20,29 @@ def _suffix(project, sid: str) -> str:
     return load_project(project.root).steps[sid].step.params.suffix
 
 
-def test_an_unchanged_recipe_is_taken_from_the_last_run(project):
+def _plant(project) -> bytes:
+    """After a build and a load, another value filed under the recipe's digest in the memory
+    (a run that takes it from there shows "-planted"); the memory's bytes."""
     project.build()
     load_project(project.root)
     memory = _memory(project)
     doc = json.loads(memory.read_text())
     assert len(doc["docs"]) == 1
-    # Plant another value under the recipe's digest: a run that takes it from there shows it.
     (digest, text), = doc["docs"].items()
     doc["docs"][digest] = text.replace('"-mid"', '"-planted"')
     memory.write_text(json.dumps(doc))
+    return memory.read_bytes()
+
+
+def test_an_unchanged_recipe_is_taken_from_the_last_run(project):
+    _plant(project)
     assert _suffix(project, "chain:mid") == "-planted"
 
 
 def test_tables_filed_by_someone_without_this_users_salt_are_not_taken(project, monkeypatch, tmp_path):
     """A build folder may come from elsewhere (a CI cache): the digests are keyed, so tables
     planted under the digest of a recipe's text by another user are never found."""
-    project.build()
-    load_project(project.root)
-    memory = _memory(project)
-    doc = json.loads(memory.read_text())
-    (digest, text), = doc["docs"].items()
-    doc["docs"][digest] = text.replace('"-mid"', '"-planted"')
-    memory.write_text(json.dumps(doc))
+    _plant(project)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-user"))
     assert _suffix(project, "chain:mid") == "-mid"
 
@@ -74,12 +74,14 @@ def test_nothing_is_written_where_no_build_ran(project):
 
 
 def test_a_linked_state_folder_is_neither_read_nor_written(project, tmp_path):
-    project.build()
+    planted = _plant(project)
     state = project.root / "build" / ".optbuild"
     elsewhere = tmp_path / "elsewhere"
     state.rename(elsewhere)
     os.symlink(elsewhere, state)
-    (elsewhere / NAME).unlink(missing_ok=True)
+    assert _suffix(project, "chain:mid") == "-mid"  # not read through the link
+    assert (elsewhere / NAME).read_bytes() == planted  # nor written
+    (elsewhere / NAME).unlink()
     load_project(project.root)
     assert not (elsewhere / NAME).exists()
 
