@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbuild.builder.outcome import Options, Outcome
+from optbuild.builder.outcome import Options, Outcome, Replay
 from optbuild.builder.report import Reporter, make_reporter, write_line
 from optbuild.builder.runstats import describe_stats
 from optbuild.builder.scheduler import Scheduler
@@ -57,10 +57,12 @@ class Workspace:
 
 
 def open_workspace(start: Path | None = None, *, remote: str | bool | None = None,
-                   overrides: list[str] | None = None) -> Workspace:
+                   overrides: list[str] | None = None, recipes: Collection[str] | None = None) -> Workspace:
     """``remote``: a URL overrides ``[remote] url`` and $OPTBUILD_REMOTE; False turns it off.
-    ``overrides``: parameters set for this run (``-S``, see optbuild.project.overrides)."""
-    project = load_project(start, overrides)
+    ``overrides``: parameters set for this run (``-S``, see optbuild.project.overrides).
+    ``recipes``: only these recipes' steps are loaded (``load_project``; a build then takes
+    the others' as ``Replay`` says)."""
+    project = load_project(start, overrides, recipes)
     graph = StepGraph(project.steps)
     hasher = FileHasher(project.cache_dir / "statcache.sqlite")
     section = project.config.remote
@@ -105,6 +107,7 @@ def build(
     executor: str | None = None,
     scheduler: str | None = None,
     download: str | None = None,
+    replay: Replay | None = None,
 ) -> BuildResult:
     """Build (or with ``dry_run``, plan) ``targets`` and their ancestors.
 
@@ -118,6 +121,9 @@ def build(
     scheduler's address, which alone means "dask") override [build]'s, as ``download`` does
     ("targets" or "all": which outputs of steps built on Dask nodes come to this host; see
     ``StepGraph.wanted``).
+    ``replay``: the build of a project loaded in part (``open_workspace``'s ``recipes``):
+    its steps are ``replay.decided``, and the steps left out are reported as recorded
+    (``targets`` then only name the run the record was made for).
     """
     config = ws.project.config.build
     options = Options(
@@ -135,7 +141,7 @@ def build(
     if options.download not in ("targets", "all"):
         raise OptbuildError(f"download must be 'targets' or 'all', not {options.download!r}")
     reporter = reporter or Reporter()
-    selected = ws.graph.select(targets or [])
+    selected = replay.decided if replay is not None else ws.graph.select(targets or [])
     if not dry_run:  # never a user's folder: a build replaces step folders whole
         try:
             with suppress(OSError):  # the steps that write there report it, each in its own words
@@ -149,7 +155,8 @@ def build(
     runner = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
                        options=options, remote=remote, pool=pool, builder=_builder(options))
     try:
-        outcomes = runner.run(selected, ws.graph.wanted(targets or [], selected))
+        outcomes = runner.run(selected, None if replay is not None else ws.graph.wanted(targets or [], selected),
+                              replay)
     except OSError as exc:  # materializing into the build folder, say
         if not is_disk_full(exc):
             raise
@@ -309,6 +316,7 @@ def _delete(path: Path) -> None:
 # The API's surface: what a Python user calls, and the types and helpers its functions take and
 # give (a build reports to a Reporter, make_reporter makes the CLI's; outcomes carry a Status), which
 # the CLI imports from here too.
-__all__ = ["ONNX_TOOLS", "BuildResult", "Cleaned", "OptbuildError", "ProcessPool", "Reporter", "ServedPool", "Status",
+__all__ = ["ONNX_TOOLS", "BuildResult", "Cleaned", "OptbuildError", "ProcessPool", "Replay", "Reporter", "ServedPool",
+           "Status",
            "Workspace", "build", "check_scheduler", "clean", "describe_stats", "explain", "load_project",
            "make_reporter", "open_workspace", "write_line"]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from plugins.fastpath import optbuild
 from plugins.projects import ProjectDir
 
 from optbuild import api
@@ -142,6 +143,69 @@ def test_incremental_decisions_equal_a_from_scratch_computation_on_random_edits(
     assert served == CHAINS * LENGTH  # nothing changed since: every step decided from the memo
 
 
+def _cli_lines(text: str) -> dict[str, str]:
+    """Step -> status, from a plan's or a build's step lines ("  would-build c0:s2  (...)")."""
+    found = {}
+    for line in text.splitlines():
+        words = line.split()
+        if line.startswith("  ") and len(words) >= 2 and ":" in words[1] and words[0] != "build":
+            found[words[1]] = words[0]
+    return found
+
+
+def _with_reader(chains: ProjectDir) -> None:
+    """Recipe x, whose step reads c0's last step and c1's third; built, with a usable stamp."""
+    chains.write("recipes/x.toml", '[steps.after]\nkind = "join"\ninput = "c0:s4"\nother = "c1:s2"\n'
+                                   'suffix = "-x"\n')
+    assert optbuild(chains, "build").returncode == 0  # it made build/ and cache/: not vouched for
+    assert optbuild(chains, "build").returncode == 0
+    assert optbuild(chains, "build").fast
+
+
+def test_a_change_reaches_the_recipes_downstream_and_those_they_read_from(chains):
+    _with_reader(chains)
+    chains.write("data/in0.txt", "input 0, edited")
+    plan = optbuild(chains, "plan")
+    assert "partial: c0:s0: data/in0.txt changed; loading 3 recipes" in plan.declined  # c0, x, and c1 for x
+    lines = _cli_lines(plan.stdout)
+    assert [sid for sid, status in lines.items() if status == "would-build"] == [
+        *(f"c0:s{i}" for i in range(LENGTH)), "x:after"]
+    build = optbuild(chains, "build")
+    assert "ok: 25 cached, 6 built" in build.stderr
+    assert (chains.root / "build" / "x" / "after" / "data.txt").read_text() == "input 0, edited-1-2-3-4+input 1-1-2-x"
+    assert optbuild(chains, "build").fast
+
+
+def test_a_build_that_loads_only_what_a_change_reaches_decides_as_one_from_scratch(chains):
+    """``optbuild plan`` and ``build`` as a user runs them: when the no-op stamp shows that only
+    some steps' own files changed (an input, an output, a cache entry or blob), they load the
+    recipes the change reaches and replay the other steps as recorded (``common/noopreach.py``).
+    Their answer is a from-scratch computation's, and what they leave behind (optbuild.lock,
+    the step folders) is what a build from scratch would."""
+    _with_reader(chains)
+    rng = random.Random(7)
+    suffixes: dict[int, dict[int, str]] = {}
+    partial = 0
+    for _round in range(20):
+        time.sleep(0.02)
+        done = [_edit(chains, rng, suffixes) for _ in range(rng.randrange(1, 3))]
+        time.sleep(0.02)
+        scratch = _from_scratch_plan(chains)
+        plan = optbuild(chains, "plan")
+        assert plan.returncode == 0, (done, plan.stderr)
+        assert _cli_lines(plan.stdout) == {sid: status for sid, (status, _) in scratch.items()}, (done, plan.stderr)
+        build = optbuild(chains, "build")
+        assert build.returncode == 0, (done, build.stderr)
+        assert len(_cli_lines(build.stderr)) == len(scratch), done
+        partial += "partial: " in build.declined
+        after = _from_scratch_plan(chains)
+        assert all(status == "cached" for status, _ in after.values()), (done, after)
+        recorded = lockfile.read(chains.root / "optbuild.lock")
+        assert {sid: recorded[sid]["key"] for sid in after} == {sid: key for sid, (_, key) in after.items()}, done
+        assert _materialized(chains) == [], done
+    assert partial >= 5  # the rounds that changed a recipe (a parameter) load the whole project
+
+
 def test_a_file_changed_within_the_racy_window_is_not_vouched_for(chains):
     assert _run(chains, dry_run=False)[0]
     _, served = _run(chains, dry_run=False)  # its entries, blobs and folders were written just now
@@ -211,3 +275,19 @@ def test_a_run_that_changed_no_record_writes_no_memo(chains, monkeypatch):
     statuses, _ = _run(chains, dry_run=False)
     assert statuses["c0:s0"][0] == "built"
     assert path.stat().st_ino != written.st_ino  # replaced whole, with the new records
+
+
+def test_a_build_that_loads_some_recipes_keeps_the_failure_logs_of_the_others(chains):
+    """The log of a failed step is removed when the step succeeds or leaves the project; a
+    step of a recipe that a build did not load did neither."""
+    chains.write("recipes/c1.toml", _recipe(1, {}).replace('suffix = "-2"', 'suffix = "-2"\nfail = true'))
+    assert optbuild(chains, "build", "c1").returncode == 1
+    log = chains.root / "build" / ".logs" / "c1" / "s2.log"
+    assert log.is_file()
+    for _ in range(2):
+        assert optbuild(chains, "build", "c0").returncode == 0
+    assert optbuild(chains, "build", "c0").fast
+    chains.write("data/in0.txt", "input 0, edited")
+    build = optbuild(chains, "build", "c0")
+    assert build.returncode == 0 and "loading 1 recipes" in build.declined
+    assert log.is_file()

@@ -10,6 +10,7 @@ import time
 
 from optbuild.app.deploy import plan_warnings
 from optbuild.common import signatures
+from optbuild.common.noopreach import Reach
 from optbuild.common.noopstamp import (
     CACHED,
     FORMAT,
@@ -27,15 +28,18 @@ from optbuild.common.noopstamp import (
     shown,
     split_build_args,
     stamp_path,
+    vouched_folder,
 )
 from optbuild.common.signatures import changed_within, module_files, signature
 from optbuild.store.layout import blob_name, entry_name
 
 
-def record(ws, result) -> None:
-    """Write the stamp after an ok ``build`` (best effort: a stamp never fails a build)."""
+def record(ws, result, reach: Reach | None = None) -> None:
+    """Write the stamp after an ok ``build`` (best effort: a stamp never fails a build);
+    ``reach``: what this build loaded, when it loaded only what a change reached (the other
+    steps keep their records)."""
     try:
-        why_not = _record(ws, result)
+        why_not = _record(ws, result, reach)
     except Exception as exc:  # a stamp not written only costs speed
         why_not = f"{type(exc).__name__}: {exc}"
     if why_not:
@@ -84,10 +88,8 @@ def _cache_line(local: dict, remote) -> str | None:
     return describe_stats({"local": local, "remote": _untouched(remote)})
 
 
-def _record(ws, result) -> str | None:
+def _record(ws, result, reach: Reach | None) -> str | None:
     import json
-
-    from optbuild.builder.status import Status
 
     argv, started = invocation()
     if argv is None or started is None or (split := split_build_args(argv)) is None:
@@ -101,52 +103,80 @@ def _record(ws, result) -> str | None:
         key = salt(create=True)
     except (OSError, ValueError) as exc:
         return f"no private salt for the environment's digests: {exc}"
-    project, store = ws.project, ws.store
+    project = ws.project
     root = os.path.abspath(project.root)
     build_dir = os.path.abspath(project.build_dir)
+    steps, attributed = _steps(ws, result, reach)
+    inputs, products = _global_paths(ws, attributed)
+    lock = os.path.abspath(project.lock_file)
+    if reach is not None:  # checked unchanged by this build's start, with the recipes not loaded
+        for path in reach.stamp["sigs"]:
+            (products if path == lock or path.startswith(_product_roots(ws)) else inputs).add(path)
+
+    sigs, digests, unusable = _signed(inputs, products, started, root, lock=lock)
+    recorded_ns = time.time_ns()
+    for step in steps.values():
+        if "sigs" in step:  # carried over from the stamp this build started from: checked then
+            continue
+        step_sigs, step_digests, why = _signed(step.pop("inputs"), step.pop("products"), started, root, recorded_ns)
+        step.update(sigs=step_sigs, digests=step_digests, unusable=why)
+    lines, counts, local = _answer(result)
+    stamp = {
+        "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
+        "salt": salt_id(key), "env": env_digests(key), "python": python_identity(), "host": host_facts(),
+        "unusable": unusable, "sigs": sigs, "digests": digests, "steps": steps,
+        "recipes": _recipe_reads(project, reach), "incremental": _incremental(ws, build_args),
+        "lines": lines, "counts": counts, "cache_dir": os.path.abspath(project.cache_dir),
+        "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
+                  "remote": _untouched(ws.remote), "fast_path": True},
+        "cache_line": _cache_line(local, ws.remote),
+        "plan_warnings": reach.stamp["plan_warnings"] if reach is not None else plan_warnings(project, list(result.outcomes)),
+    }
+    from pathlib import Path
+
+    from optbuild.common.atomic import write_atomic
+
+    path = stamp_path(build_dir)
+    write_atomic(Path(path), json.dumps(stamp, separators=(",", ":")).encode())
+    racy = sum(1 for step in steps.values() if step["unusable"])
+    debug(f"recorded {len(sigs)} signatures and {len(steps)} steps" + (f"; unusable: {unusable}" if unusable else "")
+          + (f"; {racy} steps not vouched for" if racy else ""))
+    return None
+
+
+def _product_roots(ws) -> tuple[str, str]:
+    """Where optbuild's own products lie: the build folder and the cache."""
+    return (os.path.abspath(ws.project.build_dir) + os.sep, os.path.abspath(ws.project.cache_dir) + os.sep)
+
+
+def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
+    """Per step, in the order the build reported them: what it was decided from alone (its
+    key files and their folders; its entry, blobs, step folder and outputs), the steps it
+    reads, its recipe and its events. A step the build replayed keeps its record. Also every
+    path given to a step."""
+    project, store = ws.project, ws.store
+    build_dir = os.path.abspath(project.build_dir)
     cache_root = os.path.abspath(store.root)
-    product_roots = (build_dir + os.sep, os.path.abspath(project.cache_dir) + os.sep)
-
-    inputs: set[str] = {os.path.abspath(project.config_file), sys.executable}
-    inputs.update(os.path.abspath(p) for p in project.recipes.values())
-    inputs.update(os.path.abspath(spec.doc.path) for spec in project.steps.values())  # templates
-    for pattern in project.config.project.recipes:
-        inputs.update(_glob_folders(root, pattern))
-    for target in project.config.kinds.values():
-        inputs.add(os.path.abspath(os.path.join(root, target.rpartition(":")[0])))
-    inputs.update(build_path())
-    products: set[str] = {os.path.abspath(project.lock_file)}
-    for path in getattr(ws.hasher, "consulted", ()):
-        (products if path.startswith(product_roots) else inputs).add(path)
-    inputs.update({os.path.dirname(p) for p in inputs if os.path.isfile(p)})
-    inputs.update(module_files())
-
-    lines: list[str] = []
-    counts: dict[str, int] = {}
-    local = {"hits": 0, "misses": 0, "unavailable": 0}
+    events: dict[str, list[dict]] = {}
     for event in result.reporter.events:
-        if event.get("event") != "step" or event.get("status") == Status.RUNNING:
+        sid = event.get("step")
+        if sid is None or event.get("event") not in ("step", "warning") or event.get("status") == "running":
             continue
-        sid, status = event["step"], str(event["status"])
-        outcome = result.outcomes.get(sid)
-        line: str | None
-        if status in CACHED:
-            status = "cached"
-            line = f"  {'cached':<8} {sid}"
-        else:
-            from optbuild.builder.report import event_line
-
-            line = event_line(event)
-        if line is not None:
-            lines.append(line)
-        counts[status] = counts.get(status, 0) + 1
-        if outcome is None:
+        events.setdefault(sid, []).append(_replayable(event))
+    steps: dict[str, dict] = {}
+    attributed: set[str] = set()
+    for sid, recorded in events.items():
+        if reach is not None and sid not in result.outcomes:
+            steps[sid] = reach.stamp["steps"][sid]
             continue
+        outcome, spec = result.outcomes[sid], project.steps[sid]
+        own = {str(p) for p in spec.key_files or ()}
+        inputs = own | {os.path.dirname(p) for p in own}
+        products: set[str] = set()
         if outcome.key:
-            local["hits" if status == "cached" else "unavailable" if status == "unavailable" else "misses"] += 1
             products.add(f"{cache_root}/{entry_name(outcome.key)}")  # paths as text: 10,000 steps add up
         entry = outcome.entry
-        if entry is not None and status == "cached":
+        if entry is not None and str(outcome.status) in CACHED:
             folder = f"{build_dir}/{project.step_folder(sid)}"
             products.add(folder)
             for name in entry.outputs:
@@ -156,15 +186,65 @@ def _record(ws, result) -> str | None:
                     products.add(os.path.join(folder, parent))
                     parent = os.path.dirname(parent)
             products.update(f"{cache_root}/{blob_name(d)}" for d in entry.blob_digests())  # digests checked in the entry
-    from optbuild.builder.report import summary_lines
+        attributed |= inputs | products
+        steps[sid] = {"recipe": spec.recipe, "deps": sorted(spec.deps.values()), "events": recorded,
+                      "inputs": inputs, "products": products}
+    return steps, attributed
 
-    lines.extend(summary_lines(result.reporter.events))  # the reasons, grouped, as the build showed them
 
-    # Inputs: older than the build's start (less the margin), or the stamp is unusable.
-    # Products: older than now (less the margin), or content-checked, or unusable.
+def _replayable(event: dict) -> dict:
+    """A step's event as a no-op reports it: a step built or restored then is cached now."""
+    if event.get("event") != "step":
+        return {k: v for k, v in event.items() if k in ("event", "message", "step")}
+    status = str(event["status"])
+    found = {"event": "step", "step": event["step"], "status": "cached" if status in CACHED else status,
+             "key": event.get("key"), "reasons": [] if status in CACHED else list(event.get("reasons") or [])}
+    if event.get("error") and status not in CACHED:
+        found["error"] = event["error"]
+    return found
+
+
+def _global_paths(ws, attributed: set[str]) -> tuple[set[str], set[str]]:
+    """What the whole answer was read from, beyond the steps' own files: the inputs
+    (optbuild.toml, the recipes and templates, the folders the recipe patterns scan, the
+    project's kind files, the interpreter and sys.path, the modules loaded, any other file
+    the build hashed, and the folders holding them) and the products (the lock file, and
+    whatever the build hashed in the build folder or the cache that no step owns)."""
+    project = ws.project
+    root = os.path.abspath(project.root)
+    inputs: set[str] = {os.path.abspath(project.config_file), sys.executable}
+    inputs.update(os.path.abspath(p) for p in project.recipes.values())
+    inputs.update(os.path.abspath(spec.doc.path) for spec in project.steps.values())  # templates
+    for pattern in project.config.project.recipes:
+        inputs.update(_glob_folders(root, pattern))
+    for target in project.config.kinds.values():
+        inputs.add(os.path.abspath(os.path.join(root, target.rpartition(":")[0])))
+    inputs.update(build_path())
+    products: set[str] = {os.path.abspath(project.lock_file)}
+    product_roots = _product_roots(ws)
+    for path in getattr(ws.hasher, "consulted", ()):
+        if path not in attributed:
+            (products if path.startswith(product_roots) else inputs).add(path)
+    inputs.update({os.path.dirname(p) for p in inputs if os.path.isfile(p)})
+    inputs.update(module_files())
+    return inputs - products, products
+
+
+def _signed(inputs: set[str], products: set[str], started: int, root: str, recorded_ns: int | None = None,
+            lock: str | None = None) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
+    """The signatures of ``inputs`` and ``products``, the content digests of the products
+    written too recently for theirs, and why they cannot vouch for what was read (None: they can).
+    Inputs: older than the build's start (less the margin); the folder of ``lock`` (the lock
+    file, which a build replaces whole) by the names it holds, when only the build's write
+    changed them. Products: older than now (less the margin), or content-checked when small
+    (the lock file, whatever its size: a build that changed a step rewrites it)."""
     sigs: dict[str, list[int] | str] = {}
     racy = []
     for path in sorted(inputs):
+        if lock is not None and path == os.path.dirname(lock) and (
+                names := vouched_folder(path, os.path.basename(lock))) is not None:
+            sigs[path] = names
+            continue
         sig = sigs[path] = signature(path)
         if changed_within(sig, started):
             racy.append(shown(path, root))
@@ -172,31 +252,62 @@ def _record(ws, result) -> str | None:
     if racy:
         more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
         unusable = f"{', '.join(racy[:3])}{more} changed within {signatures.RACY_NS / 1e9:g} s of the build's start"
-    recorded_ns = time.time_ns()
+    recorded_ns = time.time_ns() if recorded_ns is None else recorded_ns
     digests: dict[str, str] = {}
     for path in sorted(products):
         sig = sigs[path] = signature(path)
         if unusable is not None or not changed_within(sig, recorded_ns):
             continue
-        if isinstance(sig, list) and os.path.isfile(path) and sig[2] <= HASH_MAX:
+        if isinstance(sig, list) and os.path.isfile(path) and (sig[2] <= HASH_MAX or path == lock):
             digests[path] = content_digest(path)
             if signature(path) == sig:
                 continue
         unusable = f"{shown(path, root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
-    stamp = {
-        "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
-        "salt": salt_id(key), "env": env_digests(key), "python": python_identity(), "host": host_facts(), "unusable": unusable,
-        "sigs": sigs, "digests": digests, "lines": lines, "counts": counts,
-        "cache_dir": os.path.abspath(project.cache_dir),
-        "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
-                  "remote": _untouched(ws.remote), "fast_path": True},
-        "cache_line": _cache_line(local, ws.remote), "plan_warnings": plan_warnings(ws.project, list(result.outcomes)),
-    }
-    from pathlib import Path
+    return sigs, digests, unusable
 
-    from optbuild.common.atomic import write_atomic
 
-    path = stamp_path(build_dir)
-    write_atomic(Path(path), json.dumps(stamp, separators=(",", ":")).encode())
-    debug(f"recorded {len(sigs)} signatures" + (f"; unusable: {unusable}" if unusable else ""))
-    return None
+def _answer(result) -> tuple[list[str], dict[str, int], dict[str, int]]:
+    """What the build said, as the fast path prints it (its step lines and the reasons it
+    grouped), its counts, and its local cache statistics."""
+    from optbuild.builder.report import event_line, summary_lines
+
+    lines: list[str] = []
+    counts: dict[str, int] = {}
+    local = {"hits": 0, "misses": 0, "unavailable": 0}
+    for event in result.reporter.events:
+        if event.get("event") != "step" or event.get("status") == "running":
+            continue
+        sid, status = event["step"], str(event["status"])
+        if status in CACHED:
+            status = "cached"
+            line: str | None = f"  {'cached':<8} {sid}"
+        else:
+            line = event_line(event)
+        if line is not None:
+            lines.append(line)
+        counts[status] = counts.get(status, 0) + 1
+        if event.get("key"):
+            local["hits" if status == "cached" else "unavailable" if status == "unavailable" else "misses"] += 1
+    lines.extend(summary_lines(result.reporter.events))  # the reasons, grouped, as the build showed them
+    return lines, counts, local
+
+
+def _recipe_reads(project, reach: Reach | None) -> dict[str, list[str]]:
+    """Per recipe of the project, the other recipes its steps read from (a build loads those
+    with it); a build that loaded some recipes keeps what the stamp said of the others."""
+    reads: dict[str, set[str]] = {name: set() for name in project.recipes}
+    for spec in project.steps.values():
+        reads[spec.recipe].update(
+            project.steps[dep].recipe for dep in spec.deps.values() if project.steps[dep].recipe != spec.recipe)
+    if reach is not None:
+        reads = {**{n: set(r) for n, r in reach.stamp["recipes"].items() if n not in reach.recipes}, **{
+            n: r for n, r in reads.items() if n in reach.recipes}}
+    return {name: sorted(names) for name, names in reads.items()}
+
+
+def _incremental(ws, build_args: list[str]) -> bool:
+    """Whether a later build may load only what a change reaches: a build on this host (the
+    Dask builder's downloads depend on the whole selection)."""
+    build = ws.project.config.build
+    local = build.executor == "local" or (build.executor == "auto" and not build.scheduler)
+    return local and not any(a.startswith(("--executor", "--scheduler")) for a in build_args)

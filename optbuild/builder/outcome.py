@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from optbuild.builder.status import Status
 from optbuild.store.entry import ActionEntry
@@ -41,3 +42,19 @@ class Outcome:
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a plain string ("built") is taken as its member
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Steps a run leaves out because nothing they were decided from changed since the last
+    ok build (its no-op stamp says so, ``common.noopreach``): their recorded events are
+    reported again and they count in the summary, but they are neither loaded nor decided,
+    and their records (optbuild.lock, the decision memo) stay as they are."""
+
+    events: list[dict[str, Any]]  # their step and warning events, as recorded
+    decided: list[str]  # the other steps of the run, decided as usual (upstream ones first)
+
+    def outcomes(self) -> dict[str, Outcome]:
+        return {e["step"]: Outcome(e["status"], e.get("key"), reasons=list(e.get("reasons") or []),
+                                   error=e.get("error"))
+                for e in self.events if e["event"] == "step"}

@@ -90,7 +90,8 @@ class Provenance:
         """Remove the kept logs of steps that succeeded in this run and of steps the project
         no longer has: a log left there would speak of a failure that is gone. Only logs
         optbuild recorded writing, still as written, are removed (``store.written``), and a
-        step not run this time keeps its log. What cannot be removed is left."""
+        step not run this time keeps its log, as does one of a recipe this run did not load.
+        What cannot be removed is left."""
         if self.dry_run:
             return
         logs = confined(self.project.build_dir / ".logs", self.project.build_dir, "the step logs to")
@@ -104,7 +105,8 @@ class Provenance:
             return
         for recipe, name in found:
             sid = f"{recipe}:{name}"
-            if sid in succeeded or sid not in self.project.steps:
+            gone = sid not in self.project.steps and self.project.has_recipe_loaded(recipe)
+            if sid in succeeded or gone:
                 with contextlib.suppress(OSError):
                     written.delete(self.project.build_dir, _log_name(recipe, name), written.Deleted())
 

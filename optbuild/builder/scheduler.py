@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Collection
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from optbuild.builder import lockfile, upstream
 from optbuild.builder.keys import Keyer, describe_changes
 from optbuild.builder.local import LocalBuilder
 from optbuild.builder.memo import DecisionMemo
-from optbuild.builder.outcome import Options, Outcome
+from optbuild.builder.outcome import Options, Outcome, Replay
 from optbuild.builder.provenance import Provenance, failure_message
 from optbuild.builder.report import Reporter
 from optbuild.builder.restore import Restorer
@@ -30,7 +30,7 @@ from optbuild.builder.status import Status
 from optbuild.builder.walk import Decision, Fetch, Walk
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import OptbuildError, StepError
-from optbuild.common.events import CacheEvent, DoneEvent, StartEvent, StepEvent, note, warning
+from optbuild.common.events import CacheEvent, DoneEvent, Event, StartEvent, StepEvent, note, warning
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.toolchain import Toolchain
 from optbuild.process.action import Action
@@ -82,6 +82,7 @@ class Scheduler:
         self.keyer = Keyer(hasher=hasher, toolchain=self.toolchain, salt=project.config.cache.salt,
                            project_root=project.root)
         self.outcomes: dict[str, Outcome] = {}
+        self.replayed: dict[str, Outcome] = {}  # the steps of ``run``'s replay, as recorded
         self.done: DoneEvent | None = None  # the summary of the last run
         if pool is None or not pool.fits(project.root, preload=self.options.preload):
             if pool is not None:
@@ -100,12 +101,14 @@ class Scheduler:
         self.builder = (builder or LocalBuilder)(self.context)
 
     # --- scheduling ------------------------------------------------------------------
-    def run(self, selected: list[str], wanted: Collection[str] | None = None) -> dict[str, Outcome]:
+    def run(self, selected: list[str], wanted: Collection[str] | None = None,
+            replay: Replay | None = None) -> dict[str, Outcome]:
         """Walk the graph of ``selected`` (``walk.Walk``), then record the run: the lock
         file, the memo, the statistics and the summary.
         ``wanted``: the steps whose outputs must come to this host (``StepGraph.wanted``;
         None: all); with ``Options.download`` "targets", a builder that builds elsewhere
-        leaves the others' outputs on the remote cache, where its nodes read them."""
+        leaves the others' outputs on the remote cache, where its nodes read them.
+        ``replay``: the steps left out, reported (first) and counted as recorded."""
         started = time.perf_counter()
         self.store.clean_stale_tmp()
         self._wanted = None if wanted is None else frozenset(wanted)
@@ -116,7 +119,11 @@ class Scheduler:
             self._end_run()  # the builder: whatever it got to
             raise
         jobs = self.options.jobs or self.builder.slots()
-        self.reporter.emit(StartEvent(event="start", steps=selected, jobs=jobs, dry_run=self.options.dry_run))
+        self.replayed = replay.outcomes() if replay is not None else {}
+        self.reporter.emit(StartEvent(event="start", steps=[*self.replayed, *selected], jobs=jobs,
+                                      dry_run=self.options.dry_run))
+        for event in replay.events if replay is not None else ():
+            self.reporter.emit(cast(Event, event))
         walk = Walk(self.project, self.graph, self.options, self.outcomes, self._decide, self._process, self._finish,
                     self.store.shared_gc_lock, self._abort, self._prewarm if self.builder.local else None)
         try:
@@ -132,15 +139,16 @@ class Scheduler:
         self.provenance.write_lock(self.outcomes, self.last_build, local=self.builder.local)
         if not self.options.dry_run:
             self.memo.save()
+        every = {**self.replayed, **self.outcomes}
         counts: dict[str, int] = {}
-        for outcome in self.outcomes.values():
+        for outcome in every.values():
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
         tolerated = {Status.UNAVAILABLE, Status.SKIPPED} if self.options.skip_unavailable else set()
-        ok = all(o.status.usable or o.status in tolerated or o.parked for o in self.outcomes.values())
+        ok = all(o.status.usable or o.status in tolerated or o.parked for o in every.values())
         ok = ok and not (self.options.fetch_only and counts.get(Status.WOULD_BUILD))
         if self.remote is not None:
             self.remote.drain()
-        stats = run_stats(self.outcomes, self.remote)
+        stats = run_stats(every, self.remote)
         if self.remote is not None:
             self.reporter.emit(CacheEvent(event="cache", local=stats["local"], remote=stats["remote"]))
         if not self.options.dry_run:

@@ -7,7 +7,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from optbuild.api import ProcessPool
+    from optbuild.api import ProcessPool, Replay, Workspace
+    from optbuild.common.noopreach import Reach
 
 
 def add_remote_flags(parser: argparse.ArgumentParser) -> None:
@@ -95,20 +96,43 @@ def run(args: argparse.Namespace) -> int:
             pool.close()
 
 
+def open_reached(args: argparse.Namespace, *, plan: bool) -> tuple[Workspace, Reach | None, Replay | None]:
+    """The workspace of this build or plan. When the no-op fast path found that only some
+    steps' own files changed since the last ok build (``optbuild.common.noopreach``), only the
+    recipes that change reaches are loaded, and the other steps are replayed as recorded."""
+    from optbuild import api
+    from optbuild.cli import noop
+    from optbuild.common.projectroot import project_root
+
+    root = project_root(args.directory)
+    if root is not None and (reach := noop.take_reach(root)) is not None:
+        ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set,
+                                recipes=reach.recipes)
+        decided = [sid for sid, step in reach.stamp["steps"].items() if step["recipe"] in reach.recipes]
+        if all(sid in ws.project.steps for sid in decided):
+            return ws, reach, api.Replay(reach.events(plan=plan), decided)
+        ws.close()  # the recipes no longer hold what was recorded: load them all
+    return api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set), None, None
+
+
 def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
     from optbuild import api
     from optbuild.api import Status, make_reporter
     from optbuild.app import noop_record
     from optbuild.common import noopstamp
+    from optbuild.common.projectroot import project_root
 
-    ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
+    if (root := project_root(args.directory)) is not None:  # before the build reads it (its kinds' imports)
+        noopstamp.note_written_folder(root)
+    ws, reach, replay = open_reached(args, plan=False)
     noopstamp.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,
                            keep_going=args.keep_going or None,
                            skip_unavailable=args.skip_unavailable, fetch_only=args.no_build,
                            retry_failed=args.retry_failed, pool=pool,
-                           executor=args.executor, scheduler=scheduler_override(args), download=args.download)
+                           executor=args.executor, scheduler=scheduler_override(args), download=args.download,
+                           replay=replay)
     finally:
         ws.close()
     report_remote(args, result)
@@ -120,5 +144,5 @@ def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
             print(f"  {sid}" + (f"  ({reasons})" if reasons else ""), file=sys.stderr)
     if not result.ok:
         return 1
-    noop_record.record(ws, result)  # the next build or plan may settle from it (see optbuild.cli.noop)
+    noop_record.record(ws, result, reach)  # the next build or plan may settle from it (see optbuild.cli.noop)
     return 0

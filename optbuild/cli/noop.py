@@ -29,10 +29,12 @@ import os
 import sys
 import time
 
+from optbuild.common.noopreach import Reach
 from optbuild.common.noopstamp import (
     FORMAT,
     build_dir_of,
     content_digest,
+    current_signature,
     debug,
     env_digests,
     host_facts,
@@ -45,7 +47,8 @@ from optbuild.common.noopstamp import (
     stamp_path,
 )
 from optbuild.common.projectroot import CONFIG_NAME, project_root
-from optbuild.common.signatures import signature
+
+_reach: Reach | None = None  # what ``try_fast_path`` found a change reaches (``take_reach``)
 
 
 def try_fast_path(argv: list[str]) -> int | None:
@@ -57,7 +60,11 @@ def try_fast_path(argv: list[str]) -> int | None:
     except Exception as exc:  # never a crash, never a false no-op
         found, why = None, f"{type(exc).__name__}: {exc}"
     else:
-        if isinstance(found, str):
+        if isinstance(found, Reach):
+            global _reach
+            _reach, why = found, f"partial: {found.describe()}; loading {len(found.recipes)} recipes"
+            found = None
+        elif isinstance(found, str):
             found, why = None, found
     if found is None:
         if why:
@@ -80,8 +87,17 @@ def try_fast_path(argv: list[str]) -> int | None:
     return 0
 
 
-def _check(argv: list[str]) -> dict | str | None:
-    """The stamp when it holds; else why not (a string), or None when not a build at all."""
+def take_reach(root: str) -> Reach | None:
+    """What the change since the last ok build reaches, when the fast path found that only
+    some steps' own files changed in the project at ``root`` (once: the build takes it)."""
+    global _reach
+    found, _reach = _reach, None
+    return found if found is not None and found.root == root else None
+
+
+def _check(argv: list[str]) -> dict | Reach | str | None:
+    """The stamp when it holds; what the change reaches when only some steps' own files
+    changed; else why not (a string), or None when not a build at all."""
     split = split_command_args(argv)
     if split is None:
         return None
@@ -124,19 +140,32 @@ def _check(argv: list[str]) -> dict | str | None:
         return f"environment variable {', '.join(changed)} changed"
     if stamp.get("host") != host_facts():
         return "the host changed (reboot, GPU devices or driver)"
-    sigs = stamp["sigs"]
+    if (why := _changed(stamp["sigs"], stamp["digests"], root)) is not None:
+        return why
+    if not isinstance(stamp.get("lines"), list) or not isinstance(stamp.get("counts"), dict):
+        return "the record is damaged"
+    dirty = {}
+    for sid, step in stamp["steps"].items():
+        if (why := step["unusable"] or _changed(step["sigs"], step["digests"], root)) is not None:
+            dirty[sid] = why
+    if dirty:
+        reach = Reach(stamp, dirty, root)
+        return reach if stamp.get("incremental") and reach.partial else f"step {reach.describe()}"
+    return {**stamp, "command": command}
+
+
+def _changed(sigs: dict, digests: dict, root: str) -> str | None:
+    """Why files are not as recorded (the first one found), or None."""
     for path, sig in sigs.items():
-        if signature(path) != sig:
+        if current_signature(path, sig) != sig:
             return f"{shown(path, root)} changed"
-    for path, digest in stamp["digests"].items():
+    for path, digest in digests.items():
         try:
             if content_digest(path) != digest:
                 return f"{shown(path, root)} changed"
         except OSError:
             return f"{shown(path, root)} cannot be read"
-    if not isinstance(stamp.get("lines"), list) or not isinstance(stamp.get("counts"), dict):
-        return "the record is damaged"
-    return {**stamp, "command": command}
+    return None
 
 
 def _append_stats(stamp: dict) -> None:

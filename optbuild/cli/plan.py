@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from optbuild.cli.build import add_common, remote_override, report_remote, scheduler_override
+from optbuild.cli.build import add_common, open_reached, report_remote, scheduler_override
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -26,13 +26,17 @@ def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.api import make_reporter
 
-    ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set)
+    ws, reach, replay = open_reached(args, plan=True)
     try:
-        _warn_shared_model_names(ws, args.targets)
+        if reach is not None:  # the recipes are as recorded: so are the warnings
+            for line in reach.stamp["plan_warnings"]:
+                print(line, file=sys.stderr)
+        else:
+            _warn_shared_model_names(ws, args.targets)
         result = api.build(ws, args.targets, reporter=make_reporter(args.json, results=sys.stdout), jobs=1,
                            dry_run=True, skip_unavailable=args.skip_unavailable,
                            retry_failed=args.retry_failed, executor=args.executor,
-                           scheduler=scheduler_override(args))
+                           scheduler=scheduler_override(args), replay=replay)
     finally:
         ws.close()
     report_remote(args, result)

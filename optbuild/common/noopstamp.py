@@ -71,8 +71,9 @@ import time
 
 from optbuild.common.projectroot import CONFIG_NAME
 from optbuild.common.quickhash import blake2b
+from optbuild.common.signatures import signature
 
-FORMAT = 2  # 1 held unsalted digests of the environment
+FORMAT = 3  # 2 held every signature in one table; 1 held unsalted digests of the environment
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
 SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
 SALT_BYTES = 32
@@ -85,9 +86,12 @@ _ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
 
+NAMES = "names:"  # a folder's signature by the names it holds (``names_signature``)
+
 _started_ns: int | None = None
 _argv: list[str] | None = None
 _sys_path: list[str] | None = None
+_written_folders: dict[str, frozenset[str]] = {}  # ``note_written_folder``
 
 
 def debug(message: str) -> None:
@@ -102,6 +106,47 @@ def mark_start(argv: list[str], *, started_ns: int | None = None, sys_path: list
     _started_ns = time.time_ns() if started_ns is None else started_ns
     _argv = list(argv)
     _sys_path = python_path() if sys_path is None else list(sys_path)
+
+
+def note_written_folder(path: str) -> None:
+    """The names the folder ``path`` holds before the build writes there (the project's
+    folder, where optbuild.lock is replaced whole): ``vouched_folder`` then tells the build's
+    own write from anyone else's change, which its times cannot."""
+    try:
+        _written_folders[path] = frozenset(os.listdir(path))
+    except OSError:
+        pass
+
+
+def vouched_folder(path: str, written: str) -> str | None:
+    """The names signature of ``path`` when it holds the names it held before the build
+    (``note_written_folder``), ``written`` (the file the build wrote there) aside; else None."""
+    before = _written_folders.get(path)
+    try:
+        now = frozenset(os.listdir(path))
+    except OSError:
+        return None
+    if before is None or now - {written} != before - {written}:
+        return None
+    return names_signature(path)
+
+
+def names_signature(path: str) -> str:
+    """A folder's signature by the names it holds, not by its times: a file replaced there
+    under the same name (optbuild.lock, written whole) leaves it as it was; a name added or
+    removed changes it. "absent" when it cannot be listed."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return "absent"
+    return NAMES + blake2b()("\0".join(names).encode(errors="surrogateescape"), digest_size=16).hexdigest()
+
+
+def current_signature(path: str, recorded: object) -> list[int] | str:
+    """``path``'s signature of the kind ``recorded`` is (a stat signature, or by names)."""
+    if isinstance(recorded, str) and recorded.startswith(NAMES):
+        return names_signature(path)
+    return signature(path)
 
 
 def invocation() -> tuple[list[str] | None, int | None]:

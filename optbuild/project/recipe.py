@@ -7,6 +7,7 @@ fixes a broken project in one pass; nothing is built when the project does not v
 from __future__ import annotations
 
 import difflib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -71,6 +72,11 @@ class Project:
     config: ProjectConfig
     recipes: dict[str, Path]
     steps: dict[str, StepSpec]  # in load order: recipe files sorted, steps as written
+    loaded: frozenset[str] | None = None  # the recipes whose steps are in ``steps``; None: all
+
+    def has_recipe_loaded(self, recipe: str) -> bool:
+        """Whether the steps of ``recipe`` were loaded (``load_project``'s ``recipes``)."""
+        return self.loaded is None or recipe in self.loaded
 
     @cached_property  # asked once a step at 10,000 steps; the config does not change
     def cache_dir(self) -> Path:
@@ -212,7 +218,7 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
 
 
 def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem], local: dict[str, str],
-                 invalid: set[str], overrides: list[Override], parsed: ParsedRecipes) -> list[StepSpec]:
+                 invalid: set[str], overrides: list[Override], parsed: ParsedRecipes | None) -> list[StepSpec]:
     """The valid steps of one recipe; ids of steps that failed validation go to ``invalid``."""
     try:
         doc = load_toml(path, parsed)
@@ -356,9 +362,12 @@ def project_kinds(start: Path) -> dict[str, str]:
     return local
 
 
-def load_project(start: Path | None = None, overrides: list[str] | None = None) -> Project:
+def load_project(start: Path | None = None, overrides: list[str] | None = None,
+                 recipes: Collection[str] | None = None) -> Project:
     """Load and validate the project whose optbuild.toml is at or above ``start``, with
-    ``overrides`` (``-S RECIPE:STEP.PARAM=VALUE``, see optbuild.project.overrides) applied."""
+    ``overrides`` (``-S RECIPE:STEP.PARAM=VALUE``, see optbuild.project.overrides) applied.
+    ``recipes``: load the steps of these recipes only (the recipes their steps read from must
+    be among them; every recipe file is still found and named in ``Project.recipes``)."""
     parsed = [parse_override(text) for text in overrides or []]
     config_file = find_config(start or Path.cwd())
     root = config_file.parent
@@ -385,11 +394,15 @@ def load_project(start: Path | None = None, overrides: list[str] | None = None) 
     steps: dict[str, StepSpec] = {}
     invalid: set[str] = set()
     problems.extend(unknown_override_recipes(parsed, set(recipe_files)))
-    recipes_parsed = ParsedRecipes(root / config.project.build_dir)
+    # a few recipes are parsed rather than read from the memory of all of them
+    recipes_parsed = ParsedRecipes(root / config.project.build_dir) if recipes is None else None
     for name, path in recipe_files.items():
+        if recipes is not None and name not in recipes:
+            continue
         for spec in _load_recipe(path, name, root, problems, local, invalid, parsed, recipes_parsed):
             steps[spec.id] = spec
-    recipes_parsed.save()
+    if recipes_parsed is not None:
+        recipes_parsed.save()
     _resolve_refs(steps, problems, invalid)
     _check_files(steps, problems)
     _check_calls(steps, problems)
@@ -397,4 +410,5 @@ def load_project(start: Path | None = None, overrides: list[str] | None = None) 
         raise ProjectError(problems)
     for spec in steps.values():
         spec.step.bind({field_name: steps[target].step for field_name, target in spec.deps.items()})
-    return Project(root, config_file, config, recipe_files, steps)
+    return Project(root, config_file, config, recipe_files, steps,
+                   None if recipes is None else frozenset(recipes) & recipe_files.keys())
