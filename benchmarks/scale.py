@@ -3,11 +3,12 @@
     python benchmarks/scale.py [--steps 1000 10000] [--plan-only 100000] [--profile DIR]
 
 For each size, a synthetic project (bench.py's chains of a text source and nine joins) is
-built cold, then timed: `plan` with everything built, the first no-op build after it, the
-no-op builds until one takes the fast path (while the project's files are younger than the
-stamp's racy-timestamp window, a no-op decides every step), `plan` again (the decision memo
-now vouches for every step), and one input file edited (`plan`, then `build`). For the
---plan-only sizes, only `plan` of the never-built project. Each command runs in its own process, as a user's
+made, left older than the no-op stamp's racy-timestamp window (as a user's recipes are when
+they build), built cold, then timed: `plan` with everything built, the first no-op build
+after it, the no-op builds until one takes the fast path (a step whose files are younger
+than that window is decided again, with the recipes it reaches), `plan` again, and one input
+file edited (`plan`, then `build`, then the no-op after it). For the --plan-only sizes, only
+`plan` of the never-built project. Each command runs in its own process, as a user's
 does; its peak resident memory is reported beside its time. With --profile, each command
 also writes a cProfile file (DIR/<steps>-<what>.prof) to read with `python -m pstats`.
 """
@@ -25,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import ENV, synthetic_project
+
+RACY_S = 2.1  # optbuild.common.signatures.RACY_NS, and a margin
 
 # Runs optbuild's CLI in this process and writes its peak RSS (KiB) where OPTBUILD_BENCH_RSS says.
 _RUNNER = """
@@ -86,6 +89,7 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "synthetic"
         synthetic_project(root, steps)
+        time.sleep(RACY_S)  # a user's recipes are older than the stamp's racy window when they build
         rows = {"plan, never built": run(root, "plan", profile=prof("plan-cold"))}
         rows["cold build"] = run(root, "build", profile=prof("build-cold"))  # [build] jobs = 2
         rows["plan, everything built"] = run(root, "plan", profile=prof("plan-built"))
@@ -95,6 +99,7 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
         (root / "data" / "in0.txt").write_text("input 0, edited")  # 10 steps downstream
         rows["one input edited: plan"] = run(root, "plan", profile=prof("plan-edited"))
         rows["one input edited: build"] = run(root, "build", profile=prof("build-edited"))
+        rows["one input edited: first no-op after its build"] = run(root, "build", profile=prof("noop-edited"))
     return rows
 
 

@@ -41,6 +41,8 @@ from optbuild.store.local import LocalStore
 from optbuild.store.marker import BUILD_STATE, MADE_INSIDE, MARKER, Kind, ownership, take_build_folder
 from optbuild.store.remote import RemoteSession, RemoteStore, open_remote
 
+MEMO_FROM = 20  # a run deciding 1/20 of the steps or more reads the decision memo (its size is all steps')
+
 
 @dataclass
 class Workspace:
@@ -153,7 +155,8 @@ def build(
             raise
     remote = RemoteSession(ws.remote, reporter, dry_run=dry_run) if ws.remote is not None else None
     runner = Scheduler(ws.project, ws.graph, ws.store, ws.hasher, reporter, toolchain=toolchain, host=host,
-                       options=options, remote=remote, pool=pool, builder=_builder(options))
+                       options=options, remote=remote, pool=pool, builder=_builder(options),
+                       memo=replay is None or len(selected) * MEMO_FROM >= len(selected) + len(replay.steps))
     try:
         outcomes = runner.run(selected, None if replay is not None else ws.graph.wanted(targets or [], selected),
                               replay)

@@ -113,7 +113,7 @@ def _record(ws, result, reach: Reach | None) -> str | None:
         for path in reach.stamp["sigs"]:
             (products if path == lock or path.startswith(_product_roots(ws)) else inputs).add(path)
 
-    sigs, digests, unusable = _signed(inputs, products, started, root, lock=lock)
+    sigs, digests, unusable = _signed(inputs, products, started, root, lock=lock, written=_written_beside(project))
     recorded_ns = time.time_ns()
     for step in steps.values():
         if "sigs" in step:  # carried over from the stamp this build started from: checked then
@@ -230,19 +230,29 @@ def _global_paths(ws, attributed: set[str]) -> tuple[set[str], set[str]]:
     return inputs - products, products
 
 
+def _written_beside(project) -> set[str]:
+    """The names a build writes in the lock file's folder: the lock file, and the build and
+    cache folders where they lie there (a first build makes them)."""
+    lock = os.path.abspath(project.lock_file)
+    return {os.path.basename(p) for p in (lock, os.path.abspath(project.build_dir), os.path.abspath(project.cache_dir))
+            if os.path.dirname(p) == os.path.dirname(lock)}
+
+
 def _signed(inputs: set[str], products: set[str], started: int, root: str, recorded_ns: int | None = None,
-            lock: str | None = None) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
+            lock: str | None = None, written: set[str] | None = None,
+            ) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
     """The signatures of ``inputs`` and ``products``, the content digests of the products
     written too recently for theirs, and why they cannot vouch for what was read (None: they can).
     Inputs: older than the build's start (less the margin); the folder of ``lock`` (the lock
-    file, which a build replaces whole) by the names it holds, when only the build's write
-    changed them. Products: older than now (less the margin), or content-checked when small
-    (the lock file, whatever its size: a build that changed a step rewrites it)."""
+    file, which a build replaces whole) by the names it holds, when only the build's own
+    writes there (``written``) changed them. Products: older than now (less the margin), or
+    content-checked when small (the lock file, whatever its size: a build that changed a step
+    rewrites it)."""
     sigs: dict[str, list[int] | str] = {}
     racy = []
     for path in sorted(inputs):
         if lock is not None and path == os.path.dirname(lock) and (
-                names := vouched_folder(path, os.path.basename(lock))) is not None:
+                names := vouched_folder(path, written or set())) is not None:
             sigs[path] = names
             continue
         sig = sigs[path] = signature(path)

@@ -86,13 +86,19 @@ class DecisionMemo:
     """The memo of one build folder and cache; ``entry`` and ``materialized`` answer from it,
     ``remember`` and ``save`` write the next one."""
 
-    def __init__(self, build_dir: Path, store: LocalStore):
+    def __init__(self, build_dir: Path, store: LocalStore, *, used: bool = True):
+        """``used``: False for a run that decides a few steps of many (``Scheduler``'s
+        ``memo``): the memo is neither read nor written, since reading it all would cost more
+        than it spares. Its records of the steps that run changed go stale, which costs the
+        next run that reads them a store lookup each, never a wrong answer: a record serves
+        only a step whose key, entry, blobs and folder are all as it says."""
         self.build_dir = build_dir
         self.path = build_dir / ".optbuild" / NAME
         self.store = store
+        self.used = used
         self._cache = str(store.root.resolve())
         self._root = str(store.root)  # paths as text (``store.layout``): a no-op asks 10,000 times
-        self._old = self._load()
+        self._old = self._load() if used else {}
         self._new: dict[str, Remembered] = {}
         self._unchanged: set[str] = set()  # steps whose remembered entry served this run
         self._dests: dict[str, str] = {}  # step -> its folder, for the records made this run
@@ -183,6 +189,8 @@ class DecisionMemo:
         """Write the memo of this run (atomically; best effort: a memo not written only costs
         speed). Steps not decided this run keep their record. A run that changed no record (a
         no-op) writes nothing: 7 MB of JSON at 10,000 steps."""
+        if not self.used:
+            return
         self._vouch_young()
         if not self._changed:
             return

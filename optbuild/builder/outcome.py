@@ -54,6 +54,10 @@ class Replay:
     events: list[dict[str, Any]]  # their step and warning events, as recorded
     decided: list[str]  # the other steps of the run, decided as usual (upstream ones first)
 
+    @property
+    def steps(self) -> list[str]:
+        return [e["step"] for e in self.events if e["event"] == "step"]
+
     def outcomes(self) -> dict[str, Outcome]:
         return {e["step"]: Outcome(e["status"], e.get("key"), reasons=list(e.get("reasons") or []),
                                    error=e.get("error"))

@@ -63,9 +63,11 @@ class Scheduler:
         remote: RemoteSession | None = None,
         pool: ProcessPool | None = None,
         builder: Callable[[BuildContext], Builder] | None = None,
+        memo: bool = True,
     ):
         """``builder``: where steps build, made from the build's context (default: this host,
-        LocalBuilder)."""
+        LocalBuilder). ``memo``: False where the run decides a few steps of many (the memo is
+        then neither read nor written, ``DecisionMemo``'s ``used``)."""
         self.project = project
         self.graph = graph
         self.hasher = hasher
@@ -76,7 +78,7 @@ class Scheduler:
         # a dry run changes nothing: corrupt items it meets are left for a real build to remove
         self.store = store.read_only_view() if self.options.dry_run else store
         self.failures = FailureStore(store.root, writable=self.store.writable)
-        self.memo = DecisionMemo(project.build_dir, self.store)
+        self.memo = DecisionMemo(project.build_dir, self.store, used=memo)
         self.restorer = Restorer(project, self.store, hasher, self.memo)
         self.provenance = Provenance(project, self.store, dry_run=self.options.dry_run)
         self.keyer = Keyer(hasher=hasher, toolchain=self.toolchain, salt=project.config.cache.salt,

@@ -19,6 +19,13 @@ None: the normal path. What the fast path does not do, unlike a normal no-op: re
 cache entries' last-use time (gc keeps the entries the lock file names anyway), sweep
 stale scratch folders, or trim the statistics file (the next normal run does).
 
+**Part of the project changed.** When everything but some steps' own files is as recorded
+(an input file edited, an output or a cache entry removed, a step's file too young to vouch
+for itself), the fast path is declined but leaves what the change reaches
+(``optbuild.common.noopreach.Reach``, ``take_reach``) for the build or plan that follows in
+this process: it loads only the recipes reached and replays the other steps as recorded
+(``optbuild.cli.build.open_reached``). A build handed to a build server loads everything.
+
 ``OPTBUILD_DEBUG_FASTPATH=1`` prints on stderr why the fast path was declined (or that it
 was taken), and what the recording said.
 """

@@ -25,14 +25,21 @@ projectroot, quickhash and signatures, which need no more).
   fingerprint has no file or environment override for ``build`` beyond
   ``CUDA_VISIBLE_DEVICES``, which the environment digest covers;
 - the stat signature (mtime_ns, ctime_ns, size, inode; or "absent") of everything the
-  answer was read from: optbuild.toml, every recipe, every folder a recipe pattern scans,
-  project-local kind files, every file the FileHasher was asked about (key files: user
-  modules and what pyimports follows, cache blobs, restored outputs), the folder holding
-  each of these (a new module beside them is seen), the source file of every non-stdlib
-  module the build had imported (optbuild and its step kinds, pydantic...), every
-  ``sys.path`` entry (installing or upgrading a package changes site-packages), the
-  interpreter, the lock file, and per step its cache entry (present or absent: a cache
-  pulled later is seen), its blobs, its output folder and files;
+  whole answer was read from: optbuild.toml, every recipe, every folder a recipe pattern
+  scans, project-local kind files, every file the FileHasher was asked about that no one
+  step owns (the modules that pyimports follows from a kind), the folder holding each of
+  these (a new module beside them is seen), the source file of every non-stdlib module the
+  build had imported (optbuild and its step kinds, pydantic...), every ``sys.path`` entry
+  (installing or upgrading a package changes site-packages), the interpreter and the lock
+  file. optbuild.lock's folder (the project's) is signed by the names it holds
+  (``names_signature``) when only the build's own write of the lock changed it, which its
+  times cannot tell from anyone else's change (``note_written_folder``);
+- per step, in the order the build reported them: the signatures of what that step alone
+  was decided from (its own key files and the folders holding them; its cache entry, present
+  or absent, so that a cache pulled later is seen; its blobs, its step folder and outputs),
+  its recipe, the steps it reads, and its events (a step built or restored is cached in the
+  no-op that follows); and per recipe, the recipes its steps read from. When only some
+  steps' files changed, a build loads what that reaches (``optbuild.common.noopreach``);
 - what the build said (its step lines, the reasons it grouped, its counts) and its
   cache-statistics record.
 
@@ -56,10 +63,12 @@ crashes leaves none.
 the moment its signature was taken could change again without changing the signature. So
 an input (anything outside the build and cache folders) whose mtime or ctime is not older
 than ``RACY_NS`` (2 s: coarse and skewed clocks, 2 s file systems) before the build
-*started* makes the stamp unusable: it may have changed after the build read it. A product
-(in the build or cache folders: outputs, cache entries, blobs, the lock file) that young
-against the moment of recording is read and its content digest recorded when it is small
-(cache entries: every normal build refreshes their mtime), else the stamp is unusable. An
+*started* cannot vouch for what the build read: it may have changed after. A product (in
+the build or cache folders: outputs, cache entries, blobs, the lock file) that young against
+the moment of recording is read and its content digest recorded when it is small (cache
+entries: every normal build refreshes their mtime) or is the lock file (a build that changed
+a step rewrites it), else it cannot vouch either. A step's own file that cannot vouch leaves
+that step to be decided again (with what it reaches); any other makes the stamp unusable. An
 unusable stamp is still written, saying why; the next normal build records a clean one.
 """
 
@@ -110,23 +119,25 @@ def mark_start(argv: list[str], *, started_ns: int | None = None, sys_path: list
 
 def note_written_folder(path: str) -> None:
     """The names the folder ``path`` holds before the build writes there (the project's
-    folder, where optbuild.lock is replaced whole): ``vouched_folder`` then tells the build's
-    own write from anyone else's change, which its times cannot."""
+    folder, where optbuild.lock is replaced whole and the first build makes build/ and
+    cache/): ``vouched_folder`` then tells the build's own writes from anyone else's change,
+    which its times cannot."""
     try:
         _written_folders[path] = frozenset(os.listdir(path))
     except OSError:
         pass
 
 
-def vouched_folder(path: str, written: str) -> str | None:
+def vouched_folder(path: str, written: set[str]) -> str | None:
     """The names signature of ``path`` when it holds the names it held before the build
-    (``note_written_folder``), ``written`` (the file the build wrote there) aside; else None."""
+    (``note_written_folder``), those of ``written`` (what the build itself writes there: the
+    lock file, the build and cache folders) aside; else None."""
     before = _written_folders.get(path)
     try:
         now = frozenset(os.listdir(path))
     except OSError:
         return None
-    if before is None or now - {written} != before - {written}:
+    if before is None or now - written != before - written:
         return None
     return names_signature(path)
 

@@ -7,6 +7,7 @@ cache folders are emptied by ``optbuild clean``: a name like ``..`` or a folder 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -52,7 +53,19 @@ def folder_problem(folder: Path, root: Path, protected: Iterable[Path]) -> str |
     real, top = Path(folder).resolve(), Path(root).resolve()
     if top.is_relative_to(real):
         return f"is the project folder {top}" if real == top else f"contains the project folder {top}"
+    inside = str(real).rstrip(os.sep) + os.sep
+    folders: dict[str, str] = {}  # a folder -> its real path: the recipes of a project share a few
     for path in protected:
-        if Path(path).resolve().is_relative_to(real):
+        if _real_file(str(path), folders).startswith(inside):
             return f"holds the project file {path}"
     return None
+
+
+def _real_file(path: str, folders: dict[str, str]) -> str:
+    """``os.path.realpath(path)``, with the real path of its folder taken from ``folders``
+    (and kept there): a name that is not a symbolic link is where its folder really is."""
+    parent, name = os.path.split(os.path.abspath(path))
+    if (real_parent := folders.get(parent)) is None:
+        real_parent = folders[parent] = os.path.realpath(parent)
+    joined = os.path.join(real_parent, name)
+    return os.path.realpath(joined) if os.path.islink(joined) else joined

@@ -79,6 +79,7 @@ def test_the_fast_path_replays_the_reasons_grouped_as_the_build_printed_them(tmp
                + "".join(f'[steps.horn{i}]\nkind = "needs"\ninput = "src"\n' for i in range(2))
                + '[steps.after]\nkind = "join"\ninput = "horn0"\n')
     assert optbuild(proj, "build", "--skip-unavailable").returncode == 0
+    stamp(proj).unlink()
     normal = optbuild(proj, "build", "--skip-unavailable")  # all cached: the answer to replay
     fast = optbuild(proj, "build", "--skip-unavailable")
     assert fast.fast and not normal.fast, fast.stderr
@@ -304,6 +305,7 @@ def remote_project(root: Path, remote) -> ProjectDir:
 def test_with_a_remote_a_noop_whose_steps_are_all_local_takes_the_fast_path(tmp_path, s3_remote):
     proj = remote_project(tmp_path / "proj", s3_remote)
     assert optbuild(proj, "build").returncode == 0  # builds, writes through to the remote
+    stamp(proj).unlink()
     normal = optbuild(proj, "build")  # every step a local hit: recorded
     assert normal.returncode == 0 and not normal.fast and "recorded" in normal.stderr, normal.stderr
     fast = optbuild(proj, "build")
