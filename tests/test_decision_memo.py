@@ -4,6 +4,7 @@ and spares the cache reads and folder walks of the steps nothing reached."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -291,3 +292,15 @@ def test_a_build_that_loads_some_recipes_keeps_the_failure_logs_of_the_others(ch
     build = optbuild(chains, "build", "c0")
     assert build.returncode == 0 and "loading 1 recipes" in build.declined
     assert log.is_file()
+
+
+def test_a_record_that_would_replay_a_step_as_no_ok_build_leaves_it_takes_the_normal_path(chains):
+    _with_reader(chains)
+    path = chains.root / "build" / ".optbuild" / "noop.json"
+    doc = json.loads(path.read_text())
+    doc["steps"]["c3:s1"]["status"] = "exploded"
+    path.write_text(json.dumps(doc))
+    chains.write("data/in0.txt", "input 0, edited")
+    build = optbuild(chains, "build")
+    assert build.returncode == 0 and "ValueError: a step of the record has a status" in build.declined
+    assert "ok: 25 cached, 6 built" in build.stderr

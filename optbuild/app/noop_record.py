@@ -110,21 +110,37 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     inputs, products = _global_paths(ws, attributed)
     lock = os.path.abspath(project.lock_file)
     if reach is not None:  # checked unchanged by this build's start, with the recipes not loaded
-        for path in reach.stamp["sigs"]:
+        for path in reach.global_paths():
             (products if path == lock or path.startswith(_product_roots(ws)) else inputs).add(path)
 
-    sigs, digests, unusable = _signed(inputs, products, started, root, lock=lock, written=_written_beside(project))
+    vouched = ws.store.refreshed
+    sigs, digests, unusable = _signed(inputs, products, started, root, vouched, lock=lock,
+                                      written=_written_beside(project))
+    shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
+    position = {path: i for i, path in enumerate(sigs)}
     recorded_ns = time.time_ns()
-    for step in steps.values():
-        if "sigs" in step:  # carried over from the stamp this build started from: checked then
-            continue
-        step_sigs, step_digests, why = _signed(step.pop("inputs"), step.pop("products"), started, root, recorded_ns)
-        step.update(sigs=step_sigs, digests=step_digests, unusable=why)
+    for sid, step in steps.items():
+        if reach is not None and sid not in result.outcomes:  # replayed: checked by this build's start
+            step_sigs, step_digests, why = reach.step_files(sid), {}, None
+            step_digests = {p: reach.stamp["digests"][p] for p in step_sigs if p in reach.stamp["digests"]}
+        else:
+            step_sigs, step_digests, why = _signed(step.pop("inputs"), step.pop("products"), started, root,
+                                                   vouched, recorded_ns)
+        index = []
+        for path, sig in step_sigs.items():
+            if (i := position.get(path)) is None:
+                i = position[path] = len(sigs)
+                sigs[path] = sig
+            index.append(i)
+        digests.update(step_digests)
+        step["paths"] = index
+        if why is not None:
+            step["unusable"] = why
     lines, counts, local = _answer(result)
     stamp = {
         "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
         "salt": salt_id(key), "env": env_digests(key), "python": python_identity(), "host": host_facts(),
-        "unusable": unusable, "sigs": sigs, "digests": digests, "steps": steps,
+        "unusable": unusable, "sigs": sigs, "shared": shared, "digests": digests, "steps": steps,
         "recipes": _recipe_reads(project, reach), "incremental": _incremental(ws, build_args),
         "lines": lines, "counts": counts, "cache_dir": os.path.abspath(project.cache_dir),
         "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
@@ -138,7 +154,7 @@ def _record(ws, result, reach: Reach | None) -> str | None:
 
     path = stamp_path(build_dir)
     write_atomic(Path(path), json.dumps(stamp, separators=(",", ":")).encode())
-    racy = sum(1 for step in steps.values() if step["unusable"])
+    racy = sum(1 for step in steps.values() if "unusable" in step)
     debug(f"recorded {len(sigs)} signatures and {len(steps)} steps" + (f"; unusable: {unusable}" if unusable else "")
           + (f"; {racy} steps not vouched for" if racy else ""))
     return None
@@ -150,10 +166,10 @@ def _product_roots(ws) -> tuple[str, str]:
 
 
 def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
-    """Per step, in the order the build reported them: what it was decided from alone (its
-    key files and their folders; its entry, blobs, step folder and outputs), the steps it
-    reads, its recipe and its events. A step the build replayed keeps its record. Also every
-    path given to a step."""
+    """Per step, in the order the build reported them: its recipe, the steps it reads, what
+    it said (``_said``), and what it was decided from alone (its key files and their folders;
+    its entry, blobs, step folder and outputs). A step the build replayed keeps what it said.
+    Also every path given to a step."""
     project, store = ws.project, ws.store
     build_dir = os.path.abspath(project.build_dir)
     cache_root = os.path.abspath(store.root)
@@ -162,12 +178,13 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
         sid = event.get("step")
         if sid is None or event.get("event") not in ("step", "warning") or event.get("status") == "running":
             continue
-        events.setdefault(sid, []).append(_replayable(event))
+        events.setdefault(sid, []).append(event)
     steps: dict[str, dict] = {}
     attributed: set[str] = set()
-    for sid, recorded in events.items():
+    for sid, said in events.items():
         if reach is not None and sid not in result.outcomes:
-            steps[sid] = reach.stamp["steps"][sid]
+            old = reach.stamp["steps"][sid]
+            steps[sid] = {k: v for k, v in old.items() if k not in ("paths", "unusable")}
             continue
         outcome, spec = result.outcomes[sid], project.steps[sid]
         own = {str(p) for p in spec.key_files or ()}
@@ -187,21 +204,27 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
                     parent = os.path.dirname(parent)
             products.update(f"{cache_root}/{blob_name(d)}" for d in entry.blob_digests())  # digests checked in the entry
         attributed |= inputs | products
-        steps[sid] = {"recipe": spec.recipe, "deps": sorted(spec.deps.values()), "events": recorded,
+        steps[sid] = {"recipe": spec.recipe, "deps": sorted(spec.deps.values()), **_said(said),
                       "inputs": inputs, "products": products}
     return steps, attributed
 
 
-def _replayable(event: dict) -> dict:
-    """A step's event as a no-op reports it: a step built or restored then is cached now."""
-    if event.get("event") != "step":
-        return {k: v for k, v in event.items() if k in ("event", "message", "step")}
-    status = str(event["status"])
-    found = {"event": "step", "step": event["step"], "status": "cached" if status in CACHED else status,
-             "key": event.get("key"), "reasons": [] if status in CACHED else list(event.get("reasons") or [])}
-    if event.get("error") and status not in CACHED:
-        found["error"] = event["error"]
-    return found
+def _said(events: list[dict]) -> dict:
+    """What a step's events say, as the no-op after it reports them (``Reach.events``): its
+    status (a step built or restored then is cached now), key, reasons and error, and the
+    warnings it gave."""
+    said: dict = {}
+    for event in events:
+        if event["event"] == "warning":
+            said.setdefault("warnings", []).append(event["message"])
+            continue
+        status = str(event["status"])
+        said.update(status="cached" if status in CACHED else status, key=event.get("key"))
+        if status not in CACHED and event.get("reasons"):
+            said["reasons"] = list(event["reasons"])
+        if status not in CACHED and event.get("error"):
+            said["error"] = event["error"]
+    return said
 
 
 def _global_paths(ws, attributed: set[str]) -> tuple[set[str], set[str]]:
@@ -238,16 +261,17 @@ def _written_beside(project) -> set[str]:
             if os.path.dirname(p) == os.path.dirname(lock)}
 
 
-def _signed(inputs: set[str], products: set[str], started: int, root: str, recorded_ns: int | None = None,
-            lock: str | None = None, written: set[str] | None = None,
+def _signed(inputs: set[str], products: set[str], started: int, root: str, vouched: dict[str, list[int] | str],
+            recorded_ns: int | None = None, lock: str | None = None, written: set[str] | None = None,
             ) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
     """The signatures of ``inputs`` and ``products``, the content digests of the products
     written too recently for theirs, and why they cannot vouch for what was read (None: they can).
     Inputs: older than the build's start (less the margin); the folder of ``lock`` (the lock
     file, which a build replaces whole) by the names it holds, when only the build's own
     writes there (``written``) changed them. Products: older than now (less the margin), or
-    content-checked when small (the lock file, whatever its size: a build that changed a step
-    rewrites it)."""
+    with the signature the build's own mark of use gave (``vouched``: a cache entry read and
+    checked just before), or content-checked when small (the lock file, whatever its size: a
+    build that changed a step rewrites it)."""
     sigs: dict[str, list[int] | str] = {}
     racy = []
     for path in sorted(inputs):
@@ -266,7 +290,7 @@ def _signed(inputs: set[str], products: set[str], started: int, root: str, recor
     digests: dict[str, str] = {}
     for path in sorted(products):
         sig = sigs[path] = signature(path)
-        if unusable is not None or not changed_within(sig, recorded_ns):
+        if unusable is not None or not changed_within(sig, recorded_ns) or vouched.get(path) == sig:
             continue
         if isinstance(sig, list) and os.path.isfile(path) and (sig[2] <= HASH_MAX or path == lock):
             digests[path] = content_digest(path)

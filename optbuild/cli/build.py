@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             pool.close()
 
 
-def open_reached(args: argparse.Namespace, *, plan: bool) -> tuple[Workspace, Reach | None, Replay | None]:
+def open_reached(args: argparse.Namespace) -> tuple[Workspace, Reach | None, Replay | None]:
     """The workspace of this build or plan. When the no-op fast path found that only some
     steps' own files changed since the last ok build (``optbuild.common.noopreach``), only the
     recipes that change reaches are loaded, and the other steps are replayed as recorded."""
@@ -110,7 +110,7 @@ def open_reached(args: argparse.Namespace, *, plan: bool) -> tuple[Workspace, Re
                                 recipes=reach.recipes)
         decided = [sid for sid, step in reach.stamp["steps"].items() if step["recipe"] in reach.recipes]
         if all(sid in ws.project.steps for sid in decided):
-            return ws, reach, api.Replay(reach.events(plan=plan), decided)
+            return ws, reach, api.Replay(reach.events(), decided)
         ws.close()  # the recipes no longer hold what was recorded: load them all
     return api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set), None, None
 
@@ -124,7 +124,7 @@ def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
 
     if (root := project_root(args.directory)) is not None:  # before the build reads it (its kinds' imports)
         noopstamp.note_written_folder(root)
-    ws, reach, replay = open_reached(args, plan=False)
+    ws, reach, replay = open_reached(args)
     noopstamp.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,

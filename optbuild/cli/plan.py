@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.api import make_reporter
 
-    ws, reach, replay = open_reached(args, plan=True)
+    ws, reach, replay = open_reached(args)
     try:
         if reach is not None:  # the recipes are as recorded: so are the warnings
             for line in reach.stamp["plan_warnings"]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+REPLAYED = ("cached", "unavailable", "skipped")  # what an ok build's step can be in the no-op after it
+
 
 @dataclass
 class Reach:
@@ -27,6 +29,7 @@ class Reach:
     root: str
     recipes: set[str] = field(init=False)  # the recipes to load: what the change reaches, and what those read
     replayed: list[str] = field(init=False)  # the steps reported as recorded, in recorded order
+    _table: list[str] | None = field(default=None, init=False)  # the paths of the stamp's signatures, in order
 
     def __post_init__(self) -> None:
         steps: dict[str, dict] = self.stamp["steps"]
@@ -50,21 +53,41 @@ class Reach:
                     todo.append(recipe)
         self.recipes = recipes
         self.replayed = [sid for sid, step in steps.items() if step["recipe"] not in recipes]
+        if any(steps[sid]["status"] not in REPLAYED for sid in self.replayed):
+            raise ValueError("a step of the record has a status no ok build leaves")
 
     @property
     def partial(self) -> bool:
         """Whether some recipe of the project is left out (else the build is a full one)."""
         return len(self.recipes) < len(self.stamp["recipes"])
 
-    def events(self, *, plan: bool) -> list[dict]:
-        """The replayed steps' events as the recorded build reported them (to a plan, a step
-        that build built or restored is cached)."""
-        found = []
+    def events(self) -> list[dict]:
+        """The replayed steps' events as the recorded build reported them, as a no-op (a
+        step that build built or restored is cached)."""
+        found: list[dict] = []
         for sid in self.replayed:
-            for event in self.stamp["steps"][sid]["events"]:
-                found.append({**event, "status": "cached"} if plan and event.get("status") in ("built", "restored")
-                             else event)
+            said = self.stamp["steps"][sid]
+            event = {"event": "step", "step": sid, "status": said["status"], "key": said["key"],
+                     "reasons": list(said.get("reasons") or [])}
+            if said.get("error"):
+                event["error"] = said["error"]
+            found.append(event)
+            found.extend({"event": "warning", "message": m, "step": sid} for m in said.get("warnings") or [])
         return found
+
+    def global_paths(self) -> list[str]:
+        """The paths whose signatures vouch for the whole answer (the first of the table)."""
+        return list(self.stamp["sigs"])[:self.stamp["shared"]]
+
+    def step_files(self, sid: str) -> dict[str, list[int] | str]:
+        """The signatures of what ``sid`` alone was decided from, as recorded."""
+        paths = self._paths()
+        return {paths[i]: self.stamp["sigs"][paths[i]] for i in self.stamp["steps"][sid]["paths"]}
+
+    def _paths(self) -> list[str]:
+        if self._table is None:
+            self._table = list(self.stamp["sigs"])
+        return self._table
 
     def describe(self) -> str:
         first = next(iter(self.dirty))

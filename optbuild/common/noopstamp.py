@@ -65,9 +65,10 @@ an input (anything outside the build and cache folders) whose mtime or ctime is 
 than ``RACY_NS`` (2 s: coarse and skewed clocks, 2 s file systems) before the build
 *started* cannot vouch for what the build read: it may have changed after. A product (in
 the build or cache folders: outputs, cache entries, blobs, the lock file) that young against
-the moment of recording is read and its content digest recorded when it is small (cache
-entries: every normal build refreshes their mtime) or is the lock file (a build that changed
-a step rewrites it), else it cannot vouch either. A step's own file that cannot vouch leaves
+the moment of recording is read and its content digest recorded when it is small or is the
+lock file (a build that changed a step rewrites it), else it cannot vouch either. A cache
+entry that the build marked used (gc's last use, refreshed every few minutes) right after
+reading and checking it whole keeps the signature that mark gave, as the decision memo does. A step's own file that cannot vouch leaves
 that step to be decided again (with what it reaches); any other makes the stamp unusable. An
 unusable stamp is still written, saying why; the next normal build records a clean one.
 """
@@ -125,7 +126,7 @@ def note_written_folder(path: str) -> None:
     try:
         _written_folders[path] = frozenset(os.listdir(path))
     except OSError:
-        pass
+        _written_folders.pop(path, None)  # a build server's earlier build noted it
 
 
 def vouched_folder(path: str, written: set[str]) -> str | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import CacheError, first_line
+from optbuild.common.signatures import signature
 from optbuild.store.content import ContentStore
 from optbuild.store.entry import ActionEntry, check_digest, read_entry
 from optbuild.store.layout import entry_name
@@ -30,6 +31,9 @@ class ActionCache(ContentStore):
     def __init__(self, root: Path, hasher: FileHasher, *, read_only: bool = False):
         super().__init__(root, hasher, read_only=read_only)
         self.last_miss_reason: str | None = None  # why the last get_action missed, for users
+        # the entries marked used (``refresh_use``), each with the signature its mark gave: read and
+        # checked just before, so the no-op stamp may vouch for it, young as it is (the memo does)
+        self.refreshed: dict[str, list[int] | str] = {}
 
     def entry_path(self, key: str) -> Path:
         check_digest(key, "key")
@@ -78,6 +82,7 @@ class ActionCache(ContentStore):
         if self.read_only or time.time_ns() - mtime_ns <= REFRESH_NS:
             return False
         os.utime(path)
+        self.refreshed[os.fspath(path)] = signature(os.fspath(path))
         return True
 
     def _drop_entry(self, path: Path) -> None:
