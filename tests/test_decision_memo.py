@@ -1,6 +1,7 @@
-"""Incremental decisions (``builder/memo.py``): a run that takes what the last run remembered
-decides exactly as one that computes everything from scratch, whatever changed in between,
-and spares the cache reads and folder walks of the steps nothing reached."""
+"""Incremental decisions: a run that takes what the last run remembered (``builder/memo.py``)
+or loads only what a change reaches (``common/noopreach.py``) decides exactly as one that
+computes everything from scratch, whatever changed in between, and spares the cache reads and
+folder walks of the steps nothing reached."""
 
 from __future__ import annotations
 
@@ -204,7 +205,7 @@ def test_a_build_that_loads_only_what_a_change_reaches_decides_as_one_from_scrat
         recorded = lockfile.read(chains.root / "optbuild.lock")
         assert {sid: recorded[sid]["key"] for sid in after} == {sid: key for sid, (_, key) in after.items()}, done
         assert _materialized(chains) == [], done
-    assert partial >= 5  # the rounds that changed a recipe (a parameter) load the whole project
+    assert partial >= 12  # the rounds with something to decide again
 
 
 def test_a_file_changed_within_the_racy_window_is_not_vouched_for(chains):
@@ -304,3 +305,64 @@ def test_a_record_that_would_replay_a_step_as_no_ok_build_leaves_it_takes_the_no
     build = optbuild(chains, "build")
     assert build.returncode == 0 and "ValueError: a step of the record has a status" in build.declined
     assert "ok: 25 cached, 6 built" in build.stderr
+
+
+def test_an_edited_recipe_is_loaded_with_what_it_reaches_and_its_new_steps_are_built(chains):
+    _with_reader(chains)
+    chains.write("recipes/c2.toml", _recipe(2, {3: "-three"}) + '[steps.s5]\nkind = "join"\ninput = "s4"\n')
+    plan = optbuild(chains, "plan")
+    assert "partial: c2:s0 and 4 more: recipes/c2.toml changed; loading 1 recipes" in plan.declined
+    assert {sid: status for sid, status in _cli_lines(plan.stdout).items() if status != "cached"} == {
+        "c2:s3": "would-build", "c2:s4": "would-build", "c2:s5": "would-build"}
+    build = optbuild(chains, "build")
+    assert "ok: 29 cached, 3 built" in build.stderr, build.stderr
+    assert (chains.root / "build" / "c2" / "s5" / "data.txt").read_text() == "input 2-1-2-three-4"
+    assert optbuild(chains, "build").fast
+
+
+def test_a_recipe_edited_to_read_a_recipe_it_did_not_read_loads_the_whole_project(chains):
+    _with_reader(chains)
+    chains.write("recipes/c2.toml", _recipe(2, {}).replace('input = "s3"', 'input = "c5:s1"'))
+    build = optbuild(chains, "build")
+    assert build.returncode == 0 and "partial: " in build.declined, build.stderr
+    assert (chains.root / "build" / "c2" / "s4" / "data.txt").read_text() == "input 5-1-4"
+    assert all(status == "cached" for status, _ in _from_scratch_plan(chains).values())
+
+
+def test_a_step_removed_that_another_recipe_reads_is_reported_as_a_whole_load_reports_it(chains):
+    _with_reader(chains)
+    chains.write("recipes/c1.toml", '[steps.s0]\nkind = "text"\npath = "../data/in1.txt"\n')
+    partial = optbuild(chains, "build")
+    (chains.root / "build" / ".optbuild" / "noop.json").unlink()
+    whole = optbuild(chains, "build")
+    assert partial.returncode == whole.returncode == 2 and "no step 'c1:s2'" in whole.stderr
+    assert partial.stderr.split("\n", 1)[1] == whole.stderr.split("\n", 1)[1]  # after why the fast path declined
+
+
+def test_a_build_of_targets_in_an_edited_recipe_selects_as_a_whole_load_does(chains):
+    """Here c0:s4 comes to read c0:s0 alone: a build of it selects those two, not the steps
+    the record had selected for it."""
+    for _ in range(2):
+        assert optbuild(chains, "build", "c0:s4").returncode == 0
+    assert optbuild(chains, "build", "c0:s4").fast
+    chains.write("recipes/c0.toml", _recipe(0, {}).replace('input = "s3"', 'input = "s0"'))
+    build = optbuild(chains, "build", "c0:s4")
+    assert build.returncode == 0, build.stderr
+    assert sorted(_cli_lines(build.stderr)) == ["c0:s0", "c0:s4"]
+
+
+def test_plan_warns_of_two_deploy_steps_publishing_one_model_when_one_is_not_loaded(tmp_path):
+    from plugins.steps import tiny_onnx
+
+    proj = ProjectDir(tmp_path / "p")
+    proj.write("optbuild.toml", '[project]\nrecipes = ["recipes/*.toml"]\n[build]\njobs = 1\n')
+    for name in ("net", "other"):
+        proj.write(f"recipes/{name}.toml", f'[steps.src]\nkind = "onnx"\npath = "{name}.onnx"\n\n'
+                   '[steps.serve]\nkind = "deploy"\ninput = "src"\n')
+        tiny_onnx(proj.root / "recipes" / f"{name}.onnx")
+    for _ in range(2):
+        assert optbuild(proj, "build").returncode == 0
+    proj.write("recipes/other.toml", proj.read("recipes/other.toml") + 'model_name = "net"\n')
+    plan = optbuild(proj, "plan")
+    assert "partial: other:src and 1 more: recipes/other.toml changed; loading 1 recipes" in plan.declined
+    assert "warning: deploy steps net:serve, other:serve all publish model 'net'" in plan.stderr

@@ -5,6 +5,7 @@ folder is with its provenance. Publishing into a model repository is the CLI's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,11 +69,13 @@ def shared_model_names(published: list[tuple[str, str]]) -> list[str]:
             "its own model_name" for model, sids in sorted(by_model.items()) if len(sids) > 1]
 
 
-def plan_warnings(project: Project, sids: list[str]) -> list[str]:
+def plan_warnings(project: Project, sids: list[str], recorded: Sequence[tuple[str, str]] = ()) -> list[str]:
     """What a plan of ``sids`` warns of before its answer: deploy steps that publish one
     model name, which `optbuild deploy` would refuse, said before anything builds (a no-op
-    build records them for plan's fast path, ``cli.noop``)."""
-    return [f"warning: {line}: optbuild deploy refuses them" for line in shared_model_names(deploy_models(project, sids))]
+    build records them for plan's fast path, ``cli.noop``). ``recorded``: the (step, model
+    name) of deploy steps a build replayed rather than loaded (``common.noopreach``)."""
+    published = [*recorded, *deploy_models(project, sids)]
+    return [f"warning: {line}: optbuild deploy refuses them" for line in shared_model_names(published)]
 
 
 def one_step_per_model(published: list[tuple[str, str]]) -> None:

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from optbuild.app.deploy import plan_warnings
+from optbuild.app.deploy import deploy_models, plan_warnings
 from optbuild.common import signatures
 from optbuild.common.noopreach import Reach
 from optbuild.common.noopstamp import (
@@ -121,7 +121,7 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     recorded_ns = time.time_ns()
     for sid, step in steps.items():
         if reach is not None and sid not in result.outcomes:  # replayed: checked by this build's start
-            step_sigs, step_digests, why = reach.step_files(sid), {}, None
+            step_sigs, why = reach.step_files(sid), None
             step_digests = {p: reach.stamp["digests"][p] for p in step_sigs if p in reach.stamp["digests"]}
         else:
             step_sigs, step_digests, why = _signed(step.pop("inputs"), step.pop("products"), started, root,
@@ -146,7 +146,7 @@ def _record(ws, result, reach: Reach | None) -> str | None:
         "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
                   "remote": _untouched(ws.remote), "fast_path": True},
         "cache_line": _cache_line(local, ws.remote),
-        "plan_warnings": reach.stamp["plan_warnings"] if reach is not None else plan_warnings(project, list(result.outcomes)),
+        "plan_warnings": plan_warnings(project, list(result.outcomes), reach.published() if reach is not None else ()),
     }
     from pathlib import Path
 
@@ -181,6 +181,7 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
         events.setdefault(sid, []).append(event)
     steps: dict[str, dict] = {}
     attributed: set[str] = set()
+    published = dict(deploy_models(project, list(result.outcomes)))  # a deploy step's model name
     for sid, said in events.items():
         if reach is not None and sid not in result.outcomes:
             old = reach.stamp["steps"][sid]
@@ -188,7 +189,7 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
             continue
         outcome, spec = result.outcomes[sid], project.steps[sid]
         own = {str(p) for p in spec.key_files or ()}
-        inputs = own | {os.path.dirname(p) for p in own}
+        inputs = own | {os.path.dirname(p) for p in own} | {os.path.abspath(project.recipes[spec.recipe])}
         products: set[str] = set()
         if outcome.key:
             products.add(f"{cache_root}/{entry_name(outcome.key)}")  # paths as text: 10,000 steps add up
@@ -205,6 +206,7 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
             products.update(f"{cache_root}/{blob_name(d)}" for d in entry.blob_digests())  # digests checked in the entry
         attributed |= inputs | products
         steps[sid] = {"recipe": spec.recipe, "deps": sorted(spec.deps.values()), **_said(said),
+                      **({"model": published[sid]} if sid in published else {}),
                       "inputs": inputs, "products": products}
     return steps, attributed
 
@@ -236,8 +238,10 @@ def _global_paths(ws, attributed: set[str]) -> tuple[set[str], set[str]]:
     project = ws.project
     root = os.path.abspath(project.root)
     inputs: set[str] = {os.path.abspath(project.config_file), sys.executable}
-    inputs.update(os.path.abspath(p) for p in project.recipes.values())
-    inputs.update(os.path.abspath(spec.doc.path) for spec in project.steps.values())  # templates
+    recipes = {os.path.abspath(p) for p in project.recipes.values()}
+    inputs.update(recipes - attributed)  # a recipe with a step recorded is that step's own (``_steps``)
+    inputs.update(os.path.dirname(p) for p in recipes)
+    inputs.update({os.path.abspath(spec.doc.path) for spec in project.steps.values()} - recipes)  # templates
     for pattern in project.config.project.recipes:
         inputs.update(_glob_folders(root, pattern))
     for target in project.config.kinds.values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -106,12 +107,16 @@ def open_reached(args: argparse.Namespace) -> tuple[Workspace, Reach | None, Rep
 
     root = project_root(args.directory)
     if root is not None and (reach := noop.take_reach(root)) is not None:
-        ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set,
-                                recipes=reach.recipes)
-        decided = [sid for sid, step in reach.stamp["steps"].items() if step["recipe"] in reach.recipes]
-        if all(sid in ws.project.steps for sid in decided):
-            return ws, reach, api.Replay(reach.events(), decided)
-        ws.close()  # the recipes no longer hold what was recorded: load them all
+        try:
+            ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set,
+                                    recipes=reach.recipes)
+        except api.OptbuildError:  # an edited recipe reads one the record does not say, or is wrong:
+            ws = None             # the whole project loads, and says what is wrong in its words
+        if ws is not None:
+            recipe_files = {name: os.path.abspath(path) for name, path in ws.project.recipes.items()}
+            if (decided := reach.decided(ws.graph.select([]), recipe_files, args.targets)) is not None:
+                return ws, reach, api.Replay(reach.events(), decided)
+            ws.close()  # the recipes hold other steps than the record says, for a build of targets
     return api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set), None, None
 
 

@@ -20,8 +20,8 @@ cache entries' last-use time (gc keeps the entries the lock file names anyway), 
 stale scratch folders, or trim the statistics file (the next normal run does).
 
 **Part of the project changed.** When everything but some steps' own files is as recorded
-(an input file edited, an output or a cache entry removed, a step's file too young to vouch
-for itself), the fast path is declined but leaves what the change reaches
+(an input file or a recipe edited, an output or a cache entry removed, a step's file too
+young to vouch for itself), the fast path is declined but leaves what the change reaches
 (``optbuild.common.noopreach.Reach``, ``take_reach``) for the build or plan that follows in
 this process: it loads only the recipes reached and replays the other steps as recorded
 (``optbuild.cli.build.open_reached``). A build handed to a build server loads everything.
@@ -171,7 +171,8 @@ def _check(argv: list[str]) -> dict | Reach | str | None:
         if (why := step.get("unusable") or next((changed[i] for i in step["paths"] if i in changed), None)):
             dirty[sid] = why
     if dirty:
-        reach = Reach(stamp, dirty, root)
+        paths = list(stamp["sigs"])
+        reach = Reach(stamp, dirty, root, {paths[i] for i in changed})
         return reach if stamp.get("incremental") and reach.partial else f"step {reach.describe()}"
     return {**stamp, "command": command}
 

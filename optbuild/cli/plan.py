@@ -28,11 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     ws, reach, replay = open_reached(args)
     try:
-        if reach is not None:  # the recipes are as recorded: so are the warnings
-            for line in reach.stamp["plan_warnings"]:
-                print(line, file=sys.stderr)
-        else:
-            _warn_shared_model_names(ws, args.targets)
+        _warn_shared_model_names(ws, replay.decided if replay is not None else ws.graph.select(args.targets),
+                                 reach.published() if reach is not None else [])
         result = api.build(ws, args.targets, reporter=make_reporter(args.json, results=sys.stdout), jobs=1,
                            dry_run=True, skip_unavailable=args.skip_unavailable,
                            retry_failed=args.retry_failed, executor=args.executor,
@@ -43,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _warn_shared_model_names(ws: Any, targets: list[str]) -> None:
+def _warn_shared_model_names(ws: Any, steps: list[str], replayed: list[tuple[str, str]]) -> None:
+    """``replayed``: the deploy steps of the recipes not loaded (step, model name), as recorded."""
     from optbuild.app.deploy import plan_warnings
 
-    for line in plan_warnings(ws.project, ws.graph.select(targets)):
+    for line in plan_warnings(ws.project, steps, replayed):
         print(line, file=sys.stderr)

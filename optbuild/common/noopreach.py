@@ -1,14 +1,17 @@
 """What a change reaches, read from the no-op stamp: when only some steps' own files changed
-since the last ok build (an input file, an output, a cache entry), a build loads and decides
-the recipes those steps and their downstream steps are in, with the recipes they read from,
-and reports the other steps as that build recorded them.
+since the last ok build (an input file, an output, a cache entry, their recipe), a build loads
+and decides the recipes those steps and their downstream steps are in, with the recipes they
+read from, and reports the other steps as that build recorded them.
 
 The stamp (``optbuild.common.noopstamp``) holds, per step, the signatures of the files that
-step alone was decided from (its key files and their folders, its cache entry, blobs, step
-folder and outputs), the steps it reads, its recipe and the events it was reported with; and
-per recipe, the recipes its steps read from. Everything else the answer was read from (the
-configuration, every recipe, the modules, the interpreter, the environment, the host) is
-checked as the fast path checks it: any change there means a full build.
+step alone was decided from (its recipe file, key files and their folders, its cache entry,
+blobs, step folder and outputs), the steps it reads, its recipe and what it said; and per
+recipe, the recipes its steps read from. Everything else the answer was read from (the
+configuration, the templates, the folders of recipes, the modules, the interpreter, the
+environment, the host) is checked as the fast path checks it: any change there means a
+full build. So does a recipe edited to read a recipe the record does not say it reads (its
+load fails, and the whole project loads, reporting what is wrong in its own words), and a
+build of targets that an edited recipe may select differently.
 
 Standard library only: the fast path imports this.
 """
@@ -27,6 +30,7 @@ class Reach:
     stamp: dict
     dirty: dict[str, str]  # step -> why it is decided again
     root: str
+    changed: set[str] = field(default_factory=set)  # the steps' own files that are not as recorded
     recipes: set[str] = field(init=False)  # the recipes to load: what the change reaches, and what those read
     replayed: list[str] = field(init=False)  # the steps reported as recorded, in recorded order
     _table: list[str] | None = field(default=None, init=False)  # the paths of the stamp's signatures, in order
@@ -74,6 +78,26 @@ class Reach:
             found.append(event)
             found.extend({"event": "warning", "message": m, "step": sid} for m in said.get("warnings") or [])
         return found
+
+    def published(self) -> list[tuple[str, str]]:
+        """(step, model name) of the replayed deploy steps, as recorded."""
+        steps = self.stamp["steps"]
+        return [(sid, steps[sid]["model"]) for sid in self.replayed if "model" in steps[sid]]
+
+    def decided(self, loaded: list[str], recipe_files: dict[str, str], targets: list[str]) -> list[str] | None:
+        """The steps a build decides, of ``loaded`` (those of the reached recipes, as loaded
+        now; ``recipe_files``: every recipe's file): the ones the record has, unless one of
+        those recipes may have been edited (its file changed, or a step of it was not vouched
+        for); then every loaded step for a build of the whole project, and None (load the
+        whole project) for a build of ``targets``, which may select other steps now."""
+        steps = self.stamp["steps"]
+        recorded = [sid for sid, step in steps.items() if step["recipe"] in self.recipes]
+        edited = {step["recipe"] for step in steps.values() if "unusable" in step}
+        edited.update(name for name in self.recipes if recipe_files.get(name) in self.changed)
+        if not edited:
+            present = set(loaded)
+            return recorded if all(sid in present for sid in recorded) else None
+        return None if targets else loaded
 
     def global_paths(self) -> list[str]:
         """The paths whose signatures vouch for the whole answer (the first of the table)."""

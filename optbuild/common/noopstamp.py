@@ -25,8 +25,8 @@ projectroot, quickhash and signatures, which need no more).
   fingerprint has no file or environment override for ``build`` beyond
   ``CUDA_VISIBLE_DEVICES``, which the environment digest covers;
 - the stat signature (mtime_ns, ctime_ns, size, inode; or "absent") of everything the
-  whole answer was read from: optbuild.toml, every recipe, every folder a recipe pattern
-  scans, project-local kind files, every file the FileHasher was asked about that no one
+  whole answer was read from: optbuild.toml, every recipe none of whose steps was recorded,
+  the templates, every folder a recipe pattern scans, project-local kind files, every file the FileHasher was asked about that no one
   step owns (the modules that pyimports follows from a kind), the folder holding each of
   these (a new module beside them is seen), the source file of every non-stdlib module the
   build had imported (optbuild and its step kinds, pydantic...), every ``sys.path`` entry
@@ -35,11 +35,14 @@ projectroot, quickhash and signatures, which need no more).
   (``names_signature``) when only the build's own write of the lock changed it, which its
   times cannot tell from anyone else's change (``note_written_folder``);
 - per step, in the order the build reported them: the signatures of what that step alone
-  was decided from (its own key files and the folders holding them; its cache entry, present
-  or absent, so that a cache pulled later is seen; its blobs, its step folder and outputs),
-  its recipe, the steps it reads, and its events (a step built or restored is cached in the
-  no-op that follows); and per recipe, the recipes its steps read from. When only some
-  steps' files changed, a build loads what that reaches (``optbuild.common.noopreach``);
+  was decided from (its recipe file, its own key files and the folders holding them; its
+  cache entry, present or absent, so that a cache pulled later is seen; its blobs, its step
+  folder and outputs), by their place in one table after the whole answer's (steps share
+  files: the fast path stats each once), its recipe, the steps it reads, what it said as the
+  no-op that follows says it (a step built or restored is cached; its key, reasons, error
+  and warnings) and, for a deploy step, the model name it publishes; and per recipe, the
+  recipes its steps read from. When only some steps' files changed, a build loads what that
+  reaches (``optbuild.common.noopreach``);
 - what the build said (its step lines, the reasons it grouped, its counts) and its
   cache-statistics record.
 
