@@ -6,8 +6,9 @@ For each size, a synthetic project (bench.py's chains of a text source and nine 
 made, left older than the no-op stamp's racy-timestamp window (as a user's recipes are when
 they build), built cold, then timed: `plan` with everything built, the first no-op build
 after it, the no-op builds until one takes the fast path (a step whose files are younger
-than that window is decided again, with the recipes it reaches), `plan` again, and one input
-file edited (`plan`, then `build`, then the no-op after it). For the --plan-only sizes, only
+than that window is decided again, with the recipes it reaches), `plan` again, one input
+file edited (`plan`, then `build`, then the no-op after it), and one parameter of a recipe
+edited (`plan`, then `build`). For the --plan-only sizes, only
 `plan` of the never-built project. Each command runs in its own process, as a user's
 does; its peak resident memory is reported beside its time. With --profile, each command
 also writes a cProfile file (DIR/<steps>-<what>.prof) to read with `python -m pstats`.
@@ -100,6 +101,10 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
         rows["one input edited: plan"] = run(root, "plan", profile=prof("plan-edited"))
         rows["one input edited: build"] = run(root, "build", profile=prof("build-edited"))
         rows["one input edited: first no-op after its build"] = run(root, "build", profile=prof("noop-edited"))
+        recipe = root / "recipes" / "chain1.toml"
+        recipe.write_text(recipe.read_text().replace('suffix = "-5"', 'suffix = "-five"'))  # 5 steps downstream
+        rows["one parameter edited: plan"] = run(root, "plan", profile=prof("plan-param"))
+        rows["one parameter edited: build"] = run(root, "build", profile=prof("build-param"))
     return rows
 
 
