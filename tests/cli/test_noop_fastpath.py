@@ -64,7 +64,7 @@ def test_a_noop_build_settles_from_the_stamp_without_loading_the_project(built):
     assert step_lines(fast) == step_lines(normal) == [f"  cached   chain:{s}" for s in ("mid", "out", "side", "src")]
     loaded = {m.partition(".")[0] for m in fast.modules}
     assert not loaded & set(HEAVY)
-    assert not {"optbuild.project.recipe", "optbuild.api", "optbuild.steps", "argparse"} & set(fast.modules)
+    assert not {"optbuild.project.recipe", "optbuild.api", "optbuild.steps", "argparse", "inspect"} & set(fast.modules)
     stats = [json.loads(line) for line in (built.root / "cache" / "stats.jsonl").read_text().splitlines()]
     assert stats[-1]["fast_path"] and stats[-1]["counts"] == {"cached": 4} and stats[-1]["local"]["hits"] == 4
 
