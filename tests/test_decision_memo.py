@@ -318,6 +318,9 @@ def test_an_edited_recipe_is_loaded_with_what_it_reaches_and_its_new_steps_are_b
     assert "ok: 29 cached, 3 built" in build.stderr, build.stderr
     assert (chains.root / "build" / "c2" / "s5" / "data.txt").read_text() == "input 2-1-2-three-4"
     assert optbuild(chains, "build").fast
+    chains.write("recipes/c4.toml", _recipe(4, {4: "-four"}))  # a recipe that build replayed
+    plan = optbuild(chains, "plan")
+    assert "partial: c4:s0 and 4 more: recipes/c4.toml changed; loading 1 recipes" in plan.declined
 
 
 def test_a_recipe_edited_to_read_a_recipe_it_did_not_read_loads_the_whole_project(chains):
@@ -366,3 +369,14 @@ def test_plan_warns_of_two_deploy_steps_publishing_one_model_when_one_is_not_loa
     plan = optbuild(proj, "plan")
     assert "partial: other:src and 1 more: recipes/other.toml changed; loading 1 recipes" in plan.declined
     assert "warning: deploy steps net:serve, other:serve all publish model 'net'" in plan.stderr
+
+
+def test_an_input_saved_by_renaming_a_new_file_over_it_reaches_only_its_steps(chains):
+    """As editors save: the folder then holds the names it held, and those alone vouch for it."""
+    _with_reader(chains)
+    saved = chains.write("data/.in3.txt.tmp", "input 3, saved")
+    os.replace(saved, chains.root / "data" / "in3.txt")
+    plan = optbuild(chains, "plan")
+    assert "partial: c3:s0: data/in3.txt changed; loading 1 recipes" in plan.declined
+    chains.write("data/in9.txt", "a new file beside the inputs")
+    assert "partial: " not in optbuild(chains, "plan").declined  # every step reading from data/ is decided again

@@ -5,6 +5,7 @@ from, and the answer itself. Imported only by a build that ran, never on the fas
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 
@@ -22,6 +23,7 @@ from optbuild.common.noopstamp import (
     env_digests,
     host_facts,
     invocation,
+    names_signature,
     python_identity,
     salt,
     salt_id,
@@ -113,19 +115,16 @@ def _record(ws, result, reach: Reach | None) -> str | None:
         for path in reach.global_paths():
             (products if path == lock or path.startswith(_product_roots(ws)) else inputs).add(path)
 
-    vouched = ws.store.refreshed
-    sigs, digests, unusable = _signed(inputs, products, started, root, vouched, lock=lock,
-                                      written=_written_beside(project))
+    signer = _Signer(ws, started, root)
+    sigs, digests, unusable = signer.sign(inputs, products)
     shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
     position = {path: i for i, path in enumerate(sigs)}
-    recorded_ns = time.time_ns()
     for sid, step in steps.items():
         if reach is not None and sid not in result.outcomes:  # replayed: checked by this build's start
             step_sigs, why = reach.step_files(sid), None
             step_digests = {p: reach.stamp["digests"][p] for p in step_sigs if p in reach.stamp["digests"]}
         else:
-            step_sigs, step_digests, why = _signed(step.pop("inputs"), step.pop("products"), started, root,
-                                                   vouched, recorded_ns)
+            step_sigs, step_digests, why = signer.sign(step.pop("inputs"), step.pop("products"))
         index = []
         for path, sig in step_sigs.items():
             if (i := position.get(path)) is None:
@@ -186,6 +185,7 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
         if reach is not None and sid not in result.outcomes:
             old = reach.stamp["steps"][sid]
             steps[sid] = {k: v for k, v in old.items() if k not in ("paths", "unusable")}
+            attributed.update(reach.step_files(sid))  # its recipe file, say, is still its own
             continue
         outcome, spec = result.outcomes[sid], project.steps[sid]
         own = {str(p) for p in spec.key_files or ()}
@@ -265,43 +265,70 @@ def _written_beside(project) -> set[str]:
             if os.path.dirname(p) == os.path.dirname(lock)}
 
 
-def _signed(inputs: set[str], products: set[str], started: int, root: str, vouched: dict[str, list[int] | str],
-            recorded_ns: int | None = None, lock: str | None = None, written: set[str] | None = None,
-            ) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
-    """The signatures of ``inputs`` and ``products``, the content digests of the products
-    written too recently for theirs, and why they cannot vouch for what was read (None: they can).
-    Inputs: older than the build's start (less the margin); the folder of ``lock`` (the lock
-    file, which a build replaces whole) by the names it holds, when only the build's own
-    writes there (``written``) changed them. Products: older than now (less the margin), or
-    with the signature the build's own mark of use gave (``vouched``: a cache entry read and
-    checked just before), or content-checked when small (the lock file, whatever its size: a
-    build that changed a step rewrites it)."""
-    sigs: dict[str, list[int] | str] = {}
-    racy = []
-    for path in sorted(inputs):
-        if lock is not None and path == os.path.dirname(lock) and (
-                names := vouched_folder(path, written or set())) is not None:
-            sigs[path] = names
-            continue
-        sig = sigs[path] = signature(path)
-        if changed_within(sig, started):
-            racy.append(shown(path, root))
-    unusable = None
-    if racy:
-        more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
-        unusable = f"{', '.join(racy[:3])}{more} changed within {signatures.RACY_NS / 1e9:g} s of the build's start"
-    recorded_ns = time.time_ns() if recorded_ns is None else recorded_ns
-    digests: dict[str, str] = {}
-    for path in sorted(products):
-        sig = sigs[path] = signature(path)
-        if unusable is not None or not changed_within(sig, recorded_ns) or vouched.get(path) == sig:
-            continue
-        if isinstance(sig, list) and os.path.isfile(path) and (sig[2] <= HASH_MAX or path == lock):
-            digests[path] = content_digest(path)
-            if signature(path) == sig:
+class _Signer:
+    """Signs what a build's answer was read from (``sign``), for one recording: the moment the
+    build started, the cache entries it marked used (``vouched``: a signature it may keep),
+    optbuild.lock and the names the build writes beside it."""
+
+    def __init__(self, ws, started: int, root: str):
+        self.started = started
+        self.root = root
+        self.vouched = ws.store.refreshed
+        self.lock = os.path.abspath(ws.project.lock_file)
+        self.written = _written_beside(ws.project)
+        self.recorded_ns = time.time_ns()
+        self._folders: dict[str, list[int] | str] = {}  # a folder's signature, once (steps share one)
+
+    def sign(self, inputs: set[str], products: set[str]) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
+        """The signatures of ``inputs`` and ``products``, the content digests of the products
+        written too recently for theirs, and why they cannot vouch for what was read (None:
+        they can). Inputs: older than the build's start (less the margin); a folder by the
+        names it holds (a file saved by renaming a new one over it leaves them as they were;
+        its own signature tells), and the lock file's folder so too when only the build's own
+        writes there changed them. Products: older than now (less the margin), or with the
+        signature the build's own mark of use gave (``vouched``: a cache entry read and checked
+        just before), or content-checked when small (the lock file, whatever its size: a build
+        that changed a step rewrites it)."""
+        sigs: dict[str, list[int] | str] = {}
+        racy = []
+        for path in sorted(inputs):
+            sig = sigs[path] = self._input(path)
+            if changed_within(sig, self.started):
+                racy.append(shown(path, self.root))
+        unusable = None
+        if racy:
+            more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
+            unusable = f"{', '.join(racy[:3])}{more} changed within {signatures.RACY_NS / 1e9:g} s of the build's start"
+        digests: dict[str, str] = {}
+        for path in sorted(products):
+            sig = sigs[path] = signature(path)
+            if unusable is not None or not changed_within(sig, self.recorded_ns) or self.vouched.get(path) == sig:
                 continue
-        unusable = f"{shown(path, root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
-    return sigs, digests, unusable
+            if isinstance(sig, list) and os.path.isfile(path) and (sig[2] <= HASH_MAX or path == self.lock):
+                digests[path] = content_digest(path)
+                if signature(path) == sig:
+                    continue
+            unusable = f"{shown(path, self.root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
+        return sigs, digests, unusable
+
+    def _input(self, path: str) -> list[int] | str:
+        """An input's signature: a folder that did not change since before the build started
+        by the names it holds (as it held them all along, then), else by its times."""
+        if (found := self._folders.get(path)) is not None:
+            return found
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return "absent"
+        sig: list[int] | str = [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]  # as ``signature``
+        if not stat.S_ISDIR(st.st_mode):
+            return sig
+        if path == os.path.dirname(self.lock) and (names := vouched_folder(path, self.written)) is not None:
+            sig = names
+        elif not changed_within(sig, self.started):
+            sig = names_signature(path)
+        self._folders[path] = sig
+        return sig
 
 
 def _answer(result) -> tuple[list[str], dict[str, int], dict[str, int]]:
