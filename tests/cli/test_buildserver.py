@@ -160,6 +160,23 @@ def test_the_second_build_goes_through_the_server_with_the_clients_env_and_folde
     assert status(proj.root)["builds"] == 2
 
 
+def test_a_build_the_server_runs_loads_only_the_recipes_a_change_reaches(tmp_path, servers):
+    """As an in-process build does (``common/noopreach.py``), the server finding the reach itself."""
+    proj = probe_project(tmp_path / "proj")
+    proj.write("recipes/s.toml", '[steps.p]\nkind = "probe"\ntag = "other"\n')
+    servers.append(proj.root)
+    time.sleep(RACY_S)
+    assert optbuild(proj.root, "build", env={"PROBE": "a"}).returncode == 0  # starts the server
+    server = wait_for_server(proj.root)
+    time.sleep(RACY_S)  # what that build wrote is old enough now to vouch for itself
+    assert served_by(optbuild(proj.root, "build", env={"PROBE": "a"}).stderr) == server["pid"]
+    proj.write("recipes/r.toml", '[steps.p]\nkind = "probe"\ntag = "two"\n')
+    second = optbuild(proj.root, "build", env={"PROBE": "a"})
+    assert second.returncode == 0 and served_by(second.stderr) == server["pid"], second.stderr
+    assert "ok: 1 cached, 1 built" in second.stderr and proj.read("build/r/p/data.txt") == "a two"
+    assert "r:p: recipes/r.toml changed: loading 1 of 2 recipes" in Path(server["log"]).read_text()
+
+
 @pytest.mark.parametrize("variable", ["PROBE", "TMPDIR"])
 def test_a_client_whose_steps_would_see_another_environment_builds_in_its_own_process(tmp_path, servers, variable):
     """Steps see the client's environment; a server started under another one may hold what

@@ -411,10 +411,13 @@ def _run(server: Server, doc: dict) -> int:
     """The command, as ``optbuild.cli.main`` runs it after the fast path declined."""
     global _POOL
     from optbuild import cli
+    from optbuild.cli import noop
     from optbuild.common import noopstamp
 
     noopstamp.mark_start(doc["argv"], started_ns=doc.get("started_ns"), sys_path=doc["identity"]["path"])
     fresh_caches()
+    if (reach := noop.find_reach(doc["argv"])) is not None:  # as the client's fast path found it
+        _log(f"{reach.describe()}: loading {len(reach.recipes)} of {len(reach.stamp['recipes'])} recipes")
     _POOL = server.pool
     try:
         return cli.main(doc["argv"], fast_path=False)
