@@ -24,7 +24,7 @@ stale scratch folders, or trim the statistics file (the next normal run does).
 young to vouch for itself), the fast path is declined but leaves what the change reaches
 (``optbuild.common.noopreach.Reach``, ``take_reach``) for the build or plan that follows in
 this process: it loads only the recipes reached and replays the other steps as recorded
-(``optbuild.cli.build.open_reached``). A build handed to a build server loads everything.
+(``optbuild.cli.build.open_reached``). A build server finds the reach itself (``find_reach``).
 
 ``OPTBUILD_DEBUG_FASTPATH=1`` prints on stderr why the fast path was declined (or that it
 was taken), and what the recording said.
