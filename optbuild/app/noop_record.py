@@ -118,23 +118,7 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     signer = _Signer(ws, started, root)
     sigs, digests, unusable = signer.sign(inputs, products)
     shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
-    position = {path: i for i, path in enumerate(sigs)}
-    for sid, step in steps.items():
-        if reach is not None and sid not in result.outcomes:  # replayed: checked by this build's start
-            step_sigs, why = reach.step_files(sid), None
-            step_digests = {p: reach.stamp["digests"][p] for p in step_sigs if p in reach.stamp["digests"]}
-        else:
-            step_sigs, step_digests, why = signer.sign(step.pop("inputs"), step.pop("products"))
-        index = []
-        for path, sig in step_sigs.items():
-            if (i := position.get(path)) is None:
-                i = position[path] = len(sigs)
-                sigs[path] = sig
-            index.append(i)
-        digests.update(step_digests)
-        step["paths"] = index
-        if why is not None:
-            step["unusable"] = why
+    _sign_steps(steps, signer, sigs, digests, reach, result.outcomes)
     lines, counts, local = _answer(result)
     stamp = {
         "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
@@ -157,6 +141,31 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     debug(f"recorded {len(sigs)} signatures and {len(steps)} steps" + (f"; unusable: {unusable}" if unusable else "")
           + (f"; {racy} steps not vouched for" if racy else ""))
     return None
+
+
+def _sign_steps(steps: dict[str, dict], signer: _Signer, sigs: dict[str, list[int] | str], digests: dict[str, str],
+                reach: Reach | None, decided: dict) -> None:
+    """Add each step's own files to the table (``sigs``, ``digests``), the step naming them by
+    their place in it (``paths``; a file several steps share is there once), and say which
+    steps cannot vouch for theirs (``unusable``). A step this build replayed (not in
+    ``decided``) keeps the signatures the stamp had: this build's start checked them."""
+    position = {path: i for i, path in enumerate(sigs)}
+    for sid, step in steps.items():
+        if reach is not None and sid not in decided:
+            step_sigs, why = reach.step_files(sid), None
+            step_digests = {p: reach.stamp["digests"][p] for p in step_sigs if p in reach.stamp["digests"]}
+        else:
+            step_sigs, step_digests, why = signer.sign(step.pop("inputs"), step.pop("products"))
+        index = []
+        for path, sig in step_sigs.items():
+            if (i := position.get(path)) is None:
+                i = position[path] = len(sigs)
+                sigs[path] = sig
+            index.append(i)
+        digests.update(step_digests)
+        step["paths"] = index
+        if why is not None:
+            step["unusable"] = why
 
 
 def _product_roots(ws) -> tuple[str, str]:
