@@ -10,6 +10,7 @@ import sys
 import time
 
 from optbuild.app.deploy import deploy_models, plan_warnings
+from optbuild.builder.memo import folder_paths
 from optbuild.common import signatures
 from optbuild.common.noopreach import Reach
 from optbuild.common.noopstamp import (
@@ -32,7 +33,7 @@ from optbuild.common.noopstamp import (
     stamp_path,
     vouched_folder,
 )
-from optbuild.common.signatures import changed_within, module_files, signature
+from optbuild.common.signatures import changed_within, module_files, of_stat, signature
 from optbuild.store.layout import blob_name, entry_name
 
 
@@ -204,14 +205,7 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
             products.add(f"{cache_root}/{entry_name(outcome.key)}")  # paths as text: 10,000 steps add up
         entry = outcome.entry
         if entry is not None and str(outcome.status) in CACHED:
-            folder = f"{build_dir}/{project.step_folder(sid)}"
-            products.add(folder)
-            for name in entry.outputs:
-                products.add(os.path.join(folder, name))
-                parent = os.path.dirname(name)
-                while parent:
-                    products.add(os.path.join(folder, parent))
-                    parent = os.path.dirname(parent)
+            products.update(folder_paths(f"{build_dir}/{project.step_folder(sid)}", entry.outputs))
             products.update(f"{cache_root}/{blob_name(d)}" for d in entry.blob_digests())  # digests checked in the entry
         attributed |= inputs | products
         steps[sid] = {"recipe": spec.recipe, "deps": sorted(spec.deps.values()), **_said(said),
@@ -329,7 +323,7 @@ class _Signer:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             return "absent"
-        sig: list[int] | str = [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]  # as ``signature``
+        sig: list[int] | str = of_stat(st)
         if not stat.S_ISDIR(st.st_mode):
             return sig
         if path == os.path.dirname(self.lock) and (names := vouched_folder(path, self.written)) is not None:

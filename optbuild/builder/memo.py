@@ -67,7 +67,7 @@ def _sig(path: str) -> Sig | None:
 class Remembered:
     """One step as the last run left it. The signatures are in the order of the paths they
     are of (None: not vouched for): ``cache`` of its entry file then its blobs (sorted), ``folder``
-    of its step folder, subfolders and outputs (``_folder_paths``)."""
+    of its step folder, subfolders and outputs (``folder_paths``)."""
 
     key: str
     entry: dict[str, Any]  # the fields of its ActionEntry that a build reads (not the key material)
@@ -146,7 +146,7 @@ class DecisionMemo:
         if old is None or old.key != key:
             return False
         try:
-            if not _unchanged(_folder_paths(str(dest), old.entry["outputs"]), old.folder):
+            if not _unchanged(folder_paths(str(dest), old.entry["outputs"]), old.folder):
                 return False
         except (TypeError, ValueError, KeyError, AttributeError):
             return False
@@ -173,7 +173,7 @@ class DecisionMemo:
         except (TypeError, ValueError, RecursionError):
             return
         now = time.time_ns()
-        folder = _folder_paths(str(dest), fields["outputs"]) if dest is not None else []
+        folder = folder_paths(str(dest), fields["outputs"]) if dest is not None else []
         self._new[sid] = Remembered(entry.key, fields, _vouched(self._cache_paths(entry.key, fields), now),
                                     _vouched(folder, now))
         if dest is not None:
@@ -214,7 +214,7 @@ class DecisionMemo:
                 record.cache = _recheck(self._cache_paths(record.key, record.entry), record.cache, checks, now)
                 if (dest := self._dests.get(sid)) is not None:
                     expected = _folder_contents(dest, record.entry["outputs"])
-                    folder = _folder_paths(dest, record.entry["outputs"])
+                    folder = folder_paths(dest, record.entry["outputs"])
                     record.folder = _recheck(folder, record.folder,
                                              [partial(_holds, expected=expected[p]) for p in folder], now)
             except (OSError, TypeError, ValueError, KeyError, AttributeError):
@@ -288,7 +288,7 @@ def _holds(path: str, expected: str | frozenset[str]) -> bool:
 
 
 def _folder_contents(dest: str, outputs: dict[str, Any]) -> dict[str, str | frozenset[str]]:
-    """What each of ``_folder_paths`` must hold: a folder its names, an output its digest."""
+    """What each of ``folder_paths`` must hold: a folder its names, an output its digest."""
     names: dict[str, set[str]] = {dest: set()}
     expected: dict[str, str | frozenset[str]] = {}
     for name, (digest, _size) in outputs.items():
@@ -320,8 +320,9 @@ def _outputs(fields: dict[str, Any]) -> dict[str, OutputFile]:
     return outputs
 
 
-def _folder_paths(dest: str, outputs: dict[str, Any]) -> list[str]:
-    """The step folder, its subfolders and its outputs: what ``materialized`` re-checks."""
+def folder_paths(dest: str, outputs: dict[str, Any]) -> list[str]:
+    """The step folder, its subfolders and its outputs: what ``materialized`` re-checks (and
+    what the no-op stamp signs of a step, ``app/noop_record``)."""
     paths = {dest}
     for name in outputs:
         parts = name.split("/")

@@ -54,6 +54,7 @@ from optbuild.common.noopstamp import (
     stamp_path,
 )
 from optbuild.common.projectroot import CONFIG_NAME, project_root
+from optbuild.common.signatures import signature
 
 _reach: Reach | None = None  # what ``try_fast_path`` found a change reaches (``take_reach``)
 
@@ -186,21 +187,15 @@ def _check(argv: list[str]) -> dict | Reach | str | None:
         if (why := step.get("unusable") or next((changed[i] for i in step["paths"] if i in changed), None)):
             dirty[sid] = why
     if dirty:
-        paths = list(stamp["sigs"])
-        reach = Reach(stamp, dirty, root, {paths[i] for i in changed})
+        reach = Reach(stamp, dirty, root, changed)
         return reach if stamp.get("incremental") and reach.partial else f"step {reach.describe()}"
     return {**stamp, "command": command}
 
 
 def _differs(path: str, sig: list[int] | str) -> bool:
-    """Whether ``path`` no longer has the signature ``sig`` (``signature`` inlined: this is
-    asked of every file of a 10,000-step project)."""
-    try:
-        st = os.stat(path)
-        now: list[int] | str = [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
-    except (FileNotFoundError, NotADirectoryError):
-        now = "absent"
-    return now != sig and current_signature(path, sig) != sig  # or a folder signed by its names
+    """Whether ``path`` no longer has the signature ``sig`` (asked of every file of a
+    10,000-step project: a stat signature first, a folder's names only when that differs)."""
+    return signature(path) != sig and current_signature(path, sig) != sig
 
 
 def _append_stats(stamp: dict) -> None:

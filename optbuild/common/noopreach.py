@@ -18,21 +18,22 @@ Standard library only: the fast path imports this.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import islice
 
 REPLAYED = ("cached", "unavailable", "skipped")  # what an ok build's step can be in the no-op after it
 
 
 class Reach:
-    """The steps whose own files changed (``dirty``, with why; ``changed``: those files), in
-    the stamp they were read from: the recipes to load, and the steps to replay. (A plain
-    class: dataclasses imports inspect, 5 ms of every fast path.)"""
+    """The steps whose own files changed (``dirty``, with why; ``changed``: those files' places
+    in the stamp's table), in the stamp they were read from: the recipes to load, and the
+    steps to replay. (A plain class: dataclasses imports inspect, 5 ms of every fast path.)"""
 
-    def __init__(self, stamp: dict, dirty: dict[str, str], root: str, changed: set[str] | None = None):
+    def __init__(self, stamp: dict, dirty: dict[str, str], root: str, changed: Iterable[int] = ()):
         self.stamp = stamp
         self.dirty = dirty
         self.root = root
-        self.changed = changed or set()
+        self._changed = changed  # the places in the stamp's table of the steps' own files that changed
         self._table: list[str] | None = None  # the paths of the stamp's signatures, in order
         steps: dict[str, dict] = stamp["steps"]
         dependents: dict[str, list[str]] = {}
@@ -91,7 +92,8 @@ class Reach:
         steps = self.stamp["steps"]
         recorded = [sid for sid, step in steps.items() if step["recipe"] in self.recipes]
         edited = {step["recipe"] for step in steps.values() if "unusable" in step}
-        edited.update(name for name in self.recipes if recipe_files.get(name) in self.changed)
+        changed = {self._paths()[i] for i in self._changed}
+        edited.update(name for name in self.recipes if recipe_files.get(name) in changed)
         if not edited:
             present = set(loaded)
             return recorded if all(sid in present for sid in recorded) else None

@@ -23,11 +23,13 @@ def changed_within(sig: Sequence[int] | str, ref_ns: int, margin_ns: int | None 
 def signature(path: str) -> list[int] | str:
     """A file's stat signature (mtime, ctime, size, inode), or "absent"."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
+        return of_stat(os.stat(path))
+    except (FileNotFoundError, NotADirectoryError):
         return "absent"
-    except NotADirectoryError:
-        return "absent"
+
+
+def of_stat(st: os.stat_result) -> list[int]:
+    """The signature of what ``os.stat`` gave (for a caller that needs the rest of it too)."""
     return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
 
 
