@@ -26,14 +26,17 @@ projectroot, quickhash and signatures, which need no more).
   ``CUDA_VISIBLE_DEVICES``, which the environment digest covers;
 - the stat signature (mtime_ns, ctime_ns, size, inode; or "absent") of everything the
   whole answer was read from: optbuild.toml, every recipe none of whose steps was recorded,
-  the templates, every folder a recipe pattern scans, project-local kind files, every file the FileHasher was asked about that no one
-  step owns (the modules that pyimports follows from a kind), the folder holding each of
-  these (a new module beside them is seen), the source file of every non-stdlib module the
-  build had imported (optbuild and its step kinds, pydantic...), every ``sys.path`` entry
-  (installing or upgrading a package changes site-packages), the interpreter and the lock
-  file. optbuild.lock's folder (the project's) is signed by the names it holds
-  (``names_signature``) when only the build's own write of the lock changed it, which its
-  times cannot tell from anyone else's change (``note_written_folder``);
+  the templates, every folder a recipe pattern scans, project-local kind files, every file
+  the FileHasher was asked about that no one step owns (the modules that pyimports follows
+  from a kind), the folder holding each of these (a new module beside them is seen), the
+  source file of every non-stdlib module the build had imported (optbuild and its step
+  kinds, pydantic...), every ``sys.path`` entry (installing or upgrading a package changes
+  site-packages), the interpreter and the lock file. A folder that did not change while the
+  build ran is signed by the names it holds (``names_signature``): a file saved by renaming
+  a new one over it leaves them as they were (its own signature tells), a file added or
+  removed does not. optbuild.lock's folder (the project's) is signed so too when only the
+  build's own writes there changed it (the lock file, a first build's build/ and cache/),
+  which its times cannot tell from anyone else's change (``note_written_folder``);
 - per step, in the order the build reported them: the signatures of what that step alone
   was decided from (its recipe file, its own key files and the folders holding them; its
   cache entry, present or absent, so that a cache pulled later is seen; its blobs, its step
@@ -71,9 +74,10 @@ the build or cache folders: outputs, cache entries, blobs, the lock file) that y
 the moment of recording is read and its content digest recorded when it is small or is the
 lock file (a build that changed a step rewrites it), else it cannot vouch either. A cache
 entry that the build marked used (gc's last use, refreshed every few minutes) right after
-reading and checking it whole keeps the signature that mark gave, as the decision memo does. A step's own file that cannot vouch leaves
-that step to be decided again (with what it reaches); any other makes the stamp unusable. An
-unusable stamp is still written, saying why; the next normal build records a clean one.
+reading and checking it whole keeps the signature that mark gave, as the decision memo
+does. A step's own file that cannot vouch leaves that step to be decided again (with what
+it reaches); any other makes the stamp unusable. An unusable stamp is still written, saying
+why; the next normal build records a clean one.
 """
 
 from __future__ import annotations
@@ -81,12 +85,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterable
 
 from optbuild.common.projectroot import CONFIG_NAME
 from optbuild.common.quickhash import blake2b
 from optbuild.common.signatures import signature
 
-FORMAT = 3  # 2 held every signature in one table; 1 held unsalted digests of the environment
+FORMAT = 3  # 2 kept no step's own files apart; 1 held unsalted digests of the environment
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
 SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
 SALT_BYTES = 32
@@ -143,7 +148,7 @@ def vouched_folder(path: str, written: set[str]) -> str | None:
         return None
     if before is None or now - written != before - written:
         return None
-    return names_signature(path)
+    return _names_digest(now)
 
 
 def names_signature(path: str) -> str:
@@ -151,10 +156,13 @@ def names_signature(path: str) -> str:
     under the same name (optbuild.lock, written whole) leaves it as it was; a name added or
     removed changes it. "absent" when it cannot be listed."""
     try:
-        names = sorted(os.listdir(path))
+        return _names_digest(os.listdir(path))
     except OSError:
         return "absent"
-    return NAMES + blake2b()("\0".join(names).encode(errors="surrogateescape"), digest_size=16).hexdigest()
+
+
+def _names_digest(names: Iterable[str]) -> str:
+    return NAMES + blake2b()("\0".join(sorted(names)).encode(errors="surrogateescape"), digest_size=16).hexdigest()
 
 
 def current_signature(path: str, recorded: object) -> list[int] | str:
