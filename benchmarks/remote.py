@@ -1,9 +1,9 @@
 """Remote cache figures, against an S3-compatible server (moto) on 127.0.0.1.
 
-    python benchmarks/remote.py [--size-mb 100] [--steps 50] [--runs 7]
+    python benchmarks/remote.py [--size-mb 100] [--steps 50] [--runs 7] [--skip-big]
 
 Prints:
-  1. a 100 MB artifact: restored from the loopback S3 server on a fresh host (empty local
+  1. (unless --skip-big) a 100 MB artifact: restored from the loopback S3 server on a fresh host (empty local
      cache, `optbuild build`) vs rebuilt there (`optbuild build --no-remote`), and the
      upload the first build did; wall time of the whole CLI command, median of runs;
   2. a fully cached no-op `optbuild build` of an N-step project with a remote configured
@@ -159,46 +159,52 @@ def lookups(proj: Path, endpoint: str, runs: int) -> None:
         print(f"   {label:<27}: {fmt([timed(batch, wanted) for _ in range(runs)])}")
 
 
+def big(tmp: Path, endpoint: str, size_mb: int, runs: int) -> None:
+    """1. a large artifact: pulled vs rebuilt."""
+    make_bucket(endpoint, "big")
+    remote = f'[remote]\nurl = "s3://big/cache"\nendpoint_url = "{endpoint}"\ntimeout_s = 30\n'
+    steps = f'[steps.weights]\nkind = "weights"\nmegabytes = {size_mb}\n'
+    kinds = 'weights = "big.py:Weights"'
+    first = project(tmp / "big-a", remote, steps, kinds)
+    upload = optbuild(first, "build")  # builds and writes through
+    local = project(tmp / "big-local", remote, steps, kinds)
+    build_only = optbuild(local, "build", "--no-remote")
+    _remove(local)
+    pulls, rebuilds, cached, pull_work, rebuild_work = [], [], [], [], []
+    for i in range(max(3, runs // 2)):
+        host = project(tmp / f"big-pull-{i}", remote, steps, kinds)
+        pulls.append(optbuild(host, "build", phases=pull_work))
+        cached.append(optbuild(host, "build"))
+        _remove(host)
+        host = project(tmp / f"big-rebuild-{i}", remote, steps, kinds)
+        rebuilds.append(optbuild(host, "build", "--no-remote", phases=rebuild_work))
+        _remove(host)
+    print(f"1. {size_mb} MB artifact over loopback S3 (moto_server), whole `optbuild build` command:")
+    print(f"   restore from the remote on a fresh host : {fmt(pulls)}")
+    print(f"   rebuild it there (--no-remote)          : {fmt(rebuilds)}")
+    print("   the same, from the start event to the step's end (no interpreter start-up):")
+    print(f"     restore (s3fs client, entry, {size_mb} MB GET, verify, fsync, link): {fmt(pull_work)}")
+    print(f"     rebuild (worker process, numpy, write, hash, fsync, link)    : {fmt(rebuild_work)}")
+    print(f"   first build + upload (write-through)    : {upload:.3f} s (build alone: {build_only:.3f} s)")
+    print(f"   no-op afterwards (local hit)            : {fmt(cached)}")
+    rate = size_mb / max(statistics.median(pulls), 1e-9)
+    print(f"   -> pull is {statistics.median(rebuilds) / statistics.median(pulls):.1f}x faster than this "
+          f"(synthetic, cheap) rebuild; effective {rate:.0f} MB/s end to end")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=100)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--skip-big", action="store_true", help="leave out 1. (the large artifact)")
     args = parser.parse_args()
     os.environ.update(ENV)
     server, endpoint = start_moto()
     tmp = Path(tempfile.mkdtemp(prefix="optbuild-remote-bench-"))
     try:
-        # --- 1. a large artifact: pull vs rebuild ------------------------------------------
-        make_bucket(endpoint, "big")
-        remote = f'[remote]\nurl = "s3://big/cache"\nendpoint_url = "{endpoint}"\ntimeout_s = 30\n'
-        steps = f'[steps.weights]\nkind = "weights"\nmegabytes = {args.size_mb}\n'
-        kinds = 'weights = "big.py:Weights"'
-        first = project(tmp / "big-a", remote, steps, kinds)
-        upload = optbuild(first, "build")  # builds and writes through
-        local = project(tmp / "big-local", remote, steps, kinds)
-        build_only = optbuild(local, "build", "--no-remote")
-        _remove(local)
-        pulls, rebuilds, cached, pull_work, rebuild_work = [], [], [], [], []
-        for i in range(max(3, args.runs // 2)):
-            host = project(tmp / f"big-pull-{i}", remote, steps, kinds)
-            pulls.append(optbuild(host, "build", phases=pull_work))
-            cached.append(optbuild(host, "build"))
-            _remove(host)
-            host = project(tmp / f"big-rebuild-{i}", remote, steps, kinds)
-            rebuilds.append(optbuild(host, "build", "--no-remote", phases=rebuild_work))
-            _remove(host)
-        print(f"1. {args.size_mb} MB artifact over loopback S3 (moto_server), whole `optbuild build` command:")
-        print(f"   restore from the remote on a fresh host : {fmt(pulls)}")
-        print(f"   rebuild it there (--no-remote)          : {fmt(rebuilds)}")
-        print("   the same, from the start event to the step's end (no interpreter start-up):")
-        print(f"     restore (s3fs client, entry, {args.size_mb} MB GET, verify, fsync, link): {fmt(pull_work)}")
-        print(f"     rebuild (worker process, numpy, write, hash, fsync, link)    : {fmt(rebuild_work)}")
-        print(f"   first build + upload (write-through)    : {upload:.3f} s (build alone: {build_only:.3f} s)")
-        print(f"   no-op afterwards (local hit)            : {fmt(cached)}")
-        rate = args.size_mb / max(statistics.median(pulls), 1e-9)
-        print(f"   -> pull is {statistics.median(rebuilds) / statistics.median(pulls):.1f}x faster than this "
-              f"(synthetic, cheap) rebuild; effective {rate:.0f} MB/s end to end")
+        if not args.skip_big:
+            big(tmp, endpoint, args.size_mb, args.runs)
 
         # --- 2. no-op overhead -------------------------------------------------------------
         make_bucket(endpoint, "noop")

@@ -27,7 +27,7 @@ from optbuild.builder.restore import Restorer
 from optbuild.builder.runstats import append_stats, run_stats
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.builder.status import Status
-from optbuild.builder.walk import Decision, Fetch, Walk
+from optbuild.builder.walk import Build, Decision, Fetch, Settled, Walk
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.events import CacheEvent, DoneEvent, Event, StartEvent, StepEvent, note, warning
@@ -93,6 +93,7 @@ class Scheduler:
         self.pool = pool
         self._selected = 0  # steps in this run
         self._listed = False  # whether the remote's entries were listed (``_remote_lookup``)
+        self._settle_on_entries = True  # remote hits may settle on their entries (``_settles``)
         self._wanted: frozenset[str] | None = None  # steps whose outputs come here (``run``)
         self.remote = remote
         self.context = BuildContext(project, self.store, self.host, reporter, pool, remote=remote,
@@ -126,14 +127,32 @@ class Scheduler:
                                       dry_run=self.options.dry_run))
         for event in replay.events if replay is not None else ():
             self.reporter.emit(cast(Event, event))
-        walk = Walk(self.project, self.graph, self.options, self.outcomes, self._decide, self._process, self._finish,
-                    self.store.shared_gc_lock, self._abort, self._prewarm if self.builder.local else None)
         try:
-            walk.run(selected, max(1, jobs))
+            would_stop = self._walk(selected, max(1, jobs))
         finally:
             self._end_run()
-        self._record_run(started, walk.would_stop)
+        self._record_run(started, would_stop)
         return self.outcomes
+
+    def _walk(self, selected: list[str], slots: int) -> str | None:
+        """Walk the graph of ``selected``; then, if a step settled on its remote entry got
+        other outputs (its download failed, and it built here), decide again the steps
+        decided from that entry, with no step settling on an entry this time. The step a
+        plan would stop at, if any."""
+        walk = Walk(self.project, self.graph, self.options, self.outcomes, self._decide, self._process, self._finish,
+                    self.store.shared_gc_lock, self._abort, self._prewarm if self.builder.local else None)
+        walk.run(selected, slots)
+        if not walk.diverged:
+            return walk.would_stop
+        again = set().union(*map(self.graph.descendants, walk.diverged)) & set(selected)
+        for sid in sorted(walk.diverged):
+            self.reporter.emit(warning(f"{sid} was built here, its outputs on the remote cache being unusable, and "
+                                       "its outputs differ from those its remote entry named: the steps after it "
+                                       "are decided again", step=sid))
+        for sid in again:
+            self.outcomes.pop(sid, None)
+        self._settle_on_entries = False
+        return self._walk([sid for sid in selected if sid in again], slots)
 
     def _record_run(self, started: float, would_stop: str | None) -> None:
         """The lock file, the memo, the statistics and the run's summary event."""
@@ -268,13 +287,13 @@ class Scheduler:
             reasons.append(self.store.last_miss_reason)
         if self.remote is not None:
             if self._remote_may_hold(key) and not self.options.dry_run:  # read and downloaded on the fetch threads
-                return Fetch(lambda spec: self._fetch_locked(spec, action, reasons, dest, placement))
+                return Fetch(lambda spec: self._fetch(spec, action, reasons, dest, placement))
             if (remote_entry := self._remote_lookup(spec, key)) is not None:  # a plan: its entry gives downstream keys
                 return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
         return self._without_remote(spec, action, reasons, dest, placement)
 
     def _without_remote(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
-                        placement: Placement) -> Outcome | Callable[[StepSpec], Outcome]:
+                        placement: Placement) -> Outcome | Build:
         """A step no cache holds: its remembered failure, unavailable here, would build (a
         plan, --no-build), or the build to run."""
         key = action.key
@@ -289,14 +308,36 @@ class Scheduler:
             return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, miss] if miss else reasons)
         return lambda spec: self._build_locked(spec, action, reasons, dest, placement)
 
-    def _fetch_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
-                      placement: Placement) -> Outcome | Callable[[StepSpec], Outcome]:
-        """Read the remote's entry, then download it under the key's lock, unless another
-        builder stored it meanwhile, or leave it there (``_stays_remote``); when the remote
-        has none, or its download failed (a warning says why), as ``_without_remote``."""
-        key, stays = action.key, self._stays_remote(spec.id)
-        if (remote_entry := self._remote_lookup(spec, key)) is None:
+    def _fetch(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
+               placement: Placement) -> Outcome | Settled | Build:
+        """Read the remote's entry; then settle the step on it and download behind the walk
+        (``_settles``), or download now. When the remote has none, as ``_without_remote``."""
+        if (remote_entry := self._remote_lookup(spec, action.key)) is None:
             return self._without_remote(spec, action, reasons, dest, placement)
+
+        def download(spec: StepSpec) -> Outcome | Build:
+            return self._download_locked(spec, action, remote_entry, reasons, dest, placement)
+
+        if self._settles(spec.id, remote_entry):
+            return Settled(Outcome(Status.RESTORED, action.key, remote_entry, reasons=reasons, source="remote"),
+                           download)
+        return download(spec)
+
+    def _settles(self, sid: str, entry: ActionEntry) -> bool:
+        """Whether a remote hit settles on its entry, its outputs downloaded while its
+        dependents are decided (``walk.Settled``): on this host (a Dask node fetches its own
+        inputs), in a run of many steps, whose remote blobs are listed once (an entry whose
+        blobs a gc there took settles nothing), unless its outputs stay on the remote, or
+        this is a run deciding again what a failed download changed."""
+        return (self._settle_on_entries and self.builder.local and not self._stays_remote(sid)
+                and self._selected >= LIST_REMOTE_FROM and self._blobs_on_remote(entry))
+
+    def _download_locked(self, spec: StepSpec, action: Action, remote_entry: ActionEntry, reasons: list[str],
+                         dest: Path, placement: Placement) -> Outcome | Build:
+        """Download the remote's entry under the key's lock, unless another builder stored it
+        meanwhile, or leave it there (``_stays_remote``); when its download failed (a warning
+        says why), as ``_without_remote``."""
+        key, stays = action.key, self._stays_remote(spec.id)
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
             if entry is None and stays and self._blobs_on_remote(remote_entry):  # its nodes read it there

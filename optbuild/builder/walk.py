@@ -6,6 +6,13 @@ Each step is decided in the main thread as soon as its upstream is done (a cache
 cheaper than a thread hop); only the steps that must build go to the build threads, at most
 ``slots`` at once (waiting on, and scanning, every held build made a cold build of 10,000
 steps quadratic), and remote hits download on threads of their own, beside the builds.
+
+A remote hit may settle on its entry (``Settled``): its dependents are decided from the
+digests the entry names while its outputs download, so that a chain of remote hits costs a
+round trip a step, not a download and a store. A build that reads such a step's outputs waits
+for them. When its download fails and it builds here with other outputs, the steps decided
+from its entry are ``diverged``'s dependents, for the scheduler to decide again; a build
+reading its new outputs under a key made from the old ones is never started.
 """
 
 from __future__ import annotations
@@ -32,14 +39,30 @@ class Fetch:
     """A decision to download a remote hit: it runs on the fetch threads, not in a build
     slot; when the download fails it answers the build to run instead."""
 
-    def __init__(self, fetch: Callable[[StepSpec], Outcome | Build]):
+    def __init__(self, fetch: Callable[[StepSpec], Outcome | Settled | Build]):
         self.fetch = fetch
 
-    def __call__(self, spec: StepSpec) -> Outcome | Build:
+    def __call__(self, spec: StepSpec) -> Outcome | Settled | Build:
         return self.fetch(spec)
 
 
-Decision = Outcome | Fetch | Build
+class Settled:
+    """A remote hit settled on its entry (``outcome``): its dependents are decided from it
+    while ``download`` brings its outputs here, on the fetch threads; when that fails, it
+    answers the build to run instead."""
+
+    def __init__(self, outcome: Outcome, download: Callable[[StepSpec], Outcome | Build]):
+        self.outcome, self.download = outcome, download
+
+
+Decision = Outcome | Fetch | Settled | Build
+
+
+def _digests(outcome: Outcome) -> dict[str, str] | None:
+    """The digests of a step's outputs, None when it has none to read."""
+    if outcome.entry is None or not outcome.status.usable:
+        return None
+    return {name: output.digest for name, output in outcome.entry.outputs.items()}
 
 
 @dataclass
@@ -62,6 +85,9 @@ class Walk:
     _fetches: deque[tuple[str, Fetch]] = field(default_factory=deque)  # remote hits to download
     _building: dict[Future, str] = field(default_factory=dict)
     _fetching: dict[Future, str] = field(default_factory=dict)
+    _downloading: dict[Future, str] = field(default_factory=dict)  # the outputs of settled remote hits
+    _settled: dict[str, Outcome] = field(default_factory=dict)  # settled on their entry, not downloaded yet
+    diverged: set[str] = field(default_factory=set)  # settled on an entry whose outputs they did not get
 
     def run(self, selected: list[str], slots: int) -> None:
         chosen = set(selected)
@@ -70,7 +96,7 @@ class Walk:
         with ThreadPoolExecutor(max_workers=slots) as builders, \
                 ThreadPoolExecutor(max_workers=FETCHERS, thread_name_prefix="optbuild-restore") as fetchers:
             try:
-                while self._ready or self._held or self._building or self._fetching:
+                while self._ready or self._held or self._building or self._fetching or self._downloading:
                     self._step(builders, fetchers, slots)
             except BaseException:  # Ctrl-C, say: the threads end only once their steps are stopped
                 self.abort()
@@ -88,20 +114,36 @@ class Walk:
             self._settle(sid, self.finish(sid, Outcome(Status.SKIPPED, reasons=[self.stop])))
         while self._held and len(self._building) < slots and self._startable(self._held[0][0]):
             sid, build = self._held.popleft()
+            if (dep := next((d for d in self.graph.deps[sid] if d in self.diverged), None)) is not None:
+                why = f"upstream {dep} was built here with other outputs than the remote's, which it was keyed from"
+                self._settle(sid, self.finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
+                continue
             self._building[builders.submit(self.run_step, sid, build)] = sid
-        if self._building or self._fetching:
-            self._collect()
+        if self._building or self._fetching or self._downloading:
+            self._collect(fetchers)
 
-    def _collect(self) -> None:
-        """Settle the builds and downloads that ended (a failed download becomes a build)."""
-        done, _ = wait([*self._building, *self._fetching], timeout=0.2, return_when=FIRST_COMPLETED)
+    def _collect(self, fetchers: ThreadPoolExecutor) -> None:
+        """Settle the builds and downloads that ended (a failed download becomes a build,
+        ahead of the others: builds may wait for its outputs)."""
+        done, _ = wait([*self._building, *self._fetching, *self._downloading], timeout=0.2,
+                       return_when=FIRST_COMPLETED)
         for future in done:
-            sid = self._building.pop(future) if future in self._building else self._fetching.pop(future)
+            sid = next(d.pop(future) for d in (self._building, self._fetching, self._downloading) if future in d)
             result = future.result()
-            if isinstance(result, Outcome):
+            if isinstance(result, Settled):
+                self._settle_on_entry(sid, result, fetchers)
+            elif isinstance(result, Outcome):
                 self._settle(sid, result)
+            elif sid in self._settled:
+                self._held.appendleft((sid, result))
             elif not isinstance(result, Fetch):  # its download failed: it builds
                 self._held.append((sid, result))
+
+    def _settle_on_entry(self, sid: str, settled: Settled, fetchers: ThreadPoolExecutor) -> None:
+        """``sid``'s dependents are decided from its remote entry while its outputs download."""
+        self.outcomes[sid] = self._settled[sid] = settled.outcome
+        self._downloading[fetchers.submit(self.run_step, sid, settled.download)] = sid
+        self._ready_dependents(sid)
 
     def _decide_ready(self) -> None:
         """Decide each ready step (and those its settling makes ready) in the main thread:
@@ -120,13 +162,15 @@ class Walk:
             elif isinstance(decision, Fetch):
                 self._fetches.append((sid, decision))
             else:
+                assert not isinstance(decision, Settled)  # only a fetch answers one
                 if self.prewarm is not None:
                     self.prewarm(sid)
                 self._held.append((sid, decision))
 
     def _settle(self, sid: str, outcome: Outcome) -> None:
-        """``sid`` is done: the steps waiting only on it are ready; a failure stops the run
-        (a plan notes where it would have) unless keep_going."""
+        """``sid`` is done: the steps waiting only on it are ready (those of a step settled on
+        its entry already are: it diverged if its outputs are not the entry's); a failure
+        stops the run (a plan notes where it would have) unless keep_going."""
         halts = outcome.status == Status.FAILED or (outcome.status == Status.UNAVAILABLE
                                                     and not self.options.skip_unavailable)
         if halts and not self.options.keep_going:
@@ -134,6 +178,13 @@ class Walk:
                 self.would_stop = self.would_stop or sid
             elif self.stop is None:
                 self.stop = f"build stopped after {sid} {'failed' if outcome.status == Status.FAILED else 'was unavailable'}"
+        if (settled := self._settled.pop(sid, None)) is not None:
+            if _digests(outcome) != _digests(settled):
+                self.diverged.add(sid)
+            return
+        self._ready_dependents(sid)
+
+    def _ready_dependents(self, sid: str) -> None:
         for child in self.graph.dependents[sid]:
             if child in self._waiting:
                 self._waiting[child] -= 1
@@ -155,7 +206,10 @@ class Walk:
 
     def _startable(self, sid: str) -> bool:
         """An exclusive step starts when nothing builds, and nothing starts beside it; the
-        first held build waits its turn (FIFO, so that an exclusive one is not starved)."""
+        first held build waits its turn (FIFO, so that an exclusive one is not starved), and
+        for the outputs of its inputs settled on their remote entries to download."""
+        if any(dep in self._settled for dep in self.graph.deps[sid]):
+            return False
         if any(self.project.steps[b].step.exclusive for b in self._building.values()):
             return False
         return not self._building or not self.project.steps[sid].step.exclusive

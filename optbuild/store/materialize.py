@@ -51,11 +51,12 @@ class Materializer(ContentStore):
         first (a stat when unchanged); one that is gone or corrupt raises BlobGone. The
         tree is built in a hidden sibling and swapped in, so ``dest`` is never half
         populated: a reader sees the old tree, nothing, or the new tree. Folders stay
-        writable so that users can delete the tree.
+        writable so that users can delete the tree. The caller sweeps the leftovers of killed
+        swaps (``sweep_leftovers``), once a run and folder: a listing of the folder per
+        restore made restoring a recipe of N steps cost N² names.
         """
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        self.sweep_leftovers(dest.parent)
         hidden = f".{dest.name}."
         staging = dest.parent / (hidden + owned_name("new"))
         old = dest.parent / (hidden + owned_name("old"))
@@ -124,8 +125,9 @@ class Materializer(ContentStore):
     def sweep_leftovers(self, folder: Path) -> None:
         """Remove the hidden trees that restores killed mid-swap left in ``folder``.
 
-        Cheap (one listing), so it runs on every restore: a leftover is found even when
-        its step's outputs never need restoring again.
+        One listing: the restorer runs it once a run in each folder it restores into, even
+        when nothing needs restoring there, so that a leftover is found even when its step's
+        outputs never need restoring again.
         """
         with suppress(OSError):  # an unreadable or read-only folder: the restore itself says so
             for sibling in Path(folder).iterdir():
