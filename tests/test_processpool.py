@@ -20,7 +20,7 @@ from optbuild.process.pool import ProcessPool
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
 
 KINDS = CONFIG.replace("[kinds]\n", '[kinds]\nprobe = "probekinds.py:Probe"\nthreaded = "probekinds.py:ThreadedProbe"\n'
-                                   'onnx_probe = "probekinds.py:OnnxProbe"\n')
+                                   'onnx_probe = "probekinds.py:OnnxProbe"\nlazy_probe = "probekinds.py:LazyProbe"\n')
 
 
 def probe_project(root: Path, steps: str, *, config: str = KINDS) -> ProjectDir:
@@ -98,6 +98,18 @@ def test_a_build_forks_from_the_server_started_before_it_and_ends_it(tmp_path):
     assert proj.build(pool=pool).ok
     assert seen(proj, "o")["ppid"] == server.pid
     assert server.poll() is not None  # ended with the build
+
+
+def test_a_kind_that_preloads_nothing_forks_from_a_bare_server_until_it_is_seen_importing_numpy(tmp_path):
+    lazy = '[steps.a]\nkind = "lazy_probe"\n\n[steps.b]\nkind = "lazy_probe"\nafter = "a"\n\n' \
+           '[steps.c]\nkind = "lazy_probe"\nafter = "b"\n'
+    proj = probe_project(tmp_path / "proj", lazy)
+    pool = ProcessPool.speculative(str(proj.root))  # numpy and onnx preloaded, as `optbuild build` starts it
+    onnx_server = pool._servers[0].proc.pid
+    assert proj.build(pool=pool).ok
+    a, c = seen(proj, "a"), seen(proj, "c")
+    assert not a["numpy_preloaded"] and a["ppid"] != onnx_server
+    assert c["numpy_preloaded"] and c["ppid"] != a["ppid"]  # a's process said it imported numpy
 
 
 def test_a_pool_started_for_another_project_is_ended_and_not_used(tmp_path):

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -103,6 +104,15 @@ def _log_failure(exc: BaseException, error: str | None = None) -> None:
 
 
 
+def _imported(before: set[str]) -> list[str]:
+    """The heavy tools (``steps.base.PRELOADABLE``) this process imported since ``before``:
+    the pool forks the kind's next steps from a server that has them."""
+    from optbuild.steps.base import PRELOADABLE
+
+    had = {name.partition(".")[0] for name in before}
+    return sorted({name.partition(".")[0] for name in set(sys.modules) - before} & PRELOADABLE - had)
+
+
 def _disk_full_exit(exc: OSError) -> NoReturn:
     """No room for the result: exit with the errno, which the builder turns into a message."""
     from optbuild.common.errors import is_disk_full
@@ -136,7 +146,8 @@ def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
         result_file.flush()
     except OSError as exc:
         _disk_full_exit(exc)
-    result = run(spec)
+    before = set(sys.modules)
+    result = replace(run(spec), imported=_imported(before))
     try:
         result_file.seek(0)
         result_file.write(result.to_json().encode())

@@ -240,6 +240,7 @@ class ProcessPool:
         self.cwd = cwd
         self.preload = preload and sys.platform.startswith("linux") and hasattr(socket, "send_fds")
         self._servers: list[ForkServer] = []
+        self._learned: dict[str, frozenset[str]] = {}  # kind -> the heavy tools its steps imported (``learn``)
         self._lock = threading.Lock()
 
     @classmethod
@@ -271,7 +272,7 @@ class ProcessPool:
         first."""
         cwd = self.cwd if cwd is None else cwd
         if self.preload:
-            server = self._server_for(frozenset(modules))
+            server = self._server_for(frozenset(modules) | self._learned.get(implementation, frozenset()))
             ready = server.ready(cancel)
             if ready is None:
                 return None
@@ -279,10 +280,21 @@ class ProcessPool:
                 return child
         return FreshProcess(spec, log_path, cwd)
 
+    def learn(self, implementation: str, imported: list[str]) -> None:
+        """The steps of the kind ``implementation`` import the heavy tools ``imported``
+        themselves (``ChildResult.imported``): its next steps fork from a server that
+        preloaded them, as if the kind declared them in ``preload``."""
+        if imported:
+            with self._lock:
+                self._learned[implementation] = self._learned.get(implementation, frozenset()) | set(imported)
+
     def _server_for(self, modules: frozenset[str]) -> ForkServer:
-        """The smallest running server that preloads all of ``modules``; a new one if none."""
+        """The smallest running server that preloads all of ``modules``, a new one if none;
+        for steps that preload nothing, one that preloaded nothing (a fork of a server holding
+        numpy and onnx costs a step 1.5 ms more of page tables and faults)."""
         with self._lock:
-            fitting = [s for s in self._servers if s.usable is not False and s.modules >= modules]
+            fitting = [s for s in self._servers if s.usable is not False and s.modules >= modules
+                       and (modules or not s.modules)]
             if fitting:
                 return min(fitting, key=lambda s: len(s.modules))
             broken = [s for s in self._servers if s.usable is False and s.modules == modules]

@@ -120,6 +120,7 @@ def run_step(run: StepRun, scratch: Path, pool: ProcessPool, cancel: threading.E
                        cancel, running, watch)
     duration = time.perf_counter() - started
     result = read_result(result_path, returncode, scratch)
+    pool.learn(run.implementation, result.imported)
     log = log_path.read_bytes()
     if not result.ok:
         raise StepFailed(result, log)

@@ -77,6 +77,7 @@ class ChildResult:
     repeats: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
     run_s: float | None = None
+    imported: list[str] = field(default_factory=list)  # heavy tools it imported itself (steps.base.PRELOADABLE)
 
     def to_json(self) -> str:
         """Metrics that JSON cannot hold are written as their str()."""
@@ -104,13 +105,16 @@ class ChildResult:
         doc["metrics"] = doc.get("metrics") or {}
         doc["expected"] = bool(doc.get("expected"))
         doc["repeats"] = bool(doc.get("repeats"))
+        doc["imported"] = doc.get("imported") or []
+        if not all(isinstance(name, str) for name in doc["imported"]):
+            raise ChildResultError("its 'imported' holds something other than module names")
         return cls(**doc)
 
 
-_RESULT_FIELDS = {"ok", "error", "expected", "repeats", "metrics", "run_s"}
+_RESULT_FIELDS = {"ok", "error", "expected", "repeats", "metrics", "run_s", "imported"}
 _RESULT_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
     "error": (str, "text"), "expected": (bool, "true or false"), "repeats": (bool, "true or false"),
-    "metrics": (dict, "an object"), "run_s": ((int, float), "a number")}
+    "metrics": (dict, "an object"), "run_s": ((int, float), "a number"), "imported": (list, "a list")}
 
 
 def _short(value: Any) -> str:

@@ -39,6 +39,9 @@ if typing.TYPE_CHECKING:
 # The preload sets of the built-in step kinds (Step.preload): steps sharing one share a fork server.
 ONNX_TOOLS = ("numpy", "onnx")
 TORCH_TOOLS = ("numpy", "onnx", "sympy", "torch", "torch.onnx")  # sympy: torch.fx, onnxsim
+# The heavy tools a step's process reports having imported itself (ChildResult.imported), so
+# that later steps of its kind fork from a server that preloaded them (process.pool).
+PRELOADABLE = frozenset(name.partition(".")[0] for name in TORCH_TOOLS)
 
 
 class StepParams(RecipeTable):
