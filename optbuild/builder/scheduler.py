@@ -146,9 +146,9 @@ class Scheduler:
             return walk.would_stop
         again = set().union(*map(self.graph.descendants, walk.diverged)) & set(selected)
         for sid in sorted(walk.diverged):
-            self.reporter.emit(warning(f"{sid} was built here, its outputs on the remote cache being unusable, and "
-                                       "its outputs differ from those its remote entry named: the steps after it "
-                                       "are decided again", step=sid))
+            self.reporter.emit(warning(f"{sid}: the steps after it were decided from its remote entry, whose outputs "
+                                       f"could not be downloaded; it {self.outcomes[sid].status} here with other "
+                                       "outputs, so those steps are decided again", step=sid))
         for sid in again:
             self.outcomes.pop(sid, None)
         self._settle_on_entries = False

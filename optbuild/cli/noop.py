@@ -83,8 +83,8 @@ def try_fast_path(argv: list[str]) -> int | None:
     answer = sys.stdout if plan else sys.stderr  # a plan's answer is its output (optbuild.cli.plan)
     for line in found.get("plan_warnings", []) if plan else []:
         print(line, file=sys.stderr)
-    for line in found["lines"]:
-        print(line, file=answer)
+    if found["lines"]:  # one write: stderr is line-buffered, and 10,000 writes cost 30 ms
+        answer.write("\n".join(found["lines"]) + "\n")
     counts = ", ".join(f"{n} {status}" for status, n in found["counts"].items() if n)
     print(f"ok: {counts or 'nothing to do'} in {time.perf_counter() - started:.2f}s "
           "(nothing changed since the last build: fast path)", file=answer)
@@ -163,7 +163,9 @@ def _check(argv: list[str]) -> dict | Reach | str | None:
         return f"environment variable {', '.join(names)} changed"
     if stamp.get("host") != host_facts():
         return "the host changed (reboot, GPU devices or driver)"
-    if not isinstance(stamp.get("lines"), list) or not isinstance(stamp.get("counts"), dict):
+    lines = stamp.get("lines")
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines) \
+            or not isinstance(stamp.get("counts"), dict):
         return "the record is damaged"
     changed: dict[int, str] = {}  # a step's own file, by its place in the table: why it is not as recorded
     for i, (path, sig) in enumerate(stamp["sigs"].items()):
@@ -184,7 +186,10 @@ def _check(argv: list[str]) -> dict | Reach | str | None:
                 changed[place[path]] = why
     dirty = {}
     for sid, step in stamp["steps"].items():
-        if (why := step.get("unusable") or next((changed[i] for i in step["paths"] if i in changed), None)):
+        why = step.get("unusable")
+        if why is None and changed:  # else none of its files changed: 10,000 steps' paths spared
+            why = next((changed[i] for i in step["paths"] if i in changed), None)
+        if why:
             dirty[sid] = why
     if dirty:
         reach = Reach(stamp, dirty, root, changed)
