@@ -26,7 +26,9 @@ What each name is for:
 - ``Step``: the base class of a kind: its ``Params``, ``version`` (bump it when the output
   changes), ``tools`` (distributions whose versions enter the key), ``host_fields`` (host
   fingerprint fields that do), ``preload``, ``primary_output`` and ``run(ctx)``; overridable
-  ``unavailable(host)``, ``key_files()``, ``bind(upstream)``.
+  ``unavailable(host)``, ``key_files()`` with ``key_folders(files)`` (the folders whose names
+  decide the key files: a no-op checks those; a kind overriding ``key_files`` alone is given
+  the folder of every key file), ``bind(upstream)``.
 - ``StepParams``: the base of a kind's parameters (a pydantic model, validated when the
   project loads, strict: a recipe's ``"50"`` is not an integer).
 - ``StepRef``, ``InputPath``, ``CallableRef``: the field types whose values enter the key as

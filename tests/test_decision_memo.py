@@ -378,5 +378,18 @@ def test_an_input_saved_by_renaming_a_new_file_over_it_reaches_only_its_steps(ch
     os.replace(saved, chains.root / "data" / "in3.txt")
     plan = optbuild(chains, "plan")
     assert "partial: c3:s0: data/in3.txt changed; loading 1 recipes" in plan.declined
+    chains.write("data/in9.txt", "a new file beside the inputs")  # named by no recipe: it reaches no step
+    assert "partial: c3:s0: data/in3.txt changed; loading 1 recipes" in optbuild(chains, "plan").declined
+
+
+def test_a_new_file_in_a_folder_that_a_kind_lists_reaches_its_steps_and_no_others(chains):
+    """A kind whose key files come from listing a folder (it overrides ``key_files``, not
+    ``key_folders``) has that folder's names checked; a file named by a recipe, its own alone."""
+    chains.write("optbuild.toml", chains.read("optbuild.toml").replace('join = "kinds.py:Join"',
+                                                                       'join = "kinds.py:Join"\nlisting = "kinds.py:Listing"'))
+    chains.write("recipes/l.toml", '[steps.all]\nkind = "listing"\nfolder = "../data"\n')
+    _with_reader(chains)
     chains.write("data/in9.txt", "a new file beside the inputs")
-    assert "partial: " not in optbuild(chains, "plan").declined  # every step reading from data/ is decided again
+    plan = optbuild(chains, "plan")
+    assert "partial: l:all: data changed; loading 1 recipes" in plan.declined
+    assert [sid for sid, status in _cli_lines(plan.stdout).items() if status != "cached"] == ["l:all"]

@@ -198,8 +198,10 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
             attributed.update(reach.step_files(sid))  # its recipe file, say, is still its own
             continue
         outcome, spec = result.outcomes[sid], project.steps[sid]
-        own = {str(p) for p in spec.key_files or ()}
-        inputs = own | {os.path.dirname(p) for p in own} | {os.path.abspath(project.recipes[spec.recipe])}
+        files = spec.key_files or ()
+        folders = spec.key_folders if spec.key_folders is not None else {path.parent for path in files}
+        own = {str(path) for path in (*files, *folders)}  # a file its recipe names is signed alone
+        inputs = own | {os.path.abspath(project.recipes[spec.recipe])}
         products: set[str] = set()
         if outcome.key:
             products.add(f"{cache_root}/{entry_name(outcome.key)}")  # paths as text: 10,000 steps add up

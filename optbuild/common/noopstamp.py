@@ -38,7 +38,9 @@ projectroot, quickhash and signatures, which need no more).
   build's own writes there changed it (the lock file, a first build's build/ and cache/),
   which its times cannot tell from anyone else's change (``note_written_folder``);
 - per step, in the order the build reported them: the signatures of what that step alone
-  was decided from (its recipe file, its own key files and the folders holding them; its
+  was decided from (its recipe file, its own key files and the folders whose names decide
+  them, ``Step.key_folders``: none for a file its recipe names, the folder of a listed data
+  folder's files or of a Python file whose imports resolve there; its
   cache entry, present or absent, so that a cache pulled later is seen; its blobs, its step
   folder and outputs), by their place in one table after the whole answer's (steps share
   files: the fast path stats each once), its recipe, the steps it reads, what it said as the

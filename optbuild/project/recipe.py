@@ -33,7 +33,7 @@ from optbuild.project.parsed import ParsedRecipes
 from optbuild.project.problems import non_finite_problems, unknown_key, validation_problems
 from optbuild.project.tomlsource import TomlDocument, load_toml
 from optbuild.steps import registry
-from optbuild.steps.base import Step
+from optbuild.steps.base import Step, key_folders
 
 
 @dataclass
@@ -52,6 +52,7 @@ class StepSpec:
     # Step.key_files() as found when the project was loaded (a Project is a snapshot):
     # finding an export's imports means reading its sources, which planning need not repeat.
     key_files: tuple[Path, ...] | None = None
+    key_folders: tuple[Path, ...] | None = None  # steps.base.key_folders of key_files, then
     overrides: dict[str, Any] = field(default_factory=dict)  # -S for this run: param -> value
     # The recipe's [inputs.NAME] with the step's own entries, whole: what `optbuild bench`
     # feeds the step's model. The step runs on and is keyed on the part it reads (inputs_read).
@@ -308,6 +309,7 @@ def _check_files(steps: dict[str, StepSpec], problems: list[Problem]) -> None:
             problems.append(spec.problem(f"file not found: {exc.filename}"))
             continue
         spec.key_files = tuple(files)
+        spec.key_folders = tuple(key_folders(spec.step, files))
         for path in files:
             if not path.is_file():
                 field_name = _field_naming(spec, path)

@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -224,6 +224,15 @@ class Step(Generic[P]):
                         files.append((self.base_dir / relative).resolve())
         return files
 
+    def key_folders(self, files: Sequence[Path]) -> list[Path]:
+        """The folders whose names decide ``files`` (this step's ``key_files``): a file added
+        to one may be a new key file (a data folder listed), or what a key file's import now
+        resolves to. The no-op fast path checks the names these folders hold, and a key file
+        elsewhere alone. Default: none, as every key file of ``Step.key_files`` is named by
+        the recipe. A kind that overrides ``key_files`` says its own; one that does not is
+        given the folder of every key file (``steps.base.key_folders``), which is always safe."""
+        return []
+
     def calls(self) -> list[Call]:
         """The ``file.py:callable`` parameters this step calls, and how: checked by reading
         their files when the project loads (optbuild.common.callables). Default: every CallableRef
@@ -275,3 +284,15 @@ def link_files(files: Mapping[str, Path], out_dir: Path) -> int:
         link_or_copy(source, dest)
         size += dest.stat().st_size
     return size
+
+
+def key_folders(step: Step, files: Sequence[Path]) -> list[Path]:
+    """``step.key_folders(files)`` where the class that says it also says ``key_files`` (or
+    derives from the one that does); else the folder of every key file: a kind overriding
+    ``key_files`` may list a folder, and its folders cannot be known otherwise."""
+    mro = type(step).__mro__
+    says_files = next(c for c in mro if "key_files" in c.__dict__)
+    says_folders = next(c for c in mro if "key_folders" in c.__dict__)
+    if issubclass(says_folders, says_files):
+        return step.key_folders(files)
+    return sorted({path.parent for path in files})

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,11 @@ class Export(Step[ExportParams]):
             files.append((self.base_dir / p.weights).resolve())
         files += [(self.base_dir / extra).resolve() for extra in p.extra_files]
         return list(dict.fromkeys(files))
+
+    def key_folders(self, files: Sequence[Path]) -> list[Path]:
+        """The folders of the model's Python files, where its imports resolve (the weights and
+        extra files are named)."""
+        return sorted({path.parent for path in files if path.suffix == ".py"})
 
     def calls(self) -> list[Call]:
         return [Call("model", self.params.model, keywords=())]  # model(): no arguments

@@ -12,6 +12,7 @@ See also ``inputs_field`` (optbuild.model.inputdecl) and ``atol_field``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -127,6 +128,11 @@ class DataSourceStep(Step[P]):
         source = getattr(self.params, self.data_param)
         files.extend(p for p in data_key_files(source, self.base_dir, self.project_root) if p not in files)
         return files
+
+    def key_folders(self, files: Sequence[Path]) -> list[Path]:
+        """The folders of the Python files (a callable's imports resolve there) and of the
+        .npy files (a data folder is listed); the others are named."""
+        return sorted({path.parent for path in files if path.suffix in (".py", ".npy")})
 
     def calls(self) -> list[Call]:
         return [*super().calls(), *data_calls(getattr(self.params, self.data_param),

@@ -120,7 +120,7 @@ import contextlib
 import json
 import time
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +188,10 @@ class Verify(DataSourceStep[VerifyParams]):
             if entry.is_file():
                 files.extend(p for p in local_imports(entry, self.project_root) if p not in files)
         return files
+
+    def key_folders(self, files: Sequence[Path]) -> list[Path]:
+        """As a data source's: the metric's imports are Python files."""
+        return super().key_folders(files)
 
     def host_key(self, host: Fingerprint) -> dict[str, Any]:
         fields = dict.fromkeys(f for backend, manifest in self._backends() for f in backend.host_fields(manifest))
