@@ -283,15 +283,19 @@ class ProcessPool:
     def learn(self, implementation: str, imported: list[str]) -> None:
         """The steps of the kind ``implementation`` import the heavy tools ``imported``
         themselves (``ChildResult.imported``): its next steps fork from a server that
-        preloaded them, as if the kind declared them in ``preload``."""
-        if imported:
+        preloaded them, as if the kind declared them in ``preload``. Only tools of
+        ``PRELOADABLE`` count: a module whose import starts a thread would make the server
+        refuse to fork."""
+        from optbuild.steps.base import PRELOADABLE
+
+        if tools := PRELOADABLE.intersection(imported):
             with self._lock:
-                self._learned[implementation] = self._learned.get(implementation, frozenset()) | set(imported)
+                self._learned[implementation] = self._learned.get(implementation, frozenset()) | tools
 
     def _server_for(self, modules: frozenset[str]) -> ForkServer:
         """The smallest running server that preloads all of ``modules``, a new one if none;
-        for steps that preload nothing, one that preloaded nothing (a fork of a server holding
-        numpy and onnx costs a step 1.5 ms more of page tables and faults)."""
+        for steps that preload nothing, one that preloaded nothing (a server holding numpy and
+        onnx is a bigger process to fork, for steps that use neither)."""
         with self._lock:
             fitting = [s for s in self._servers if s.usable is not False and s.modules >= modules
                        and (modules or not s.modules)]
