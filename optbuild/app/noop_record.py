@@ -176,8 +176,9 @@ def _product_roots(ws) -> tuple[str, str]:
 
 def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
     """Per step, in the order the build reported them: its recipe, the steps it reads, what
-    it said (``_said``), and what it was decided from alone (its key files and their folders;
-    its entry, blobs, step folder and outputs). A step the build replayed keeps what it said.
+    it said (``_said``), and what it was decided from alone (its key files and the folders
+    whose names decide them, ``StepSpec.key_folders``; its entry, blobs, step folder and
+    outputs). A step the build replayed keeps what it said.
     Also every path given to a step."""
     project, store = ws.project, ws.store
     build_dir = os.path.abspath(project.build_dir)
@@ -198,9 +199,7 @@ def _steps(ws, result, reach: Reach | None) -> tuple[dict[str, dict], set[str]]:
             attributed.update(reach.step_files(sid))  # its recipe file, say, is still its own
             continue
         outcome, spec = result.outcomes[sid], project.steps[sid]
-        files = spec.key_files or ()
-        folders = spec.key_folders if spec.key_folders is not None else {path.parent for path in files}
-        own = {str(path) for path in (*files, *folders)}  # a file its recipe names is signed alone
+        own = {str(path) for path in (*(spec.key_files or ()), *(spec.key_folders or ()))}  # set together on load
         inputs = own | {os.path.abspath(project.recipes[spec.recipe])}
         products: set[str] = set()
         if outcome.key:

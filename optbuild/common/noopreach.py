@@ -4,7 +4,7 @@ and decides the recipes those steps and their downstream steps are in, with the 
 read from, and reports the other steps as that build recorded them.
 
 The stamp (``optbuild.common.noopstamp``) holds, per step, the signatures of the files that
-step alone was decided from (its recipe file, key files and their folders, its cache entry,
+step alone was decided from (its recipe file, key files and the folders deciding them, its cache entry,
 blobs, step folder and outputs), the steps it reads, its recipe and what it said; and per
 recipe, the recipes its steps read from. Everything else the answer was read from (the
 configuration, the templates, the folders of recipes, the modules, the interpreter, the
