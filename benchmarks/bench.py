@@ -73,13 +73,20 @@ def bench_examples(runs: int) -> None:
     print(f"[examples] heavy modules imported on the no-op path: {heavy or 'none'}")
 
 
-def synthetic_project(root: Path, steps: int) -> None:
-    """steps/10 chains of 10 steps each: a text source and nine joins."""
+def synthetic_project(root: Path, steps: int, *, shared: bool = False) -> None:
+    """steps/10 chains of 10 steps each: a text source and nine joins. ``shared``: kinds
+    that share a worker process (``Step.shares_process``) rather than fork one a step."""
     root.mkdir()
     shutil.copy(KINDS, root / "kinds.py")
+    prefix = ""
+    if shared:
+        prefix = "Shared"
+        with open(root / "kinds.py", "a") as kinds:
+            kinds.write("\n\nclass SharedText(Text):\n    shares_process = True\n\n\n"
+                        "class SharedJoin(Join):\n    shares_process = True\n")
     (root / "optbuild.toml").write_text(
-        '[project]\nrecipes = ["recipes/*.toml"]\n[kinds]\ntext = "kinds.py:Text"\n'
-        'join = "kinds.py:Join"\n[build]\njobs = 2\n')
+        f'[project]\nrecipes = ["recipes/*.toml"]\n[kinds]\ntext = "kinds.py:{prefix}Text"\n'
+        f'join = "kinds.py:{prefix}Join"\n[build]\njobs = 2\n')
     (root / "recipes").mkdir()
     (root / "data").mkdir()
     for chain in range(steps // 10):

@@ -4,7 +4,8 @@
 
 For each size, a synthetic project (bench.py's chains of a text source and nine joins) is
 made, left older than the no-op stamp's racy-timestamp window (as a user's recipes are when
-they build), built cold, then timed: `plan` with everything built, the first no-op build
+they build), built cold (and a copy whose kinds share a worker process, built cold), then
+timed: `plan` with everything built, the first no-op build
 after it, the no-op builds until one takes the fast path (a step whose files are younger
 than that window is decided again, with the recipes it reaches), `plan` again, one input
 file edited (`plan`, then `build`, then the no-op after it), and one parameter of a recipe
@@ -93,6 +94,7 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
         time.sleep(RACY_S)  # a user's recipes are older than the stamp's racy window when they build
         rows = {"plan, never built": run(root, "plan", profile=prof("plan-cold"))}
         rows["cold build"] = run(root, "build", profile=prof("build-cold"))  # [build] jobs = 2
+        rows["cold build, kinds sharing a process"] = cold_shared(steps, Path(tmp))
         rows["plan, everything built"] = run(root, "plan", profile=prof("plan-built"))
         until_fast_path(root, rows)
         # the decision memo (builder/memo.py) vouches only for files older than the racy window
@@ -106,6 +108,15 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
         rows["one parameter edited: plan"] = run(root, "plan", profile=prof("plan-param"))
         rows["one parameter edited: build"] = run(root, "build", profile=prof("build-param"))
     return rows
+
+
+def cold_shared(steps: int, tmp: Path) -> Timed:
+    """The cold build of the same project whose kinds share a worker process per build
+    (``Step.shares_process``): what a fork a step costs."""
+    root = tmp / "shared"
+    synthetic_project(root, steps, shared=True)
+    time.sleep(RACY_S)
+    return run(root, "build")
 
 
 def plan_only(steps: int, profiles: Path | None) -> dict[str, Timed]:

@@ -25,7 +25,9 @@ What each name is for:
 
 - ``Step``: the base class of a kind: its ``Params``, ``version`` (bump it when the output
   changes), ``tools`` (distributions whose versions enter the key), ``host_fields`` (host
-  fingerprint fields that do), ``preload``, ``primary_output`` and ``run(ctx)``; overridable
+  fingerprint fields that do), ``preload``, ``shares_process`` (its steps may run one after
+  another in one worker process, sparing each a fork: for a kind whose ``run`` changes no
+  state a later step would see), ``primary_output`` and ``run(ctx)``; overridable
   ``unavailable(host)``, ``key_files()`` with ``key_folders(files)`` (the folders whose names
   decide the key files: a no-op checks those; a kind overriding ``key_files`` alone is given
   the folder of every key file), ``bind(upstream)``.

@@ -20,7 +20,8 @@ from optbuild.process.pool import ProcessPool
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux-only")
 
 KINDS = CONFIG.replace("[kinds]\n", '[kinds]\nprobe = "probekinds.py:Probe"\nthreaded = "probekinds.py:ThreadedProbe"\n'
-                                   'onnx_probe = "probekinds.py:OnnxProbe"\nlazy_probe = "probekinds.py:LazyProbe"\n')
+                                   'onnx_probe = "probekinds.py:OnnxProbe"\nlazy_probe = "probekinds.py:LazyProbe"\n'
+                                   'shared_probe = "probekinds.py:SharedProbe"\n')
 
 
 def probe_project(root: Path, steps: str, *, config: str = KINDS) -> ProjectDir:
@@ -80,6 +81,36 @@ def test_a_native_crash_fails_only_its_step_and_the_server_forks_the_next(tmp_pa
     assert "step process died (signal 11): SIGSEGV, a crash inside a native library" in result.outcomes["p:boom"].error
     assert result.outcomes["p:last"].status == "built"
     assert seen(proj, "last")["ppid"] == seen(proj, "first")["ppid"]
+
+
+def shared(name: str, **params: object) -> str:
+    return probe(name, **params).replace('kind = "probe"', 'kind = "shared_probe"')
+
+
+def test_a_kind_that_shares_its_process_runs_its_steps_in_one_worker_each_in_a_fresh_setting(tmp_path):
+    steps = shared("a", leak=True) + shared("b", after="a") + shared("c", after="b", fail=True)
+    proj = probe_project(tmp_path / "proj", steps)
+    result = proj.build(keep_going=True)
+    assert result.outcomes["p:c"].error.startswith("probe c was asked to fail")
+    a, b = seen(proj, "a"), seen(proj, "b")
+    assert a["pid"] == b["pid"] != os.getpid() and a["ppid"] == b["ppid"]  # one worker, a server's child
+    assert a["numpy_random"] != b["numpy_random"]
+    assert b["leaked_env"] is None and b["cwd"] == str(proj.root)  # each step gets the builder's
+    assert b["leaked_global"] == 1  # what a kind that shares its process promises not to do
+    log = proj.read("build/.logs/p/c.log")
+    assert f"probe c runs in {a['pid']}" in log and "probe b" not in log  # the log is its own
+    with pytest.raises(ProcessLookupError):  # the worker ended with the build
+        os.kill(a["pid"], 0)
+
+
+def test_a_crash_fails_only_its_step_and_a_new_worker_runs_the_next(tmp_path):
+    steps = shared("first") + shared("boom", after="first", crash=True) + shared("last", after="boom")
+    steps = steps.replace('after = "boom"', 'after = "first"\nsleep = 0.5')
+    proj = probe_project(tmp_path / "proj", steps)
+    result = proj.build(keep_going=True, jobs=1)
+    assert "step process died (signal 11): SIGSEGV" in result.outcomes["p:boom"].error
+    assert result.outcomes["p:last"].status == "built"
+    assert seen(proj, "last")["pid"] != seen(proj, "first")["pid"]
 
 
 def test_a_preload_that_leaves_a_thread_running_is_refused_and_steps_start_fresh(tmp_path, caplog):

@@ -459,7 +459,8 @@ class Scheduler:
         run = StepRun(step_id=spec.id, implementation=spec.implementation, action=action,
                       base_dir=spec.step.base_dir, project_root=self.project.root,
                       inputs={f: self._artifact(dep, action.inputs[f]) for f, dep in present.items()},
-                      primary=spec.step.primary_output, preload=spec.step.preload, state_dir=self.store.root / "state")
+                      primary=spec.step.primary_output, preload=spec.step.preload,
+                      shares_process=spec.step.shares_process, state_dir=self.store.root / "state")
         upstream = {f: self._entry(dep) for f, dep in present.items()}
         remote_inputs = frozenset(f for f, dep in present.items() if self.outcomes[dep].remote_only)
         request = BuildRequest(spec, placement, run, upstream, self.keyer.named_key_files(spec),

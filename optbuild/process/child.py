@@ -138,9 +138,9 @@ def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
     (default: the builder the spec names)."""
     spec = ChildSpec.from_json(Path(spec_path).read_bytes())
     die_with_parent(spec.parent_pid if parent is None else parent)
-    result_path = Path(spec.result)
-    tmp = result_path.with_suffix(".tmp")
-    result_file = open(tmp, "wb")  # noqa: SIM115 (held open while the step runs)
+    # written in place, not renamed in: the builder reads it only once this process exited
+    # with status 0, which it does only after the result is whole
+    result_file = open(spec.result, "wb")  # noqa: SIM115 (held open while the step runs)
     try:
         result_file.write(b" " * RESULT_RESERVE)  # JSON allows the padding left after the result
         result_file.flush()
@@ -154,7 +154,6 @@ def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
         result_file.close()
     except OSError as exc:
         _disk_full_exit(exc)
-    os.replace(tmp, result_path)
 
 
 def main() -> None:

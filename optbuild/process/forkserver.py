@@ -33,6 +33,15 @@ this child; the zygote answers on it ``{"pid": N}`` (with a pidfd, where the ker
 them, so the builder can kill the child without a pid-reuse race) or ``{"error": ...}``,
 and once the child has exited, ``{"exit": CODE}`` (negative: killed by that signal).
 
+A request with a second socket attached and no spec forks a **worker**, for a kind whose
+steps may share a process (``Step.shares_process``): the builder sends it one step at a
+time on that socket (``{"spec", "log", "cwd", "env"}``), and it answers ``{"more": bool}``
+when the step's result is written. Each step gets its own log, the builder's working
+directory and environment as they are then, and a fresh numpy seed; what else a step
+changes (a module's global) reaches the next, which is what such a kind promises not to
+do. The worker exits when the builder closes the socket (at the end of each build), after
+``WORKER_JOBS`` steps, or when a step's process fails rather than its step.
+
 The zygote dies with the builder, and its children with it (``PR_SET_PDEATHSIG``), so a
 killed builder leaves nothing running. Ctrl-C reaches the children, not the zygote.
 
@@ -64,6 +73,7 @@ from optbuild.common.forked import run_and_exit
 CORE = ("ctypes", "faulthandler", "logging", "pydantic", "optbuild.process.child", "optbuild.steps.registry",
         "optbuild.steps.base", "optbuild.common.fingerprint", "optbuild.common.errors")
 MAX_MESSAGE = 1 << 20  # bytes: a request holds a path, a folder and the environment
+WORKER_JOBS = 500  # steps a worker runs before it exits: what a kind leaks stays bounded
 
 
 def thread_count() -> int:
@@ -161,7 +171,7 @@ class Zygote:
     def _request(self) -> bool:
         """Handle one request; False when the builder has closed the control socket."""
         try:
-            message, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, 1)
+            message, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, 2)
         except ConnectionError:
             return False
         if not message:
@@ -171,16 +181,21 @@ class Zygote:
         if not fds:
             return True
         reply = socket.socket(fileno=fds[0])
+        jobs = socket.socket(fileno=fds[1]) if len(fds) > 1 else None  # a worker's (see _run_jobs)
         request = json.loads(message)
         self._warm(request["implementation"])
         if (threads := thread_count()) != 1:  # checked right before the fork, whatever started one
             _send(reply, {"error": f"the fork server runs {threads} threads (after importing "
                                    f"{request['implementation']}); forking is unsafe"})
             reply.close()
+            if jobs is not None:
+                jobs.close()
             return True
         pid = os.fork()
         if pid == 0:
-            self._child(request, reply)
+            self._child(request, reply, jobs)
+        if jobs is not None:
+            jobs.close()  # the worker's alone, so that it is not inherited by the next child
         self.children[pid] = reply
         pidfd = _pidfd(pid)
         _send(reply, {"pid": pid}, [pidfd] if pidfd is not None else [])
@@ -213,12 +228,12 @@ class Zygote:
                 _send(reply, {"exit": os.waitstatus_to_exitcode(status)})
                 reply.close()
 
-    def _child(self, request: dict[str, Any], reply: socket.socket) -> NoReturn:
-        """In the forked child: become a fresh worker, run the step, exit. Never returns into
-        the zygote's loop, whatever happens."""
-        run_and_exit(lambda: self._serve(request, reply), failed=1)
+    def _child(self, request: dict[str, Any], reply: socket.socket, jobs: socket.socket | None) -> NoReturn:
+        """In the forked child: become a fresh worker, run the step (a worker: the steps sent
+        on ``jobs``), exit. Never returns into the zygote's loop, whatever happens."""
+        run_and_exit(lambda: self._serve(request, reply, jobs), failed=1)
 
-    def _serve(self, request: dict[str, Any], reply: socket.socket) -> None:
+    def _serve(self, request: dict[str, Any], reply: socket.socket, jobs: socket.socket | None) -> None:
         for sock in (self.control, reply, *self.children.values()):
             sock.close()
         if self.watch is not None:
@@ -229,24 +244,53 @@ class Zygote:
         for signum, handler in ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
                                 (signal.SIGINT, signal.SIG_IGN)):  # Ctrl-C: the builder cancels the step
             signal.signal(signum, handler)
-        _redirect_output(request["log"])
-        set_environment(request["env"])
-        os.chdir(request["cwd"])
-        _fresh_random_state()
+        _unbuffered_output()  # on file descriptors 1 and 2, which each step points at its log
         from optbuild.process import child as worker
 
-        sys.argv = [worker.__file__, request["spec"]]  # as ``python -m optbuild.process.child`` has it
         worker.capture_diagnostics()
-        worker.serve(request["spec"], parent=os.getppid())
+        if jobs is None:
+            _run_job(request)
+        else:
+            _run_jobs(jobs)
 
 
-def _redirect_output(log: str) -> None:
-    """stdout and stderr into the step's log, unbuffered (as ``python -u``), so that what a
-    step printed reaches the log in order even when it then crashes."""
+def _run_job(job: dict[str, Any]) -> None:
+    """Run the step of ``job`` (its spec, log, working directory and environment), as
+    ``python -m optbuild.process.child SPEC`` would."""
+    from optbuild.process import child as worker
+
+    _output_to(job["log"])
+    set_environment(job["env"])
+    os.chdir(job["cwd"])
+    _fresh_random_state()
+    sys.argv = [worker.__file__, job["spec"]]  # as ``python -m optbuild.process.child`` has it
+    worker.serve(job["spec"], parent=os.getppid())
+
+
+def _run_jobs(jobs: socket.socket) -> None:
+    """A worker (``Step.shares_process``): run the steps that come on ``jobs`` one after
+    another, answering ``{"more": bool}`` after each (false: this was its last, it exits),
+    until the builder closes ``jobs``. A step whose process fails (not the step: its
+    process) ends the worker, as it would end a child of its own."""
+    for done in range(1, WORKER_JOBS + 1):
+        message = jobs.recv(MAX_MESSAGE)
+        if not message:
+            return
+        _run_job(json.loads(message))
+        jobs.send(json.dumps({"more": done < WORKER_JOBS}).encode())
+
+
+def _output_to(log: str) -> None:
+    """stdout and stderr (file descriptors 1 and 2) into the step's log."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def _unbuffered_output() -> None:
+    """``sys.stdout`` and ``sys.stderr`` unbuffered (as ``python -u``), so that what a step
+    printed reaches the log in order even when it then crashes."""
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                   errors="backslashreplace")

@@ -3,7 +3,11 @@ the step's tools (``optbuild.process.forkserver``) where it can, a fresh ``pytho
 where it cannot (not Linux, ``[build] preload = false``, or a fork server that failed).
 
 Either way the step runs in a process of its own and its runner (``runstep``) sees the same
-thing: a ``StepProcess`` to poll for its exit code, or to kill. One fork server per set of
+thing: a ``StepProcess`` to poll for its exit code, or to kill. A kind that declares
+``shares_process`` runs its steps in workers instead, forked once and reused for the
+build's next steps of that kind (a fork costs a few milliseconds of CPU a step, mostly in
+copying the pages the child touches); a worker is a ``StepProcess`` too, whose "exit code"
+is 0 when it says its step is done. One fork server per set of
 preloaded modules, started on first need and shared by the steps whose ``preload`` it
 covers (a quantize step, which preloads onnx, forks from the server that holds torch and
 onnx when that one is already running); all end with the build.
@@ -33,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -106,6 +111,76 @@ class ForkedChild:
             self.pidfd = None
 
 
+def _job(spec: Path, log_path: Path, cwd: Path) -> dict[str, Any]:
+    """What a forked child needs to run a step, as a fresh process would: its spec, its log,
+    and the builder's working directory and environment as they are now."""
+    return {"spec": str(spec), "log": str(log_path), "cwd": str(cwd), "env": dict(os.environ)}
+
+
+class Worker:
+    """A child of a fork server that runs steps of one kind one after another
+    (``Step.shares_process``): each step's end arrives on ``jobs``, the worker's own exit as
+    a ``ForkedChild``'s does."""
+
+    def __init__(self, child: ForkedChild, jobs: socket.socket):
+        self.child, self.jobs = child, jobs
+        self.more = True  # it takes another step after the one it runs
+
+    def run(self, spec: Path, log_path: Path, cwd: Path, ended: Callable[[Worker], None]) -> WorkerJob | None:
+        """The worker running ``spec`` (``ended`` called with it once the step ended); None
+        if it ended while idle."""
+        try:
+            self.jobs.send(json.dumps(_job(spec, log_path, cwd)).encode())
+        except OSError:
+            self.end()
+            return None
+        return WorkerJob(self, ended)
+
+    def end(self) -> None:
+        """Close its end of ``jobs``: an idle worker exits; one running a step is killed."""
+        self.more = False
+        if self.child.code is None and self.child.poll(0) is None:
+            self.jobs.close()
+            if self.child.poll(1.0) is None:
+                self.child.kill()
+                self.child.poll(None)
+        self.jobs.close()
+
+
+class WorkerJob:
+    """One step that a ``Worker`` runs, seen as a ``StepProcess``: 0 once the worker says it
+    is done, the worker's exit code if it died first; ``ended`` is called then, once."""
+
+    def __init__(self, worker: Worker, ended: Callable[[Worker], None]):
+        self.worker, self.ended = worker, ended
+        self.code: int | None = None
+
+    def poll(self, timeout: float | None) -> int | None:
+        if self.code is None and (code := self._poll(timeout)) is not None:
+            self.code = code
+            self.ended(self.worker)
+        return self.code
+
+    def _poll(self, timeout: float | None) -> int | None:
+        worker = self.worker
+        ready = select.select([worker.jobs, worker.child.sock], [], [], timeout)[0]
+        if not ready:
+            return None
+        message = b""
+        if worker.jobs in ready:
+            with contextlib.suppress(OSError):
+                message = worker.jobs.recv(MAX_MESSAGE)
+        if message:
+            worker.more = json.loads(message)["more"]
+            return 0
+        worker.more = False  # it died: its exit code comes from the server
+        return worker.child.poll(None)
+
+    def kill(self) -> None:
+        self.worker.more = False
+        self.worker.child.kill()
+
+
 class ForkServer:
     """One ``optbuild.process.forkserver`` process, which preloads ``modules``."""
 
@@ -160,12 +235,25 @@ class ForkServer:
     def fork(self, spec: Path, log_path: Path, implementation: str, cwd: Path) -> ForkedChild | None:
         """A child running ``spec`` in ``cwd``; None if the server cannot fork (it died, or
         found itself unsafe): the caller starts a fresh process."""
+        return self._fork({"implementation": implementation, **_job(spec, log_path, cwd)})
+
+    def fork_worker(self, implementation: str) -> Worker | None:
+        """A child that runs steps of the kind ``implementation`` as they are sent to it
+        (``Worker.run``); None as for ``fork``."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = {"spec": str(spec), "log": str(log_path), "cwd": str(cwd), "env": dict(os.environ),
-                   "implementation": implementation}
+        with theirs:
+            child = self._fork({"implementation": implementation}, theirs)
+        if child is None:
+            mine.close()
+            return None
+        return Worker(child, mine)
+
+    def _fork(self, request: dict[str, Any], jobs: socket.socket | None = None) -> ForkedChild | None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with theirs:
-                socket.send_fds(self.control, [json.dumps(request).encode()], [theirs.fileno()])
+                fds = [theirs.fileno()] + ([jobs.fileno()] if jobs is not None else [])
+                socket.send_fds(self.control, [json.dumps(request).encode()], fds)
             message, fds, _, _ = socket.recv_fds(mine, MAX_MESSAGE, 1)
         except OSError:
             message, fds = b"", []
@@ -241,6 +329,7 @@ class ProcessPool:
         self.preload = preload and sys.platform.startswith("linux") and hasattr(socket, "send_fds")
         self._servers: list[ForkServer] = []
         self._learned: dict[str, frozenset[str]] = {}  # kind -> the heavy tools its steps imported (``learn``)
+        self._idle: dict[tuple[ForkServer, str], list[Worker]] = {}  # (server, kind) -> its workers between steps
         self._lock = threading.Lock()
 
     @classmethod
@@ -266,19 +355,52 @@ class ProcessPool:
             self._server_for(frozenset(modules))
 
     def start(self, spec: Path, log_path: Path, implementation: str, modules: tuple[str, ...],
-              cancel: threading.Event, cwd: Path | None = None) -> StepProcess | None:
+              cancel: threading.Event, cwd: Path | None = None, *, shares: bool = False) -> StepProcess | None:
         """A process running the step ``spec`` describes (of the kind ``implementation``,
         preloading ``modules``) in ``cwd`` (default: the pool's); None if ``cancel`` was set
-        first."""
+        first. With ``shares`` (``Step.shares_process``), a worker that ran a step of that
+        kind and is idle now runs it, else a new worker."""
         cwd = self.cwd if cwd is None else cwd
         if self.preload:
             server = self._server_for(frozenset(modules) | self._learned.get(implementation, frozenset()))
             ready = server.ready(cancel)
             if ready is None:
                 return None
-            if ready and (child := server.fork(spec, log_path, implementation, cwd)) is not None:
+            if ready and shares and (job := self._worker_job(server, implementation, spec, log_path, cwd)):
+                return job
+            if ready and not shares and (child := server.fork(spec, log_path, implementation, cwd)) is not None:
                 return child
         return FreshProcess(spec, log_path, cwd)
+
+    def _worker_job(self, server: ForkServer, implementation: str, spec: Path, log_path: Path,
+                    cwd: Path) -> StepProcess | None:
+        """``spec`` run by an idle worker of ``server`` for ``implementation``, or by a new
+        one (None if none can be forked); the worker is idle again once the step ends."""
+        idle = self._idle.setdefault((server, implementation), [])
+        while True:
+            with self._lock:
+                worker = idle.pop() if idle else None
+            if worker is None:
+                worker = server.fork_worker(implementation)
+                if worker is None:
+                    return None
+            job = worker.run(spec, log_path, cwd, ended=lambda w: self._step_ended(w, idle))
+            if job is not None:
+                return job
+
+    def _step_ended(self, worker: Worker, idle: list[Worker]) -> None:
+        if worker.more:
+            with self._lock:
+                idle.append(worker)
+        else:
+            worker.end()
+
+    def _end_workers(self) -> None:
+        with self._lock:
+            workers = [w for idle in self._idle.values() for w in idle]
+            self._idle.clear()
+        for worker in workers:
+            worker.end()
 
     def learn(self, implementation: str, imported: list[str]) -> None:
         """The steps of the kind ``implementation`` import the heavy tools ``imported``
@@ -312,7 +434,8 @@ class ProcessPool:
         return ForkServer(modules, self.cwd)
 
     def close(self) -> None:
-        """End every server (idempotent)."""
+        """End every worker and server (idempotent)."""
+        self._end_workers()
         with self._lock:
             for server in self._servers:
                 server.close()
@@ -339,7 +462,9 @@ class ServedPool(ProcessPool):
         return self._spawner.submit(ForkServer, modules, self.cwd, env=self.env, watch=self.watch).result()
 
     def close(self) -> None:
-        """A build is done with the pool; its servers stay (``shutdown`` ends them)."""
+        """A build is done with the pool: its workers end (no step of a later build runs in a
+        process of this one's), its servers stay (``shutdown`` ends them)."""
+        self._end_workers()
 
     def shutdown(self) -> None:
         super().close()

@@ -158,6 +158,11 @@ class Step(Generic[P]):
     primary_output: str | None = "model.onnx"
     # Builds with nothing else building beside it (a measurement that other steps would skew).
     exclusive: ClassVar[bool] = False
+    # True: its steps may run one after another in one worker process (forked once from the
+    # fork server), sparing each a fork; for kinds whose run() leaves nothing behind that a
+    # later step would see (a module global it sets, a thread, a changed cwd or signal
+    # handler). A crash still fails only the step that crashed. False: a process per step.
+    shares_process: ClassVar[bool] = False
     # Runs while one of a list of its inputs (``candidates = [...]``) succeeded: the others
     # are left out and named in ``StepContext.missing`` (select chooses among what ran).
     partial_inputs: ClassVar[bool] = False
