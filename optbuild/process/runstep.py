@@ -136,11 +136,13 @@ def run_step(run: StepRun, scratch: Path, pool: ProcessPool, cancel: threading.E
 
 def reset_scratch(scratch: Path) -> bool:
     """Ready ``scratch``, where a step ran to its end and its outputs were filed, for the
-    next step: its spec and log are rewritten in place and its result emptied, so a build
-    does not make and delete two folders and three files per step (on ext4 without a journal,
-    each new inode is checked against every recently deleted one: a fifth of a cold build's
-    CPU). False when the step left anything else there (a private copy of its input, an
-    output not filed): the folder is then removed whole."""
+    next step, so that a build does not make and delete two folders and three files per
+    step (on ext4 without a journal each new inode is checked against every recently
+    deleted one). Its spec, log and result are rewritten in place by the next step: the
+    result is truncated by the step's process before the step runs, and read only when that
+    process exited with 0, which it does only once it wrote it whole. False when the step
+    left anything else there (a private copy of its input, an output not filed): the folder
+    is then removed whole."""
     try:
         with os.scandir(scratch / OUT) as left:
             if next(left, None) is not None:
@@ -148,8 +150,6 @@ def reset_scratch(scratch: Path) -> bool:
         names = set(os.listdir(scratch))
         if not names <= {SPEC, LOG, RESULT, PROGRESS, OUT}:
             return False
-        if RESULT in names:
-            os.truncate(scratch / RESULT, 0)
         if PROGRESS in names:
             os.unlink(scratch / PROGRESS)
     except OSError:
@@ -214,9 +214,9 @@ _CRASHES: dict[int, str] = {sig: f": {name}, a crash inside a native library (th
 
 def read_result(path: Path, returncode: int, scratch: Path) -> ChildResult:
     """What the process that exited with ``returncode`` reports in ``path`` (written in
-    place: whole only when it exited with 0; empty, or absent, when it wrote none). One that
-    died, or left something that is not a result, gives a failed result saying so, never an
-    exception."""
+    place by that process, which truncates it before its step runs: whole when it exited
+    with 0). One that died, or left something that is not a result, gives a failed result
+    saying so, never an exception."""
     if returncode in DISK_FULL_ERRNOS:  # no room for its result (see optbuild.process.child)
         full = OSError(returncode, os.strerror(returncode))
         return ChildResult(ok=False, error=describe_os_error(full, scratch), expected=True)

@@ -74,20 +74,24 @@ class CacheFolder:
             remove(tmp)
 
     def _publish(self, tmp: Path, dest: Path, digest: str | None = None) -> None:
-        """Make a finished temp file visible at ``dest``: read-only, its bytes on disk, renamed
-        whole.
+        """Make a finished temp file visible at ``dest``: read-only, renamed whole, a blob's
+        bytes on disk first.
 
-        Its bytes are fsynced before the rename, so that a crash never leaves ``dest`` with
-        other bytes than these. The rename itself is not: one that a crash loses leaves no
-        entry, or an entry whose blob is missing, and either is a miss that rebuilds (an entry
-        is served only when its blobs are there and verify). Syncing the folder too cost a
-        second fsync per file, three per step, for nothing a crash could make wrong.
+        A blob's bytes are fsynced before the rename, so that a crash never leaves ``dest``
+        with other bytes than these: they are trusted afterwards by their stat signature. An
+        entry's are not: it is read and validated whole each time it is used (its key, every
+        field, its blobs), so one a crash left torn is a miss that rebuilds, and its fsync
+        (half a cold build's, which waits on each) bought nothing. The rename itself is not
+        synced: one that a crash loses leaves no entry, or an entry whose blob is missing,
+        and either is a miss that rebuilds. Syncing the folder too cost a second fsync per
+        file for nothing a crash could make wrong.
 
         A blob's signature is recorded with its ``digest``, so a later edit of the blob
         (through a hard link) changes the signature and makes the next check re-read it.
         """
         os.chmod(tmp, 0o444)
-        fsync_path(tmp)
+        if digest is not None:
+            fsync_path(tmp)
         if not dest.parent.is_dir():
             dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)
