@@ -8,7 +8,8 @@
     .optbuild-folder            the marker of a cache folder optbuild made (``store.marker``)
 
 Whatever is killed when, no half-written blob or entry is ever visible: everything is
-written under tmp/, fsynced and renamed into place. An entry is served only when every blob
+written under tmp/ and renamed into place, a blob fsynced first (``folder._publish`` says
+why an entry is not). An entry is served only when every blob
 it names is present and verifies; anything corrupt is deleted and counts as a miss, so the
 next build repopulates it instead of failing.
 
