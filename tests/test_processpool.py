@@ -113,6 +113,15 @@ def test_a_crash_fails_only_its_step_and_a_new_worker_runs_the_next(tmp_path):
     assert seen(proj, "last")["pid"] != seen(proj, "first")["pid"]
 
 
+def test_a_worker_that_ran_its_share_of_steps_exits_and_a_new_one_runs_the_next(tmp_path):
+    proj = probe_project(tmp_path / "proj", shared("a") + shared("b", after="a") + shared("c", after="b"))
+    pool = ProcessPool(proj.root)
+    pool.worker_steps = 2
+    assert proj.build(pool=pool).ok
+    a, b, c = seen(proj, "a"), seen(proj, "b"), seen(proj, "c")
+    assert a["pid"] == b["pid"] != c["pid"] and c["ppid"] == a["ppid"]
+
+
 def test_a_preload_that_leaves_a_thread_running_is_refused_and_steps_start_fresh(tmp_path, caplog):
     proj = probe_project(tmp_path / "proj", '[steps.t]\nkind = "threaded"\n')
     with caplog.at_level(logging.WARNING, logger="optbuild"):

@@ -24,7 +24,7 @@ class LockError(OptbuildError):
 
 
 @contextmanager
-def locked(path: Path, *, shared: bool = False, read_only: bool = False, mode: int = 0o666,
+def locked(path: str | Path, *, shared: bool = False, read_only: bool = False, mode: int = 0o666,
            waiting: Callable[[list[int]], None] | None = None) -> Iterator[None]:
     """Hold ``flock`` on the file ``path`` (made if missing), exclusive or ``shared``.
 
@@ -56,7 +56,7 @@ def locked(path: Path, *, shared: bool = False, read_only: bool = False, mode: i
         os.close(fd)
 
 
-def _take(fd: int, operation: int, path: Path, waiting: Callable[[list[int]], None] | None) -> None:
+def _take(fd: int, operation: int, path: str | Path, waiting: Callable[[list[int]], None] | None) -> None:
     """``flock`` ``fd``; when it would wait and ``waiting`` is given, say so first."""
     if waiting is not None:
         if try_lock(fd, shared=operation == fcntl.LOCK_SH):
@@ -76,7 +76,7 @@ def try_lock(fd: int, *, shared: bool = False) -> bool:
     return True
 
 
-def holders(path: Path) -> list[int]:
+def holders(path: str | Path) -> list[int]:
     """The pids holding ``flock`` on ``path`` (Linux: /proc/locks; empty where it cannot tell)."""
     try:
         st = os.stat(path)

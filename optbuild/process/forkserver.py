@@ -35,12 +35,13 @@ and once the child has exited, ``{"exit": CODE}`` (negative: killed by that sign
 
 A request with a second socket attached and no spec forks a **worker**, for a kind whose
 steps may share a process (``Step.shares_process``): the builder sends it one step at a
-time on that socket (``{"spec", "log", "cwd", "env"}``), and it answers ``{"more": bool}``
-when the step's result is written. Each step gets its own log, the builder's working
+time on that socket (``{"spec", "log", "cwd", "env"}``), and it answers ``more`` (or
+``last``) when the step's result is written. Each step gets its own log, the builder's working
 directory and environment as they are then, and a fresh numpy seed; what else a step
 changes (a module's global) reaches the next, which is what such a kind promises not to
 do. The worker exits when the builder closes the socket (at the end of each build), after
-``WORKER_JOBS`` steps, or when a step's process fails rather than its step.
+as many steps as the request says (``"steps"``), or when a step's process fails rather
+than its step.
 
 The zygote dies with the builder, and its children with it (``PR_SET_PDEATHSIG``), so a
 killed builder leaves nothing running. Ctrl-C reaches the children, not the zygote.
@@ -73,7 +74,6 @@ from optbuild.common.forked import run_and_exit
 CORE = ("ctypes", "faulthandler", "logging", "pydantic", "optbuild.process.child", "optbuild.steps.registry",
         "optbuild.steps.base", "optbuild.common.fingerprint", "optbuild.common.errors")
 MAX_MESSAGE = 1 << 20  # bytes: a request holds a path, a folder and the environment
-WORKER_JOBS = 500  # steps a worker runs before it exits: what a kind leaks stays bounded
 
 
 def thread_count() -> int:
@@ -251,7 +251,7 @@ class Zygote:
         if jobs is None:
             _run_job(request)
         else:
-            _run_jobs(jobs)
+            _run_jobs(jobs, request["steps"])
 
 
 def _run_job(job: dict[str, Any]) -> None:
@@ -267,17 +267,17 @@ def _run_job(job: dict[str, Any]) -> None:
     worker.serve(job["spec"], parent=os.getppid())
 
 
-def _run_jobs(jobs: socket.socket) -> None:
-    """A worker (``Step.shares_process``): run the steps that come on ``jobs`` one after
-    another, answering ``{"more": bool}`` after each (false: this was its last, it exits),
-    until the builder closes ``jobs``. A step whose process fails (not the step: its
-    process) ends the worker, as it would end a child of its own."""
-    for done in range(1, WORKER_JOBS + 1):
+def _run_jobs(jobs: socket.socket, steps: int) -> None:
+    """A worker (``Step.shares_process``): run at most ``steps`` steps that come on
+    ``jobs``, one after another, answering ``more`` after each (``last`` after the last,
+    and it exits), until the builder closes ``jobs``. A step whose process fails (not the
+    step: its process) ends the worker, as it would end a child of its own."""
+    for done in range(1, steps + 1):
         message = jobs.recv(MAX_MESSAGE)
         if not message:
             return
         _run_job(json.loads(message))
-        jobs.send(json.dumps({"more": done < WORKER_JOBS}).encode())
+        jobs.send(b"more" if done < steps else b"last")
 
 
 def _output_to(log: str) -> None:

@@ -171,7 +171,7 @@ class WorkerJob:
             with contextlib.suppress(OSError):
                 message = worker.jobs.recv(MAX_MESSAGE)
         if message:
-            worker.more = json.loads(message)["more"]
+            worker.more = message == b"more"  # b"last": it exits
             return 0
         worker.more = False  # it died: its exit code comes from the server
         return worker.child.poll(None)
@@ -237,12 +237,12 @@ class ForkServer:
         found itself unsafe): the caller starts a fresh process."""
         return self._fork({"implementation": implementation, **_job(spec, log_path, cwd)})
 
-    def fork_worker(self, implementation: str) -> Worker | None:
-        """A child that runs steps of the kind ``implementation`` as they are sent to it
-        (``Worker.run``); None as for ``fork``."""
+    def fork_worker(self, implementation: str, steps: int) -> Worker | None:
+        """A child that runs up to ``steps`` steps of the kind ``implementation`` as they are
+        sent to it (``Worker.run``); None as for ``fork``."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
-            child = self._fork({"implementation": implementation}, theirs)
+            child = self._fork({"implementation": implementation, "steps": steps}, theirs)
         if child is None:
             mine.close()
             return None
@@ -324,6 +324,8 @@ class ForkServer:
 class ProcessPool:
     """Where ``runstep`` gets the processes that run steps."""
 
+    worker_steps = 500  # steps a worker runs before it exits: what a kind leaks stays bounded
+
     def __init__(self, cwd: Path, *, preload: bool = True):
         self.cwd = cwd
         self.preload = preload and sys.platform.startswith("linux") and hasattr(socket, "send_fds")
@@ -381,7 +383,7 @@ class ProcessPool:
             with self._lock:
                 worker = idle.pop() if idle else None
             if worker is None:
-                worker = server.fork_worker(implementation)
+                worker = server.fork_worker(implementation, self.worker_steps)
                 if worker is None:
                     return None
             job = worker.run(spec, log_path, cwd, ended=lambda w: self._step_ended(w, idle))

@@ -116,4 +116,4 @@ class CacheFolder:
                waiting: Callable[[list[int]], None] | None = None) -> AbstractContextManager[None]:
         """``flock`` on a lock file under locks/; a read-only store locks only files that
         exist and otherwise goes on unlocked (see ``common.flock.locked``)."""
-        return locked(self.root / "locks" / filename, shared=shared, read_only=self.read_only, waiting=waiting)
+        return locked(f"{self.root}/locks/{filename}", shared=shared, read_only=self.read_only, waiting=waiting)
