@@ -151,7 +151,6 @@ def serve(spec_path: str | Path, *, parent: int | None = None) -> None:
     try:
         result_file.seek(0)
         result_file.write(result.to_json().encode())
-        result_file.truncate()  # the padding gone: the builder reads a few hundred bytes, not 64 KiB
         result_file.close()
     except OSError as exc:
         _disk_full_exit(exc)

@@ -73,11 +73,17 @@ def rehash(path: Path) -> str | None:
 
 
 def remove(path: Path) -> None:
-    """Delete a file or a tree (read-only folders included); already gone is fine."""
+    """Delete a file or a tree (read-only folders included); already gone is fine. A file,
+    or a temp file already published (gone), costs one call: a build removes a few a step."""
     try:
-        if path.is_symlink() or not path.is_dir():
-            path.unlink()
-            return
+        os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    except (IsADirectoryError, PermissionError):  # Linux says EISDIR for a folder, others EPERM
+        if os.path.islink(path) or not os.path.isdir(path):
+            raise
+    try:
         os.chmod(path, 0o700)
         for dirpath, dirnames, _files in os.walk(path):
             for name in dirnames:
