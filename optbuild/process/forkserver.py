@@ -308,11 +308,13 @@ def set_environment(env: dict[str, str]) -> None:
 
 
 def _fresh_random_state() -> None:
-    """As a fresh process would have: Python's ``random`` reseeds itself at fork; numpy's
-    global generator, seeded once when the zygote imported it, does not."""
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None:
-        np_random.seed()
+    """As a fresh process would have: numpy's global generator, seeded once when the zygote
+    imported it, reseeded; and Python's ``random``, which reseeds itself at fork, reseeded
+    for a worker's next step."""
+    for name in ("numpy.random", "random"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module.seed()
 
 
 def _pidfd(pid: int) -> int | None:
