@@ -16,15 +16,20 @@ the full disk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from optbuild.common.errors import OptbuildError, describe_os_error, is_disk_full, traceback_with_causes
+from optbuild.common.fingerprint import Fingerprint
 from optbuild.process.spec import ChildResult, ChildSpec
+from optbuild.steps.base import PRELOADABLE, Artifact, StepContext
+from optbuild.steps.registry import step_class
 
 RESULT_RESERVE = 64 << 10  # bytes; results are small JSON (an error message, metrics)
 
@@ -32,22 +37,26 @@ RESULT_RESERVE = 64 << 10  # bytes; results are small JSON (an error message, me
 def die_with_parent(parent: int) -> None:
     """Linux: get SIGKILL when ``parent`` (the builder, or the zygote) dies, so no orphan keeps
     building."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    if (prctl := _prctl()) is not None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(1)
 
 
+@functools.cache
+def _prctl() -> Any:
+    """libc's prctl (Linux), loaded once: by the zygote for every child it forks."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
 def run(spec: ChildSpec) -> ChildResult:
-    from optbuild.common.errors import OptbuildError, describe_os_error, is_disk_full
-    from optbuild.common.fingerprint import Fingerprint
-    from optbuild.steps.base import Artifact, StepContext
-    from optbuild.steps.registry import step_class
 
     cls = step_class(spec.implementation)
     params = cls.Params.model_validate(spec.params)
@@ -95,8 +104,6 @@ def _log_failure(exc: BaseException, error: str | None = None) -> None:
     """The traceback of ``exc`` with its causes, and ``error``, into the log: also for an
     expected error, whose console message is short, as it shows where a tool raised it. A
     log on a full disk must not keep the result from saying why the step failed."""
-    from optbuild.common.errors import traceback_with_causes
-
     with contextlib.suppress(OSError):
         print(traceback_with_causes(exc), end="", file=sys.stderr)
         if error:
@@ -107,16 +114,12 @@ def _log_failure(exc: BaseException, error: str | None = None) -> None:
 def _imported(before: set[str]) -> list[str]:
     """The heavy tools (``steps.base.PRELOADABLE``) this process imported since ``before``:
     the pool forks the kind's next steps from a server that has them."""
-    from optbuild.steps.base import PRELOADABLE
-
     had = {name.partition(".")[0] for name in before}
     return sorted({name.partition(".")[0] for name in set(sys.modules) - before} & PRELOADABLE - had)
 
 
 def _disk_full_exit(exc: OSError) -> NoReturn:
     """No room for the result: exit with the errno, which the builder turns into a message."""
-    from optbuild.common.errors import is_disk_full
-
     if not is_disk_full(exc) or exc.errno is None:
         raise exc
     os._exit(exc.errno)

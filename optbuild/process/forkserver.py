@@ -60,6 +60,7 @@ import gc
 import importlib
 import io
 import json
+import logging
 import os
 import selectors
 import signal
@@ -245,9 +246,6 @@ class Zygote:
                                 (signal.SIGINT, signal.SIG_IGN)):  # Ctrl-C: the builder cancels the step
             signal.signal(signum, handler)
         _unbuffered_output()  # on file descriptors 1 and 2, which each step points at its log
-        from optbuild.process import child as worker
-
-        worker.capture_diagnostics()
         if jobs is None:
             _run_job(request)
         else:
@@ -290,10 +288,14 @@ def _output_to(log: str) -> None:
 
 def _unbuffered_output() -> None:
     """``sys.stdout`` and ``sys.stderr`` unbuffered (as ``python -u``), so that what a step
-    printed reaches the log in order even when it then crashes."""
+    printed reaches the log in order even when it then crashes; the logging the zygote set
+    up (``child.capture_diagnostics``) writes to this ``sys.stderr``."""
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                   errors="backslashreplace")
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(sys.stderr)
 
 
 def set_environment(env: dict[str, str]) -> None:
@@ -349,6 +351,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the builder's to handle
     _die_with(builder)
     failed = preload(modules)
+    from optbuild.process.child import capture_diagnostics
+
+    capture_diagnostics()  # once, for every child: on file descriptor 2, which each points at its log
     if watch is not None:
         watch.record(started)
     gc.freeze()  # the preloaded objects stay shared with the children, not copied on write
