@@ -91,21 +91,20 @@ def run(args: argparse.Namespace) -> int:
     root = project_root(args.directory)
     pool = None if args.no_build else served_pool(root) or ProcessPool.speculative(root)
     try:
-        return _build(args, pool)
+        return _build(args, pool, root)
     finally:
         if pool is not None:
             pool.close()
 
 
-def open_reached(args: argparse.Namespace) -> tuple[Workspace, Reach | None, Replay | None]:
-    """The workspace of this build or plan. When the no-op fast path found that only some
+def open_reached(args: argparse.Namespace, root: str | None) -> tuple[Workspace, Reach | None, Replay | None]:
+    """The workspace of this build or plan of the project at ``root`` (None: not found,
+    which ``open_workspace`` says in its words). When the no-op fast path found that only some
     steps' own files changed since the last ok build (``optbuild.common.noopreach``), only the
     recipes that change reaches are loaded, and the other steps are replayed as recorded."""
     from optbuild import api
     from optbuild.cli import noop
-    from optbuild.common.projectroot import project_root
 
-    root = project_root(args.directory)
     if root is not None and (reach := noop.take_reach(root)) is not None:
         try:
             ws = api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set,
@@ -120,16 +119,15 @@ def open_reached(args: argparse.Namespace) -> tuple[Workspace, Reach | None, Rep
     return api.open_workspace(args.directory, remote=remote_override(args), overrides=args.set), None, None
 
 
-def _build(args: argparse.Namespace, pool: ProcessPool | None) -> int:
+def _build(args: argparse.Namespace, pool: ProcessPool | None, root: str | None) -> int:
     from optbuild import api
     from optbuild.api import Status, make_reporter
     from optbuild.app import noop_record
     from optbuild.common import noopstamp
-    from optbuild.common.projectroot import project_root
 
-    if (root := project_root(args.directory)) is not None:  # before the build reads it (its kinds' imports)
+    if root is not None:  # before the build reads it (its kinds' imports)
         noopstamp.note_written_folder(root)
-    ws, reach, replay = open_reached(args)
+    ws, reach, replay = open_reached(args, root)
     noopstamp.forget(ws.project.build_dir)  # only a build that ends ok leaves a no-op stamp
     try:
         result = api.build(ws, args.targets, reporter=make_reporter(args.json), jobs=args.jobs,

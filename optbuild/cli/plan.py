@@ -25,8 +25,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from optbuild import api
     from optbuild.api import make_reporter
+    from optbuild.common.projectroot import project_root
 
-    ws, reach, replay = open_reached(args)
+    ws, reach, replay = open_reached(args, project_root(args.directory))
     try:
         _warn_shared_model_names(ws, replay.decided if replay is not None else ws.graph.select(args.targets),
                                  reach.published() if reach is not None else [])
