@@ -43,16 +43,22 @@ class Nap(Step):
         (ctx.out_dir / "data.txt").write_text("half")
         (Path(os.environ["NAP_PIDS"]) / str(os.getpid())).touch()
         time.sleep(self.params.seconds)
+
+
+class SharedNap(Nap):
+    """A nap whose steps share a worker process (Step.shares_process)."""
+
+    shares_process = True
 '''
 
 INTERRUPTED = "interrupted: the steps that had finished are kept"
 
 
-def nap_project(root: Path, seconds: float) -> ProjectDir:
+def nap_project(root: Path, seconds: float, kind: str = "Nap") -> ProjectDir:
     """Recipe naps: src, then two naps side by side (jobs = 2)."""
     proj = ProjectDir.with_test_kinds(root)
     proj.write("nap.py", NAP_KINDS)
-    proj.write("optbuild.toml", CONFIG.replace("[kinds]\n", '[kinds]\nnap = "nap.py:Nap"\n'))
+    proj.write("optbuild.toml", CONFIG.replace("[kinds]\n", f'[kinds]\nnap = "nap.py:{kind}"\n'))
     proj.write("recipes/naps.toml", '[steps.src]\nkind = "text"\npath = "../data/input.txt"\n'
                + "".join(f'\n[steps.{n}]\nkind = "nap"\ninput = "src"\nseconds = {seconds + i}\n'
                          for i, n in enumerate("ab")))  # keys apart: one key builds once at a time
@@ -88,10 +94,12 @@ def assert_cancelled(stderr: str) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)],
-                         ids=["SIGTERM", "SIGHUP (its terminal closed)"])
-def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_half_done(tmp_path, signum, status):
-    proj = nap_project(tmp_path / "proj", seconds=60)
+@pytest.mark.parametrize(("signum", "status", "kind"), [(signal.SIGTERM, 143, "Nap"), (signal.SIGHUP, 129, "Nap"),
+                                                        (signal.SIGTERM, 143, "SharedNap")],
+                         ids=["SIGTERM", "SIGHUP (its terminal closed)", "SIGTERM, steps in shared workers"])
+def test_sigterm_stops_the_build_at_once_kills_its_workers_and_leaves_nothing_half_done(tmp_path, signum, status,
+                                                                                         kind):
+    proj = nap_project(tmp_path / "proj", seconds=60, kind=kind)
     pids = tmp_path / "pids"
     pids.mkdir()
     with reaped(proj.popen("build", env={"NAP_PIDS": str(pids)})) as proc:
