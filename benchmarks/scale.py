@@ -4,12 +4,12 @@
 
 For each size, a synthetic project (bench.py's chains of a text source and nine joins) is
 made, left older than the no-op stamp's racy-timestamp window (as a user's recipes are when
-they build), built cold (and a copy whose kinds share a worker process, built cold), then
-timed: `plan` with everything built, the first no-op build
+they build), built cold, then timed: `plan` with everything built, the first no-op build
 after it, the no-op builds until one takes the fast path (a step whose files are younger
 than that window is decided again, with the recipes it reaches), `plan` again, one input
 file edited (`plan`, then `build`, then the no-op after it), and one parameter of a recipe
-edited (`plan`, then `build`). For the --plan-only sizes, only
+edited (`plan`, then `build`); last, a copy whose kinds share a worker process
+(`Step.shares_process`) is built cold. For the --plan-only sizes, only
 `plan` of the never-built project. Each command runs in its own process, as a user's
 does; its peak resident memory is reported beside its time. With --profile, each command
 also writes a cProfile file (DIR/<steps>-<what>.prof) to read with `python -m pstats`.
@@ -94,7 +94,6 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
         time.sleep(RACY_S)  # a user's recipes are older than the stamp's racy window when they build
         rows = {"plan, never built": run(root, "plan", profile=prof("plan-cold"))}
         rows["cold build"] = run(root, "build", profile=prof("build-cold"))  # [build] jobs = 2
-        rows["cold build, kinds sharing a process"] = cold_shared(steps, Path(tmp))
         rows["plan, everything built"] = run(root, "plan", profile=prof("plan-built"))
         until_fast_path(root, rows)
         # the decision memo (builder/memo.py) vouches only for files older than the racy window
@@ -107,6 +106,8 @@ def measure(steps: int, profiles: Path | None) -> dict[str, Timed]:
         recipe.write_text(recipe.read_text().replace('suffix = "-5"', 'suffix = "-five"'))  # 5 steps downstream
         rows["one parameter edited: plan"] = run(root, "plan", profile=prof("plan-param"))
         rows["one parameter edited: build"] = run(root, "build", profile=prof("build-param"))
+        # last: built between the rows above, it would age their project's files
+        rows["cold build, kinds sharing a process"] = cold_shared(steps, Path(tmp))
     return rows
 
 

@@ -57,7 +57,6 @@ def _prctl() -> Any:
 
 
 def run(spec: ChildSpec) -> ChildResult:
-
     cls = step_class(spec.implementation)
     params = cls.Params.model_validate(spec.params)
     base_dir, root = Path(spec.base_dir), Path(spec.project_root)
@@ -108,7 +107,6 @@ def _log_failure(exc: BaseException, error: str | None = None) -> None:
         print(traceback_with_causes(exc), end="", file=sys.stderr)
         if error:
             print(error, file=sys.stderr)
-
 
 
 def _imported(before: set[str]) -> list[str]:

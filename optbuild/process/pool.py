@@ -137,14 +137,13 @@ class Worker:
         return WorkerJob(self, ended)
 
     def end(self) -> None:
-        """Close its end of ``jobs``: an idle worker exits; one running a step is killed."""
+        """Close its end of ``jobs``: an idle worker exits; one that has not within a second
+        (running a step) is killed."""
         self.more = False
-        if self.child.code is None and self.child.poll(0) is None:
-            self.jobs.close()
-            if self.child.poll(1.0) is None:
-                self.child.kill()
-                self.child.poll(None)
         self.jobs.close()
+        if self.child.poll(1.0) is None:
+            self.child.kill()
+            self.child.poll(None)
 
 
 class WorkerJob:
@@ -378,7 +377,8 @@ class ProcessPool:
                     cwd: Path) -> StepProcess | None:
         """``spec`` run by an idle worker of ``server`` for ``implementation``, or by a new
         one (None if none can be forked); the worker is idle again once the step ends."""
-        idle = self._idle.setdefault((server, implementation), [])
+        with self._lock:
+            idle = self._idle.setdefault((server, implementation), [])
         while True:
             with self._lock:
                 worker = idle.pop() if idle else None
