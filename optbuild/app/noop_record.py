@@ -157,6 +157,8 @@ def _sign_steps(steps: dict[str, dict], signer: _Signer, sigs: dict[str, list[in
             step_digests = {p: reach.stamp["digests"][p] for p in step_sigs if p in reach.stamp["digests"]}
         else:
             step_sigs, step_digests, why = signer.sign(step.pop("inputs"), step.pop("products"))
+            for blob in signer.linked(step_sigs):
+                del step_sigs[blob]
         index = []
         for path, sig in step_sigs.items():
             if (i := position.get(path)) is None:
@@ -281,6 +283,7 @@ class _Signer:
         self.lock = os.path.abspath(ws.project.lock_file)
         self.written = _written_beside(ws.project)
         self.recorded_ns = time.time_ns()
+        self.blobs = os.path.join(os.path.abspath(ws.store.root), "cas") + os.sep
         self._folders: dict[str, list[int] | str] = {}  # a folder's signature, once (steps share one)
 
     def sign(self, inputs: set[str], products: set[str]) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
@@ -314,6 +317,16 @@ class _Signer:
                     continue
             unusable = f"{shown(path, self.root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
         return sigs, digests, unusable
+
+    def linked(self, sigs: dict[str, list[int] | str]) -> list[str]:
+        """The blobs in ``sigs`` an output vouches for: a name of the same inode (an output is
+        restored as a hard link of its blob) recorded with the same signature, older than the
+        margin. Unlinking or replacing either name changes the inode's ctime, which that
+        signature holds: one stat checks both (10,000 steps, 10,000 stats fewer a no-op)."""
+        outputs = {tuple(sig) for path, sig in sigs.items()
+                   if isinstance(sig, list) and not path.startswith(self.blobs)}
+        return [path for path, sig in sigs.items() if path.startswith(self.blobs) and isinstance(sig, list)
+                and tuple(sig) in outputs and not changed_within(sig, self.recorded_ns)]
 
     def _input(self, path: str) -> list[int] | str:
         """An input's signature: a folder that did not change since before the build started

@@ -164,6 +164,23 @@ def _delete_cache_entry(proj: ProjectDir) -> None:
     (proj.root / "cache" / "ac" / key[:2] / f"{key[2:]}.json").unlink()
 
 
+def _output_blob(proj: ProjectDir) -> Path:
+    """The cache's blob of chain:out's output."""
+    digest = blake3.blake3((proj.root / "build" / "chain" / "out" / "data.txt").read_bytes()).hexdigest()
+    return proj.root / "cache" / "cas" / digest[:2] / digest[2:]
+
+
+def _delete_blob(proj: ProjectDir) -> None:
+    _output_blob(proj).unlink()
+
+
+def _replace_blob_with_a_copy(proj: ProjectDir) -> None:
+    blob = _output_blob(proj)
+    copy = blob.with_name("copy")
+    shutil.copyfile(blob, copy)
+    os.replace(copy, blob)  # same bytes, another inode
+
+
 @pytest.mark.parametrize(("change", "why", "answer"), [
     (_edit_recipe, "recipes/chain.toml changed", "built    chain:out"),
     (_add_recipe, "recipes changed", "built    extra:src"),
@@ -181,6 +198,29 @@ def test_any_change_takes_the_normal_path_with_its_answer(built, change, why, an
     # the normal path recorded the new state (after a rebuild, which rewrote optbuild.lock in
     # the project folder while it ran, the next normal no-op does)
     assert optbuild(built, "build").fast or optbuild(built, "build").fast
+
+
+@pytest.mark.parametrize(("change", "answer"), [
+    (_delete_blob, "built    chain:out"),  # the normal path finds the blob missing
+    (_replace_blob_with_a_copy, "ok: 4 cached"),
+], ids=["deleted", "replaced"])
+@pytest.mark.parametrize("linked", [True, False], ids=["output-linked", "output-copied"])
+def test_a_change_of_an_outputs_blob_is_seen_whether_the_output_is_its_link_or_a_copy(built, change, answer, linked):
+    """A restored output is a hard link of its blob: the stamp then signs the one inode once,
+    by the output's name (unlinking or replacing either name changes the inode's ctime). An
+    output that is a copy (the built project was copied) leaves its blob signed on its own."""
+    out = built.root / "build" / "chain" / "out" / "data.txt"
+    if linked:
+        shutil.rmtree(built.root / "build" / "chain")
+        assert "4 cached" in optbuild(built, "build").stderr  # restored as links of the blobs; recorded
+    assert (_output_blob(built).stat().st_ino == out.stat().st_ino) is linked
+    assert (str(_output_blob(built)) in json.loads(stamp(built).read_text())["sigs"]) is not linked
+    assert optbuild(built, "build").fast
+    change(built)
+    run = optbuild(built, "build")
+    assert run.returncode == 0 and not run.fast, run.stderr
+    seen = "build/chain/out/data.txt changed" if linked else "cache/cas/"
+    assert seen in run.declined and answer in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize(("args", "env", "why"), [
