@@ -10,7 +10,9 @@ benchmark and select: at the next lower level, optbuild.model.runmodels).
 Cost: one ``fork`` per attempt, none more when nothing crashes; the work's value comes back
 pickled through a pipe, bounded (``max_bytes``), so return figures rather than tensors where
 they are large. Fork before the work opens what may crash (an onnxruntime session): the
-child must start clean. The child writes to the same stdout and stderr as its parent (a
+child must start clean. What the work opens, it opens on ``opened_stack()``: closed as usual
+where the work runs in-process, and in the child left for its exit to free, so that a crash in
+a runtime's teardown (OpenVINO's destructor, once) cannot cost figures already measured. The child writes to the same stdout and stderr as its parent (a
 step's log); a Python exception in it keeps its type and message (its traceback, causes
 included, goes to stderr) and is raised again in the parent, never tried again; the child
 dies with its parent (Linux: PR_SET_PDEATHSIG; elsewhere it polls), so a cancelled step
@@ -27,7 +29,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -44,6 +46,9 @@ _FAILED = 70  # the child's exit status when it could not even report
 
 
 Stage = Callable[[Any], None]  # the work calls it with what it does next ("loading the candidate")
+
+_in_child = False  # set in the forked child (``_report``), which ends with os._exit
+_left_to_exit: list[contextlib.ExitStack] = []  # in the child: held, so nothing they hold is freed before it ends
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,21 @@ class Outcome(Generic[A, R]):
     value: R
     attempt: A
     crashes: list[Crash[A]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def opened_stack() -> Iterator[contextlib.ExitStack]:
+    """The ExitStack the work enters what it opens on (native runtimes): closed on leaving
+    where the work runs in this process; in the isolated child never closed and never freed
+    (the child ends with ``os._exit`` once its value is sent), so a crash in a runtime's
+    teardown cannot take the value with it."""
+    stack = contextlib.ExitStack()
+    if _in_child:
+        _left_to_exit.append(stack)
+        yield stack
+        return
+    with stack:
+        yield stack
 
 
 def never(crash: Crash[Any]) -> None:
@@ -197,6 +217,8 @@ def _child(work: Callable[[A, Stage], R], attempt: A, fd: int, parent: int, max_
 
 def _report(work: Callable[[A, Stage], R], attempt: A, fd: int, parent: int, max_bytes: int) -> None:
     """In the child: ``work`` run, its stages, then its value or its exception, framed on ``fd``."""
+    global _in_child
+    _in_child = True
     _die_with(parent)
 
     def send(kind: bytes, value: Any) -> None:

@@ -79,7 +79,6 @@ it learns the backend from its input step (``bind``) and, in the worker, from th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import typing
 from collections.abc import Mapping
@@ -93,7 +92,7 @@ from optbuild.backends.base import Backend, Manifest
 from optbuild.common.errors import StepError, first_line
 from optbuild.common.recipetable import StepRef
 from optbuild.model.inputdecl import StepInputs, check_declarations, inputs_field
-from optbuild.model.isolation import Stage
+from optbuild.model.isolation import Stage, opened_stack
 from optbuild.steps import fields
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext, StepParams, link_files
 
@@ -278,7 +277,7 @@ class Benchmark(Step[BenchmarkParams]):
         backend, manifest = side
         model = ctx.inputs["input"].primary
         assert model is not None
-        with contextlib.ExitStack() as stack:
+        with opened_stack() as stack:
             stage(("input", "loading"))
             runner = entered_runner(stack, side, model, ctx.host, what, threads=p.threads, level=level)
             label = at_level(runner.label, level)

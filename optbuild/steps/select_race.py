@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from optbuild.common.errors import StepError, first_line
-from optbuild.model.isolation import Stage
+from optbuild.model.isolation import Stage, opened_stack
 from optbuild.steps.base import StepContext
 
 if typing.TYPE_CHECKING:
@@ -95,7 +95,7 @@ def _measure(p: SelectParams, ctx: StepContext, rows: list[dict[str, Any]],
                      f"measuring round {r + 1}: a lead is undecided (more rounds for up to {p.max_seconds:g} s)")
 
     rejected: dict[int, str] = {}
-    with contextlib.ExitStack() as stack:
+    with opened_stack() as stack:
         lanes = []
         for row in rows:
             try:

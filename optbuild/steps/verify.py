@@ -129,7 +129,7 @@ from optbuild.backends.base import Backend, Manifest, Runner
 from optbuild.common.errors import StepError
 from optbuild.model import thresholds, verifyreport
 from optbuild.model.inputdecl import check_declarations
-from optbuild.model.isolation import Stage
+from optbuild.model.isolation import Stage, opened_stack
 from optbuild.model.runmodels import at_level, entered_runner, model_entry, run_models
 from optbuild.steps.base import ONNX_TOOLS, Step, StepContext
 from optbuild.steps.fields import DataSourceStep
@@ -259,7 +259,7 @@ class Verify(DataSourceStep[VerifyParams]):
 
         p = self.params
         ref_art, cand_art = ctx.inputs["reference"], ctx.inputs["candidate"]
-        with contextlib.ExitStack() as stack:
+        with opened_stack() as stack:
             stage(("reference", "loading"))
             runners = {"reference": self._open(ctx, "reference", sides["reference"], stack, levels["reference"])}
             ref_specs = runners["reference"].input_specs()

@@ -13,10 +13,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import pytest
 
-from optbuild.model.isolation import ChildDied, Crash, Crashed, IsolatedError, along, run_isolated
+from optbuild.model.isolation import (
+    ChildDied,
+    Crash,
+    Crashed,
+    IsolatedError,
+    along,
+    opened_stack,
+    run_isolated,
+)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 LEVELS = ["all", "extended", "basic", "disable"]
@@ -58,6 +67,38 @@ def test_a_crash_at_every_attempt_names_each_one_tried():
     for level in LEVELS:
         assert f"level {level}: SIGSEGV while running the candidate" in message
     assert [c.attempt for c in info.value.crashes] == LEVELS
+
+
+class CrashingAtClose:
+    """A runtime whose teardown crashes (as OpenVINO's destructor once did), after its figures."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        segfault()
+
+    def __del__(self) -> None:
+        segfault()
+
+
+def test_a_runtime_whose_teardown_crashes_costs_the_isolated_work_nothing_once_measured():
+    def work(attempt: str, stage) -> dict:
+        with opened_stack() as stack:
+            stack.enter_context(CrashingAtClose())
+            stage("running the candidate")
+            figures = {"p50_ms": 1.25}
+        return figures  # the runtime is neither closed nor freed: the child's exit frees it
+
+    got = run_isolated(work, "all")
+    assert got.value == {"p50_ms": 1.25} and got.crashes == []
+
+
+def test_in_this_process_what_the_work_opened_is_closed_on_leaving():
+    closed = []
+    with opened_stack() as stack:
+        stack.callback(closed.append, "the runtime")
+    assert closed == ["the runtime"]
 
 
 def test_a_crash_without_a_retry_is_not_tried_again():
