@@ -297,7 +297,7 @@ def test_a_build_that_loads_some_recipes_keeps_the_failure_logs_of_the_others(ch
 
 def test_a_record_that_would_replay_a_step_as_no_ok_build_leaves_it_takes_the_normal_path(chains):
     _with_reader(chains)
-    path = chains.root / "build" / ".optbuild" / "noop.json"
+    path = chains.root / "build" / ".optbuild" / "noop-steps.json"
     doc = json.loads(path.read_text())
     doc["steps"]["c3:s1"]["status"] = "exploded"
     path.write_text(json.dumps(doc))

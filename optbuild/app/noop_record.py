@@ -31,6 +31,7 @@ from optbuild.common.noopstamp import (
     shown,
     split_build_args,
     stamp_path,
+    steps_path,
     vouched_folder,
 )
 from optbuild.common.signatures import changed_within, module_files, of_stat, signature
@@ -121,11 +122,13 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
     _sign_steps(steps, signer, sigs, digests, reach, result.outcomes)
     lines, counts, local = _answer(result)
+    racy = sum(1 for step in steps.values() if "unusable" in step)
+    part = os.urandom(8).hex()  # names the steps' file this stamp goes with
     stamp = {
         "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
         "salt": salt_id(key), "env": env_digests(key), "python": python_identity(), "host": host_facts(),
-        "unusable": unusable, "sigs": sigs, "shared": shared, "digests": digests, "steps": steps,
-        "recipes": _recipe_reads(project, reach), "incremental": _incremental(ws, build_args),
+        "unusable": unusable, "sigs": sigs, "shared": shared, "digests": digests, "part": part, "racy_steps": racy,
+        "incremental": _incremental(ws, build_args),
         "lines": lines, "counts": counts, "cache_dir": os.path.abspath(project.cache_dir),
         "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
                   "remote": _untouched(ws.remote), "fast_path": True},
@@ -136,9 +139,9 @@ def _record(ws, result, reach: Reach | None) -> str | None:
 
     from optbuild.common.atomic import write_atomic
 
-    path = stamp_path(build_dir)
-    write_atomic(Path(path), json.dumps(stamp, separators=(",", ":")).encode())
-    racy = sum(1 for step in steps.values() if "unusable" in step)
+    steps_doc = {"format": FORMAT, "part": part, "steps": steps, "recipes": _recipe_reads(project, reach)}
+    write_atomic(Path(steps_path(build_dir)), json.dumps(steps_doc, separators=(",", ":")).encode())
+    write_atomic(Path(stamp_path(build_dir)), json.dumps(stamp, separators=(",", ":")).encode())
     debug(f"recorded {len(sigs)} signatures and {len(steps)} steps" + (f"; unusable: {unusable}" if unusable else "")
           + (f"; {racy} steps not vouched for" if racy else ""))
     return None

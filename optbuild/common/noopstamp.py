@@ -7,7 +7,7 @@ Importing this module costs only the standard library's os, sys and time (and op
 projectroot, quickhash and signatures, which need no more).
 
 **Record.** A ``build`` that ends ok (exit 0) writes ``<build folder>/.optbuild/noop.json``
-(atomically) holding:
+(atomically, after the steps' records beside it) holding:
 
 - the invocation: the arguments after ``build`` (matched exactly; ``-C`` enters through the
   project root it leads to), the project root and build folder, and keyed digests of the
@@ -42,12 +42,16 @@ projectroot, quickhash and signatures, which need no more).
   them, ``Step.key_folders``: none for a file its recipe names, the folder of a listed data
   folder's files or of a Python file whose imports resolve there; its
   cache entry, present or absent, so that a cache pulled later is seen; its blobs, its step
-  folder and outputs), by their place in one table after the whole answer's (steps share
-  files: the fast path stats each once), its recipe, the steps it reads, what it said as the
-  no-op that follows says it (a step built or restored is cached; its key, reasons, error
-  and warnings) and, for a deploy step, the model name it publishes; and per recipe, the
-  recipes its steps read from. When only some steps' files changed, a build loads what that
-  reaches (``optbuild.common.noopreach``);
+  folder and outputs: a blob whose output is its hard link, recorded with the output's
+  signature, is checked by the output's alone, as unlinking or replacing either name changes
+  the inode's ctime), by their place in one table after the whole answer's (steps share
+  files: the fast path stats each once). Beside the stamp, in ``noop-steps.json`` (named by
+  the stamp's ``part``, read only when a step's own file changed or could not vouch): each
+  step's places in that table, its recipe, the steps it reads, what it said as the no-op that
+  follows says it (a step built or restored is cached; its key, reasons, error and warnings)
+  and, for a deploy step, the model name it publishes; and per recipe, the recipes its steps
+  read from. When only some steps' files changed, a build loads what that reaches
+  (``optbuild.common.noopreach``);
 - what the build said (its step lines, the reasons it grouped, its counts) and its
   cache-statistics record.
 
@@ -93,8 +97,9 @@ from optbuild.common.projectroot import CONFIG_NAME
 from optbuild.common.quickhash import blake2b
 from optbuild.common.signatures import signature
 
-FORMAT = 3  # 2 kept no step's own files apart; 1 held unsalted digests of the environment
+FORMAT = 4  # 3 held the steps' records itself; 2 kept no step's own files apart; 1 unsalted digests
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
+STEPS = os.path.join(".optbuild", "noop-steps.json")  # the steps' records, read when some changed
 SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
 SALT_BYTES = 32
 HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
@@ -352,6 +357,10 @@ def shown(path: str, root: str) -> str:
 # --- recording ------------------------------------------------------------------------
 def stamp_path(build_dir: os.PathLike | str) -> str:
     return os.path.join(os.fspath(build_dir), STAMP)
+
+
+def steps_path(build_dir: os.PathLike | str) -> str:
+    return os.path.join(os.fspath(build_dir), STEPS)
 
 
 def forget(build_dir: os.PathLike | str) -> None:

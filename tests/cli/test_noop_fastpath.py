@@ -294,6 +294,24 @@ def test_a_damaged_stamp_takes_the_normal_path(built, damage):
     assert optbuild(built, "build").fast  # and a good stamp is written again
 
 
+@pytest.mark.parametrize("damage", ["missing", "garbage", "another-build"])
+def test_the_steps_records_are_read_only_when_a_steps_file_changed_and_must_be_the_stamps_own(built, damage):
+    """The steps' records lie beside the stamp (a no-op with nothing changed never parses them);
+    when an input changed, records that are missing, damaged or of another build decline."""
+    records = built.root / "build" / ".optbuild" / "noop-steps.json"
+    doc = json.loads(records.read_text())
+    if damage == "missing":
+        records.unlink()
+    else:
+        records.write_text("{not json" if damage == "garbage" else json.dumps({**doc, "part": "another"}))
+    assert optbuild(built, "build").fast  # nothing changed: the stamp alone answers
+    built.write("data/input.txt", "edited")
+    run = optbuild(built, "build")
+    assert run.returncode == 0 and "the record of the steps is damaged or of another build" in run.declined
+    assert "built    chain:src" in run.stderr, run.stderr
+    assert records.exists() and optbuild(built, "build").fast  # recorded again, whole
+
+
 def unsalted_digests(value: bytes) -> list[bytes]:
     """What anyone could compute from a guess of ``value``: its common digests, raw and hex."""
     digests = [hashlib.new(name, value).digest() for name in
