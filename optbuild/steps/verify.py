@@ -125,7 +125,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.backends import registry
-from optbuild.backends.base import Backend, Manifest, Runner
+from optbuild.backends.base import Backend, Manifest, Runner, TensorSpec
 from optbuild.common.errors import StepError
 from optbuild.model import thresholds, verifyreport
 from optbuild.model.inputdecl import check_declarations
@@ -138,6 +138,7 @@ from optbuild.steps.verify_params import VerifyParams
 
 if typing.TYPE_CHECKING:
     from optbuild.common.fingerprint import Fingerprint
+    from optbuild.model.samples import Samples
 
 # 2: models named by file and digest, not by step; 3: what ran each side; 4: slices, degenerate
 # and collapsed outputs, the user metric; 5: notes (a threshold that did not apply); 6: levels,
@@ -253,68 +254,17 @@ class Verify(DataSourceStep[VerifyParams]):
         """The report (without its text): both models run on the samples, at ``levels``
         (onnxruntime's, per side), and their outputs compared. Run in a forked child: ``stage``
         says which model it loads or runs, for a crash to be told."""
-        import numpy as np
-
-        from optbuild.model import samples as sampling
-
         p = self.params
-        ref_art, cand_art = ctx.inputs["reference"], ctx.inputs["candidate"]
         with opened_stack() as stack:
             stage(("reference", "loading"))
             runners = {"reference": self._open(ctx, "reference", sides["reference"], stack, levels["reference"])}
             ref_specs = runners["reference"].input_specs()
             stage("drawing the samples")
-            if p.data is not None:
-                samples = sampling.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
-                source = p.data + (f" ({', '.join(f'{k}={v}' for k, v in p.data_args.items())})"
-                                   if p.data_args else "")
-            else:
-                check_declarations(ref_specs, p.inputs, f"the reference {ref_art.step}")
-                samples = sampling.random_samples(ref_specs, p.samples or 8, p.seed, dynamic_size=p.dynamic_size,
-                                                   int_range=(p.int_range[0], p.int_range[1]), decls=p.inputs)
-                source = samples.source
-            for role, (backend, manifest) in sides.items():  # before an engine loads on a GPU
-                for index, feed in enumerate(samples.feeds):
-                    if (why := backend.unfit(manifest, feed)) is not None:
-                        raise StepError(f"sample {index} of {source} does not fit the {role} "
-                                        f"{ctx.inputs[role].step}: {why}. Feed samples it takes (e.g. a "
-                                        "smaller batch), or widen its step's profiles")
+            samples, source = self._samples(ctx, ref_specs, sides)
             stage(("candidate", "loading"))
             runners["candidate"] = self._open(ctx, "candidate", sides["candidate"], stack, levels["candidate"])
-            cand_inputs = [s.name for s in runners["candidate"].input_specs()]
-            cand_names = runners["candidate"].output_names()
-            if missing := [s.name for s in ref_specs if s.name not in cand_inputs]:
-                raise StepError(f"the candidate {cand_art.step} lacks inputs {missing} of the reference "
-                                f"(it has {cand_inputs})")
-            if extra := [n for n in cand_inputs if n not in {s.name for s in ref_specs}]:
-                raise StepError(f"the candidate {cand_art.step} has inputs {extra} the reference "
-                                f"{ref_art.step} lacks (it has {[s.name for s in ref_specs]})")
-            ref_names = runners["reference"].output_names()
-            names = p.outputs or ref_names
-            for name in names:
-                if name not in ref_names:
-                    raise StepError(f"outputs: the reference {ref_art.step} has no output {name!r} "
-                                    f"(it has {ref_names})")
-                if name not in cand_names:
-                    raise StepError(f"the candidate {cand_art.step} has no output {name!r} (it has {cand_names})")
-
-            results: dict[str, dict[str, list]] = {"reference": {n: [] for n in names},
-                                                   "candidate": {n: [] for n in names}}
-            latency = {}
-            for role, runner in runners.items():
-                stage((role, "running"))
-                feeds = [runner.cast(f) for f in samples.feeds]
-                try:
-                    runner.infer(feeds[0])  # warm-up
-                    started = time.perf_counter()
-                    for feed in feeds:
-                        outputs = runner.infer(feed)
-                        for name in names:
-                            results[role][name].append(np.asarray(outputs[name]))
-                    latency[role] = (time.perf_counter() - started) / len(feeds) * 1000
-                except Exception as exc:
-                    raise StepError(f"the {role} {ctx.inputs[role].step} fails on the samples: "
-                                    f"{type(exc).__name__}: {exc}") from None
+            names = self._compared(ctx, runners, ref_specs)
+            results, latency = _run_both(ctx, runners, samples.feeds, names, stage)
             labels = {role: at_level(runner.label, levels[role]) for role, runner in runners.items()}
 
         verdict = judge(p, _model(ctx, "reference"), results, names, len(samples), ctx.base_dir, stage)
@@ -333,6 +283,74 @@ class Verify(DataSourceStep[VerifyParams]):
             "notes": [],
             "warnings": verdict.warnings,
         }
+
+    def _samples(self, ctx: StepContext, ref_specs: list[TensorSpec],
+                 sides: dict[str, tuple[Backend, Manifest]]) -> tuple[Samples, str]:
+        """The samples both models run on (``data``, else drawn for the reference's inputs)
+        and where they came from; StepError for one that a side cannot take (checked before
+        an engine loads on a GPU)."""
+        from optbuild.model import samples as sampling
+
+        p = self.params
+        if p.data is not None:
+            samples = sampling.load_samples(p.data, ctx.base_dir, ref_specs, args=p.data_args, limit=p.samples)
+            source = p.data + (f" ({', '.join(f'{k}={v}' for k, v in p.data_args.items())})" if p.data_args else "")
+        else:
+            check_declarations(ref_specs, p.inputs, f"the reference {ctx.inputs['reference'].step}")
+            samples = sampling.random_samples(ref_specs, p.samples or 8, p.seed, dynamic_size=p.dynamic_size,
+                                               int_range=(p.int_range[0], p.int_range[1]), decls=p.inputs)
+            source = samples.source
+        for role, (backend, manifest) in sides.items():
+            for index, feed in enumerate(samples.feeds):
+                if (why := backend.unfit(manifest, feed)) is not None:
+                    raise StepError(f"sample {index} of {source} does not fit the {role} "
+                                    f"{ctx.inputs[role].step}: {why}. Feed samples it takes (e.g. a "
+                                    "smaller batch), or widen its step's profiles")
+        return samples, source
+
+    def _compared(self, ctx: StepContext, runners: dict[str, Runner], ref_specs: list[TensorSpec]) -> list[str]:
+        """The outputs compared (``outputs``, else all the reference's); StepError when the two
+        models' inputs differ or one lacks a compared output."""
+        ref_step, cand_step = ctx.inputs["reference"].step, ctx.inputs["candidate"].step
+        cand_inputs = [s.name for s in runners["candidate"].input_specs()]
+        if missing := [s.name for s in ref_specs if s.name not in cand_inputs]:
+            raise StepError(f"the candidate {cand_step} lacks inputs {missing} of the reference (it has {cand_inputs})")
+        if extra := [n for n in cand_inputs if n not in {s.name for s in ref_specs}]:
+            raise StepError(f"the candidate {cand_step} has inputs {extra} the reference "
+                            f"{ref_step} lacks (it has {[s.name for s in ref_specs]})")
+        ref_names, cand_names = runners["reference"].output_names(), runners["candidate"].output_names()
+        names = self.params.outputs or ref_names
+        for name in names:
+            if name not in ref_names:
+                raise StepError(f"outputs: the reference {ref_step} has no output {name!r} (it has {ref_names})")
+            if name not in cand_names:
+                raise StepError(f"the candidate {cand_step} has no output {name!r} (it has {cand_names})")
+        return names
+
+
+def _run_both(ctx: StepContext, runners: dict[str, Runner], feeds: list[dict[str, Any]], names: list[str],
+              stage: Stage) -> tuple[dict[str, dict[str, list]], dict[str, float]]:
+    """Each model run on every sample after a warm-up: the ``names`` outputs per model, and its
+    mean latency (ms) a sample; StepError naming the model that fails."""
+    import numpy as np
+
+    results: dict[str, dict[str, list]] = {role: {n: [] for n in names} for role in runners}
+    latency = {}
+    for role, runner in runners.items():
+        stage((role, "running"))
+        cast = [runner.cast(f) for f in feeds]
+        try:
+            runner.infer(cast[0])  # warm-up
+            started = time.perf_counter()
+            for feed in cast:
+                outputs = runner.infer(feed)
+                for name in names:
+                    results[role][name].append(np.asarray(outputs[name]))
+            latency[role] = (time.perf_counter() - started) / len(cast) * 1000
+        except Exception as exc:
+            raise StepError(f"the {role} {ctx.inputs[role].step} fails on the samples: "
+                            f"{type(exc).__name__}: {exc}") from None
+    return results, latency
 
 
 def _model(ctx: StepContext, role: str) -> Path:
