@@ -1,6 +1,6 @@
 """Remote cache figures, against an S3-compatible server (moto) on 127.0.0.1.
 
-    python benchmarks/remote.py [--size-mb 100] [--steps 50] [--runs 7] [--skip-big]
+    python benchmarks/remote.py [--size-mb 100] [--steps 50] [--width 1] [--runs 7] [--skip-big]
 
 Prints:
   1. (unless --skip-big) a 100 MB artifact: restored from the loopback S3 server on a fresh host (empty local
@@ -115,10 +115,16 @@ def project(root: Path, remote: str, steps_toml: str, kinds: str) -> Path:
     return root
 
 
-def chain(steps: int) -> str:
+def chains(steps: int, width: int = 1) -> str:
+    """``width`` chains of joins from one text source, ``steps`` steps in all. One chain is a
+    restore's worst case: each key needs the entry before it, so no two lookups overlap."""
     text = '[steps.s0]\nkind = "text"\npath = "../data/input.txt"\n'
-    for i in range(1, steps):
-        text += f'\n[steps.s{i}]\nkind = "join"\ninput = "s{i - 1}"\nsuffix = "-{i}"\n'
+    for c in range(width):
+        length = (steps - 1) // width + (c < (steps - 1) % width)
+        name, tag = ("s", "") if width == 1 else (f"c{c}_s", f"c{c}-")
+        for i in range(1, length + 1):
+            before = "s0" if i == 1 else f"{name}{i - 1}"
+            text += f'\n[steps.{name}{i}]\nkind = "join"\ninput = "{before}"\nsuffix = "-{tag}{i}"\n'
     return text
 
 
@@ -196,6 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=100)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--width", type=int, default=1, help="the steps as this many chains side by side (1: one chain)")
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--skip-big", action="store_true", help="leave out 1. (the large artifact)")
     args = parser.parse_args()
@@ -211,7 +218,7 @@ def main() -> None:
         s3 = f'[remote]\nurl = "s3://noop/cache"\nendpoint_url = "{endpoint}"\n'
         shared = tmp / "shared-mount"
         shared.mkdir()  # a file:// remote must exist: optbuild does not create it
-        text = chain(args.steps)
+        text = chains(args.steps, args.width)
         kinds = 'text = "kinds.py:Text"\njoin = "kinds.py:Join"'
         proj_s3 = project(tmp / "noop-s3", s3, text, kinds)
         optbuild(proj_s3, "build")
