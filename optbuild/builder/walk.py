@@ -82,7 +82,8 @@ class Walk:
     _waiting: dict[str, int] = field(default_factory=dict)  # per step, its upstream steps not done
     _ready: deque[str] = field(default_factory=deque)
     _held: deque[tuple[str, Build]] = field(default_factory=deque)  # builds not started yet
-    _fetches: deque[tuple[str, Fetch]] = field(default_factory=deque)  # remote hits to download
+    _fetches: deque[tuple[str, Fetch]] = field(default_factory=deque)  # remote hits to look up and download
+    _downloads: deque[tuple[str, Callable[[StepSpec], Outcome | Build]]] = field(default_factory=deque)  # settled ones
     _building: dict[Future, str] = field(default_factory=dict)
     _fetching: dict[Future, str] = field(default_factory=dict)
     _downloading: dict[Future, str] = field(default_factory=dict)  # the outputs of settled remote hits
@@ -96,7 +97,8 @@ class Walk:
         with ThreadPoolExecutor(max_workers=slots) as builders, \
                 ThreadPoolExecutor(max_workers=FETCHERS, thread_name_prefix="optbuild-restore") as fetchers:
             try:
-                while self._ready or self._held or self._building or self._fetching or self._downloading:
+                while (self._ready or self._held or self._building or self._fetches or self._fetching
+                       or self._downloads or self._downloading):
                     self._step(builders, fetchers, slots)
             except BaseException:  # Ctrl-C, say: the threads end only once their steps are stopped
                 self.abort()
@@ -106,9 +108,7 @@ class Walk:
         """One turn of the walk: decide what is ready, start downloads and builds, collect."""
         with self.gc_lock() if self._ready else contextlib.nullcontext():  # one flock a burst
             self._decide_ready()
-        while self._fetches:  # downloads start at once
-            sid, fetch = self._fetches.popleft()
-            self._fetching[fetchers.submit(self.run_step, sid, fetch)] = sid
+        self._start_remote(fetchers)
         while self._held and self.stop is not None:  # a failure while they waited: as for steps not started
             sid, _build = self._held.popleft()
             self._settle(sid, self.finish(sid, Outcome(Status.SKIPPED, reasons=[self.stop])))
@@ -120,9 +120,22 @@ class Walk:
                 continue
             self._building[builders.submit(self.run_step, sid, build)] = sid
         if self._building or self._fetching or self._downloading:
-            self._collect(fetchers)
+            self._collect()
 
-    def _collect(self, fetchers: ThreadPoolExecutor) -> None:
+    def _start_remote(self, fetchers: ThreadPoolExecutor) -> None:
+        """Start remote work on the fetch threads, no more than there are threads: the
+        downloads of settled steps first (builds wait for them), then lookups. Work submitted
+        beyond that would only queue in the pool, and every wait scans all that is submitted:
+        a fresh host restoring thousands of steps side by side paid for that quadratically."""
+        while len(self._fetching) + len(self._downloading) < FETCHERS and (self._downloads or self._fetches):
+            if self._downloads:
+                sid, download = self._downloads.popleft()
+                self._downloading[fetchers.submit(self.run_step, sid, download)] = sid
+            else:
+                sid, fetch = self._fetches.popleft()
+                self._fetching[fetchers.submit(self.run_step, sid, fetch)] = sid
+
+    def _collect(self) -> None:
         """Settle the builds and downloads that ended (a failed download becomes a build,
         ahead of the others: builds may wait for its outputs)."""
         done, _ = wait([*self._building, *self._fetching, *self._downloading], timeout=0.2,
@@ -131,7 +144,7 @@ class Walk:
             sid = next(d.pop(future) for d in (self._building, self._fetching, self._downloading) if future in d)
             result = future.result()
             if isinstance(result, Settled):
-                self._settle_on_entry(sid, result, fetchers)
+                self._settle_on_entry(sid, result)
             elif isinstance(result, Outcome):
                 self._settle(sid, result)
             elif sid in self._settled:
@@ -139,10 +152,10 @@ class Walk:
             elif not isinstance(result, Fetch):  # its download failed: it builds
                 self._held.append((sid, result))
 
-    def _settle_on_entry(self, sid: str, settled: Settled, fetchers: ThreadPoolExecutor) -> None:
+    def _settle_on_entry(self, sid: str, settled: Settled) -> None:
         """``sid``'s dependents are decided from its remote entry while its outputs download."""
         self.outcomes[sid] = self._settled[sid] = settled.outcome
-        self._downloading[fetchers.submit(self.run_step, sid, settled.download)] = sid
+        self._downloads.append((sid, settled.download))
         self._ready_dependents(sid)
 
     def _decide_ready(self) -> None:

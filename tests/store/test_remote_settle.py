@@ -16,7 +16,7 @@ from plugins.remote import outputs, step_events, warnings
 
 from optbuild.builder.outcome import Options, Outcome
 from optbuild.builder.status import Status
-from optbuild.builder.walk import Fetch, Settled, Walk
+from optbuild.builder.walk import FETCHERS, Fetch, Settled, Walk
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import load_project
 
@@ -113,3 +113,43 @@ def test_the_steps_after_a_settled_hit_are_decided_while_its_outputs_download(tm
          contextlib.nullcontext, lambda: None).run(list(project.steps), 2)
     assert {sid: o.status for sid, o in outcomes.items()} == {
         "chain:src": Status.RESTORED, "chain:c1": Status.BUILT, "chain:c2": Status.CACHED}
+
+
+def test_remote_work_is_submitted_no_faster_than_the_fetch_threads_take_it(tmp_path):
+    """Forty steps side by side, each a remote hit settled on its entry, then downloaded:
+    never more lookups and downloads submitted at once than there are fetch threads (each
+    wait scans all that is submitted: thousands of steps made a fresh host's restore
+    quadratic), and every step restored."""
+    proj = ProjectDir.with_test_kinds(tmp_path / "p")
+    proj.write("optbuild.toml", CONFIG)
+    proj.write("recipes/wide.toml", "".join(f'[steps.s{i}]\nkind = "text"\npath = "../data/input.txt"\n'
+                                            for i in range(40)))
+    project = load_project(proj.root)
+    outcomes: dict[str, Outcome] = {}
+    submitted: list[int] = []
+
+    def in_flight() -> None:
+        submitted.append(len(walk._fetching) + len(walk._downloading))
+
+    def download(spec) -> Outcome:
+        in_flight()
+        time.sleep(0.005)
+        return Outcome(Status.RESTORED, "k", source="remote")
+
+    def fetch(spec) -> Settled:
+        in_flight()
+        return Settled(Outcome(Status.RESTORED, "k", source="remote"), download)
+
+    def run_step(sid, action):
+        result = action(project.steps[sid])
+        return finish(sid, result) if isinstance(result, Outcome) else result
+
+    def finish(sid, outcome):
+        outcomes[sid] = outcome
+        return outcome
+
+    walk = Walk(project, StepGraph(project.steps), Options(), outcomes, lambda spec: Fetch(fetch), run_step, finish,
+                contextlib.nullcontext, lambda: None)
+    walk.run(list(project.steps), 2)
+    assert len(submitted) == 80 and max(submitted) <= FETCHERS
+    assert {o.status for o in outcomes.values()} == {Status.RESTORED} and len(outcomes) == 40
