@@ -11,12 +11,12 @@ Cost: one ``fork`` per attempt, none more when nothing crashes; the work's value
 pickled through a pipe, bounded (``max_bytes``), so return figures rather than tensors where
 they are large. Fork before the work opens what may crash (an onnxruntime session): the
 child must start clean. What the work opens, it opens on ``opened_stack()``: closed as usual
-where the work runs in-process, and in the child left for its exit to free, so that a crash in
-a runtime's teardown (OpenVINO's destructor, once) cannot cost figures already measured. The child writes to the same stdout and stderr as its parent (a
-step's log); a Python exception in it keeps its type and message (its traceback, causes
-included, goes to stderr) and is raised again in the parent, never tried again; the child
-dies with its parent (Linux: PR_SET_PDEATHSIG; elsewhere it polls), so a cancelled step
-leaves no orphan running.
+where the work runs in-process, and in the child left for its exit to free, so that a crash
+in a runtime's teardown (OpenVINO's destructor, once) cannot cost figures already measured.
+The child writes to the same stdout and stderr as its parent (a step's log); a Python
+exception in it keeps its type and message (its traceback, causes included, goes to stderr)
+and is raised again in the parent, never tried again; the child dies with its parent (Linux:
+PR_SET_PDEATHSIG; elsewhere it polls), so a cancelled step leaves no orphan running.
 """
 
 from __future__ import annotations
