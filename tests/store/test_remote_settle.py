@@ -35,6 +35,21 @@ def digest_on_remote(project: ProjectDir, remote, step: str) -> str:
     return json.loads(remote.read(remote.entry_path(key)))["outputs"]["data.txt"]["digest"]
 
 
+def walk_of(project, outcomes: dict[str, Outcome], decide) -> Walk:
+    """The walk of ``project`` deciding each step by ``decide``, its outcomes recorded in
+    ``outcomes`` (the scheduler's part, reduced to that)."""
+    def run_step(sid, action):
+        result = action(project.steps[sid])
+        return finish(sid, result) if isinstance(result, Outcome) else result
+
+    def finish(sid, outcome):
+        outcomes[sid] = outcome
+        return outcome
+
+    return Walk(project, StepGraph(project.steps), Options(), outcomes, decide, run_step, finish,
+                contextlib.nullcontext, lambda: None)
+
+
 def test_a_fresh_host_restores_a_long_chain_and_builds_the_step_that_reads_its_end(machines, s3_remote):
     a = machines("a", s3_remote.section(), chain("out"))
     assert a.build().ok
@@ -101,16 +116,7 @@ def test_the_steps_after_a_settled_hit_are_decided_while_its_outputs_download(tm
         c1_decided.set()
         return build if spec.id == "chain:c1" else Outcome(Status.CACHED, "k")
 
-    def run_step(sid, action):
-        result = action(project.steps[sid])
-        return finish(sid, result) if isinstance(result, Outcome) else result
-
-    def finish(sid, outcome):
-        outcomes[sid] = outcome
-        return outcome
-
-    Walk(project, StepGraph(project.steps), Options(), outcomes, decide, run_step, finish,
-         contextlib.nullcontext, lambda: None).run(list(project.steps), 2)
+    walk_of(project, outcomes, decide).run(list(project.steps), 2)
     assert {sid: o.status for sid, o in outcomes.items()} == {
         "chain:src": Status.RESTORED, "chain:c1": Status.BUILT, "chain:c2": Status.CACHED}
 
@@ -140,16 +146,7 @@ def test_remote_work_is_submitted_no_faster_than_the_fetch_threads_take_it(tmp_p
         in_flight()
         return Settled(Outcome(Status.RESTORED, "k", source="remote"), download)
 
-    def run_step(sid, action):
-        result = action(project.steps[sid])
-        return finish(sid, result) if isinstance(result, Outcome) else result
-
-    def finish(sid, outcome):
-        outcomes[sid] = outcome
-        return outcome
-
-    walk = Walk(project, StepGraph(project.steps), Options(), outcomes, lambda spec: Fetch(fetch), run_step, finish,
-                contextlib.nullcontext, lambda: None)
+    walk = walk_of(project, outcomes, lambda spec: Fetch(fetch))
     walk.run(list(project.steps), 2)
     assert len(submitted) == 80 and max(submitted) <= FETCHERS
     assert {o.status for o in outcomes.values()} == {Status.RESTORED} and len(outcomes) == 40
