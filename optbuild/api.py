@@ -21,12 +21,7 @@ from optbuild.builder.scheduler import Scheduler
 from optbuild.builder.site import BuildContext, Builder
 from optbuild.builder.status import Status
 from optbuild.common.digest import FileHasher
-from optbuild.common.errors import (
-    DiskFullError,
-    OptbuildError,
-    describe_os_error,
-    is_disk_full,
-)
+from optbuild.common.errors import OptbuildError, full_disk_named
 from optbuild.common.events import DoneEvent
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import folder_problem
@@ -158,12 +153,9 @@ def build(
                        options=options, remote=remote, pool=pool, builder=_builder(options),
                        memo=replay is None or len(selected) * MEMO_FROM >= len(selected) + len(replay.steps))
     try:
-        outcomes = runner.run(selected, None if replay is not None else ws.graph.wanted(targets or [], selected),
-                              replay)
-    except OSError as exc:  # materializing into the build folder, say
-        if not is_disk_full(exc):
-            raise
-        raise DiskFullError(describe_os_error(exc, ws.project.build_dir)) from None
+        with full_disk_named(ws.project.build_dir):  # materializing into the build folder, say
+            outcomes = runner.run(selected, None if replay is not None else ws.graph.wanted(targets or [], selected),
+                                  replay)
     finally:
         reporter.close()
     assert runner.done is not None  # a run that returns has ended with its summary

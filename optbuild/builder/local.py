@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from optbuild.builder.site import BuildContext, Builder, BuildRequest
-from optbuild.common.errors import DiskFullError, describe_os_error, is_disk_full
+from optbuild.common.errors import full_disk_named
 from optbuild.common.events import ProgressEvent
 from optbuild.process.runstep import Cancelled, file_outputs, reset_scratch, run_step
 from optbuild.store.entry import ActionEntry
@@ -30,17 +30,14 @@ class LocalBuilder(Builder):
             raise Cancelled
         scratch = self._take_scratch()
         try:
-            ran = run_step(request.run, scratch, ctx.pool, ctx.cancel, running=ctx.running,
-                           on_progress=lambda message: ctx.reporter.emit(
-                               ProgressEvent(event="progress", step=request.spec.id, message=message)))
-            request.guard()
-            entry = file_outputs(request.run, ran, ctx.store)
-            ctx.store.put_action(entry)
-            return entry
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            raise DiskFullError(describe_os_error(exc, scratch)) from None
+            with full_disk_named(scratch):
+                ran = run_step(request.run, scratch, ctx.pool, ctx.cancel, running=ctx.running,
+                               on_progress=lambda message: ctx.reporter.emit(
+                                   ProgressEvent(event="progress", step=request.spec.id, message=message)))
+                request.guard()
+                entry = file_outputs(request.run, ran, ctx.store)
+                ctx.store.put_action(entry)
+                return entry
         finally:
             self._give_back(scratch)
 
@@ -55,12 +52,8 @@ class LocalBuilder(Builder):
         with self._lock:
             if self._free:
                 return self._free.pop()
-        try:
+        with full_disk_named(self.context.store.root):
             return self.context.store.new_tmp_dir(prefix="step")
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            raise DiskFullError(describe_os_error(exc, self.context.store.root)) from None
 
     def _give_back(self, scratch: Path) -> None:
         """Its step's process has ended: kept for the next step if ``reset_scratch`` readies

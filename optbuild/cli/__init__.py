@@ -168,7 +168,7 @@ def _run_command(arguments: list[str]) -> int:
     import gc
     import importlib
 
-    from optbuild.common.errors import DiskFullError, OptbuildError, describe_os_error, is_disk_full
+    from optbuild.common.errors import OptbuildError, full_disk_named
 
     gc.set_threshold(*GC_THRESHOLDS)
 
@@ -177,12 +177,8 @@ def _run_command(arguments: list[str]) -> int:
     _show_warnings()
     with _sigterm_as_interrupt():
         try:
-            try:
+            with full_disk_named():
                 return module.run(args)
-            except OSError as exc:
-                if not is_disk_full(exc):
-                    raise
-                raise DiskFullError(describe_os_error(exc)) from None
         except OptbuildError as exc:
             for line in str(exc).splitlines():
                 print(f"error: {line}" if line else "", file=sys.stderr)

@@ -6,6 +6,8 @@ import errno
 import os
 import resource
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
@@ -100,6 +102,19 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 def is_disk_full(exc: BaseException) -> TypeGuard[OSError]:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+@contextmanager
+def full_disk_named(where: Path | str | None = None) -> Iterator[None]:
+    """A full disk met inside raised as DiskFullError, its message naming the file (or the
+    folder ``where`` it was written in) and the disk (``describe_os_error``); any other
+    OSError as it was."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise DiskFullError(describe_os_error(exc, where)) from None
 
 
 def describe_os_error(exc: OSError, where: Path | str | None = None) -> str:
