@@ -26,6 +26,7 @@ from optbuild.common.events import DoneEvent
 from optbuild.common.fingerprint import Fingerprint
 from optbuild.common.paths import folder_problem
 from optbuild.common.toolchain import Toolchain
+from optbuild.common.units import parse_size
 from optbuild.process.pool import ProcessPool, ServedPool
 from optbuild.project.config import check_scheduler
 from optbuild.project.graph import StepGraph
@@ -65,7 +66,7 @@ def open_workspace(start: Path | None = None, *, remote: str | bool | None = Non
     section = project.config.remote
     remote_store = open_remote(
         section.url, remote, project_root=project.root, read=section.read, write=section.write,
-        timeout_s=section.timeout_s, max_errors=section.max_errors,
+        timeout_s=section.timeout_s, max_errors=section.max_errors, inline_max=parse_size(str(section.inline_max)),
         signing_key_env=section.signing_key_env or None, endpoint_url=section.endpoint_url or None,
         options=dict(section.options))
     return Workspace(project, graph, LocalStore(project.cache_dir, hasher), hasher, remote_store)

@@ -340,7 +340,7 @@ class Scheduler:
         key, stays = action.key, self._stays_remote(spec.id)
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
-            if entry is None and stays and self._blobs_on_remote(remote_entry):  # its nodes read it there
+            if entry is None and stays and self._blobs_on_remote(remote_entry, as_blobs=True):  # its nodes read it there
                 self.restorer.vacate(spec, dest)
                 return Outcome(Status.RESTORED, key, remote_entry, reasons=reasons, source="remote", remote_only=True)
             if entry is None and self.remote is not None:
@@ -387,11 +387,11 @@ class Scheduler:
         return (not self.builder.local and self.options.download == "targets" and not self.options.dry_run
                 and self._wanted is not None and sid not in self._wanted)
 
-    def _blobs_on_remote(self, entry: ActionEntry) -> bool:
+    def _blobs_on_remote(self, entry: ActionEntry, *, as_blobs: bool = False) -> bool:
         """Whether the remote still holds the blobs of ``entry`` (a gc there may have taken
-        them): by one listing for a run of many steps, else a request per blob."""
+        them; ``as_blobs``: each by itself, as a Dask node reads it, none carried in the entry)."""
         assert self.remote is not None
-        return self.remote.holds_blobs(entry, listing=self._selected >= LIST_REMOTE_FROM)
+        return self.remote.holds_blobs(entry, listing=self._selected >= LIST_REMOTE_FROM, as_blobs=as_blobs)
 
     def _lookup(self, spec: StepSpec, action: Action) -> ActionEntry | None:
         """The local cache's entry of ``action``: as the last run remembered it when nothing

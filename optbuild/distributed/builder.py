@@ -335,7 +335,8 @@ class DaskBuilder(Builder):
             if entry.key in self._entries:
                 return
         if not ex.remote.holds(entry, step):
-            status = ex.remote.push(entry, ex.store, step)  # the scheduler holds the store's shared gc lock
+            # the scheduler holds the store's shared gc lock; nodes read blobs by digest, none carried
+            status = ex.remote.push(entry, ex.store, step, carry=False)
             if status != "uploaded":
                 raise StepError(f"the entry of {step} could not be stored in the remote cache {ex.remote.url} "
                                 f"({status}); the nodes check the main output of a step's input against it")

@@ -199,7 +199,7 @@ def _run(task: Task, tmp: Path, node: NodeConfig) -> dict[str, Any]:
                 "crossed": session.crossings.own()}
     with store.shared_gc_lock():
         entry = _entry(run, ran, store, node.name)
-        status = session.push(entry, store, task.step)
+        status = session.push(entry, store, task.step, carry=False)  # later tasks read its blobs by digest
     if status != "uploaded":
         raise TaskError(_with_warnings(f"the outputs of {task.step} could not be stored in the remote "
                                        f"cache {session.url} ({status})", warnings))

@@ -94,6 +94,9 @@ class RemoteSection(_Section):
     timeout_s: float = Field(default=10.0, gt=0, description="a remote call silent this long has failed")
     max_errors: int = Field(default=3, ge=1, description="errors after which the run stops using the remote")
     signing_key_env: str = ""  # NAME of the environment variable that holds the HMAC key
+    # Blobs up to this size travel inside their entry, so one request restores a small step;
+    # 0: none does (an optbuild of before entry format 3 reads only entries that carry none).
+    inline_max: str | int = "64 KiB"
     endpoint_url: str = ""  # S3-compatible servers (MinIO, Ceph, R2...): http://host:9000
     options: dict[str, Any] = {}  # further fsspec storage options (credentials come from the environment)
 
@@ -103,6 +106,16 @@ class RemoteSection(_Section):
         if value and not _ENV_NAME.match(value):
             raise ValueError("must be the NAME of an environment variable holding the key "
                              "(e.g. OPTBUILD_SIGNING_KEY), never the key itself")
+        return value
+
+    @field_validator("inline_max")
+    @classmethod
+    def _carried_size(cls, value: str | int) -> str | int:
+        from optbuild.common.units import parse_size
+        from optbuild.store.entry import MAX_CARRIED_BYTES
+
+        if parse_size(str(value)) > MAX_CARRIED_BYTES:
+            raise ValueError(f"at most {MAX_CARRIED_BYTES // 1024} KiB (an entry that carries more is refused)")
         return value
 
     @field_validator("options")

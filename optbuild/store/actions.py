@@ -97,6 +97,7 @@ class ActionCache(ContentStore):
         Hold ``shared_gc_lock`` from the first put to this one, or gc may take the blobs.
         """
         self._require_writable(f"store the entry of {entry.step}")
+        entry = entry.uncarried()  # its blobs lie beside it
         for digest in sorted(entry.blob_digests()):
             if not self.blob_path(digest).is_file():
                 raise CacheError(f"entry {entry.key} names blob {digest}, which is not stored")

@@ -15,17 +15,31 @@ and the canonical JSON that keys and remote entries are made of (``canonical_jso
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from optbuild.common.digest import ALGORITHM, DIGEST_HEX, is_digest
+from optbuild.common.digest import ALGORITHM, DIGEST_HEX, digest_bytes, is_digest
 from optbuild.common.jsonfile import nests_deeper
 
 FORMAT = 2  # 2: BLAKE3-256 digests, the digest function recorded
+CARRYING_FORMAT = 3  # 3: 2, with small blobs carried inline (remote entries only: ``carried``)
+MAX_CARRIED_BYTES = 64 << 10  # a blob up to this size may travel inside its entry...
+MAX_CARRIED_TOTAL = 256 << 10  # ...while what one entry carries stays within this
+_CARRIED_TEXT_MAX = 4 * -(-MAX_CARRIED_BYTES // 3)  # the base64 text of a blob that size
 MAX_ENTRY_BYTES = 16 << 20  # an entry larger than this is not an entry
 MAX_JSON_DEPTH = 64  # real entries nest about 8 deep; Python's parser recurses per level
 MAX_OUTPUTS = 100_000
@@ -121,13 +135,16 @@ class ActionEntry(BaseModel):
     duration_s: float = 0.0
     created_at: float = 0.0
     built_on: str = ""  # hostname
+    # digest -> base64 bytes of the small blobs a remote entry carries; left out when empty, so
+    # an entry that carries none reads as format 2 did
+    inline: dict[str, str] = Field(default_factory=dict, exclude_if=lambda carried: not carried)
 
     @field_validator("format", "digest_function")
     @classmethod
     def _this_optbuilds(cls, value: Any, info: ValidationInfo) -> Any:
         """An entry in another format, or of another digest function, is another optbuild's."""
-        if info.field_name == "format" and value != FORMAT:
-            raise ValueError(f"entry format {value} is not this optbuild's ({FORMAT})")
+        if info.field_name == "format" and value not in (FORMAT, CARRYING_FORMAT):
+            raise ValueError(f"entry format {value} is not this optbuild's ({FORMAT} or {CARRYING_FORMAT})")
         if info.field_name == "digest_function" and value != ALGORITHM:
             raise ValueError(f"made with digest function {value[:40]!r}; this optbuild uses {ALGORITHM}")
         return value
@@ -157,6 +174,54 @@ class ActionEntry(BaseModel):
         if self.primary is not None and self.primary not in self.outputs:
             raise ValueError(f"its primary output {self.primary!r} is not one of its outputs")
         return self
+
+    @model_validator(mode="after")
+    def _carried_intact(self) -> ActionEntry:
+        """What an entry carries inline is bounded, named by the entry, and hashes to its digest."""
+        if not self.inline:
+            return self
+        if self.format != CARRYING_FORMAT:
+            raise ValueError(f"an entry of format {self.format} carries no blob inline")
+        self.carried()
+        return self
+
+    def carried(self) -> dict[str, bytes]:
+        """Digest -> bytes of the blobs this entry carries inline, each checked against its digest
+        and the size the entry records (ValueError when one is not what the entry says)."""
+        sizes = {o.digest: o.size for o in self.outputs.values()}
+        named, total, blobs = self.blob_digests(), 0, {}
+        for digest, text in self.inline.items():
+            if digest not in named:
+                raise ValueError(f"it carries blob {digest[:12]!r}, which it does not name")
+            too_large = f"its blob {digest[:8]}… is carried inline, but is larger than {MAX_CARRIED_BYTES} bytes"
+            if len(text) > _CARRIED_TEXT_MAX:  # before decoding it
+                raise ValueError(too_large)
+            try:
+                data = base64.b64decode(text, validate=True)
+            except binascii.Error:
+                raise ValueError(f"its blob {digest[:8]}… is not carried in base64") from None
+            if len(data) > MAX_CARRIED_BYTES:
+                raise ValueError(too_large)
+            if digest_bytes(data) != digest or sizes.get(digest, len(data)) != len(data):
+                raise ValueError(f"the blob {digest[:8]}… it carries is corrupt ({len(data)} bytes)")
+            total += len(data)
+            blobs[digest] = data
+        if total > MAX_CARRIED_TOTAL:
+            raise ValueError(f"it carries {total} bytes inline (at most {MAX_CARRIED_TOTAL})")
+        return blobs
+
+    def carrying(self, blobs: dict[str, bytes]) -> ActionEntry:
+        """This entry carrying ``blobs`` (digest -> bytes: small blobs it names) inline, as the
+        remote holds it: one request restores a small step, not one for the entry and one a blob.
+        Nothing carried: the entry itself, which an optbuild that reads only format 2 still uses."""
+        if not blobs:
+            return self
+        inline = {digest: base64.b64encode(data).decode("ascii") for digest, data in sorted(blobs.items())}
+        return self.model_copy(update={"format": CARRYING_FORMAT, "inline": inline})
+
+    def uncarried(self) -> ActionEntry:
+        """This entry as a local cache holds it: its blobs stored beside it, none carried."""
+        return self.model_copy(update={"format": FORMAT, "inline": {}}) if self.inline else self
 
     def blob_digests(self) -> set[str]:
         digests = {o.digest for o in self.outputs.values()}

@@ -93,6 +93,19 @@ def test_a_named_step_comes_here_and_a_step_left_on_the_remote_leaves_no_stale_o
     assert outputs(proj)["farm/b/data.txt"] == b"again-a-b"
 
 
+def test_outputs_a_host_built_itself_reach_the_nodes_though_their_entries_carry_them(tmp_path, farm, farm_remote):
+    """A host building on its own writes small outputs inside their entries; a node reads a
+    blob by its digest, so the coordinator stores such an output as a blob for the nodes."""
+    laptop = project(tmp_path, farm, farm_remote, "laptop")
+    assert build(laptop, ["farm:src"], executor="local").ok
+    proj = project(tmp_path, farm, farm_remote)
+    result = build(proj)
+    assert result.ok, (result.reporter.events, farm.logs())
+    assert result.steps("restored") == ["farm:src"] and not result.outcomes["farm:src"].remote_only
+    assert sorted(result.steps("built")) == ["farm:a", "farm:b", "farm:side"]
+    assert outputs(proj)["farm/b/data.txt"] == b"hello-a-b"
+
+
 def test_a_local_build_brings_every_output(tmp_path, farm, farm_remote):
     """Without the bytes applies only where nodes build: a local build needs its inputs here."""
     proj = project(tmp_path, farm, farm_remote)

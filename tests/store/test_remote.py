@@ -147,7 +147,7 @@ def test_an_unreachable_remote_warns_and_builds_locally(machines, s3_server, req
 
 
 def test_a_flipped_blob_on_the_server_is_rejected_rebuilt_and_repaired(machines, any_remote):
-    a = machines("a", any_remote.section())
+    a = machines("a", any_remote.section(inline_max=0))  # every output a blob of its own
     b = machines("b", any_remote.section())
     assert a.build().ok
     entry = json.loads(any_remote.read(any_remote.entry_path(key_of(a, "chain:mid"))))
@@ -168,7 +168,7 @@ def test_a_flipped_blob_on_the_server_is_rejected_rebuilt_and_repaired(machines,
 
 
 def test_an_entry_naming_a_missing_blob_is_a_miss_and_the_blob_is_restored(machines, s3_remote):
-    a = machines("a", s3_remote.section())
+    a = machines("a", s3_remote.section(inline_max=0))
     b = machines("b", s3_remote.section())
     assert a.build().ok
     entry = json.loads(s3_remote.read(s3_remote.entry_path(key_of(a, "chain:out"))))
@@ -263,7 +263,7 @@ def test_two_builders_pushing_the_same_keys_at_once_leave_the_remote_consistent(
 
 # --- commands -----------------------------------------------------------------------------
 def test_push_pull_and_deploy_host_staging(machines, s3_remote, tmp_path):
-    section = s3_remote.section()
+    section = s3_remote.section(inline_max=0)  # blobs transferred one by one, with progress lines
     a = machines("a", section)
     assert cli(a, "build", "--no-remote").returncode == 0  # built locally only
     assert s3_remote.keys() == []

@@ -30,9 +30,10 @@ def session(remote, events: Events | None = None) -> RemoteSession:
     return RemoteSession(RemoteStore(remote.url, endpoint_url=remote.endpoint, timeout_s=5), reporter=events)
 
 
-def built_remote(machines, remote) -> list[str]:
-    """The keys of the `chain` project (4 steps), built once on a host writing through."""
-    assert machines("a", remote.section()).build().ok
+def built_remote(machines, remote, **section) -> list[str]:
+    """The keys of the `chain` project (4 steps), built once on a host writing through
+    (``section``: more of its [remote] settings)."""
+    assert machines("a", remote.section(**section)).build().ok
     keys = remote.keys()
     assert len(keys) == 4
     return keys
@@ -81,7 +82,7 @@ def test_after_one_listing_an_unlisted_key_is_a_miss_without_a_read(machines, s3
 
 
 def test_fetch_downloads_an_entrys_blobs_together_verified(machines, any_remote):
-    keys = built_remote(machines, any_remote)
+    keys = built_remote(machines, any_remote, inline_max=0)  # none carried in its entry
     remote = session(any_remote)
     remote.prefetch(keys)
     local = local_store(machines("b"))

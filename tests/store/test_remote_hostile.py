@@ -140,7 +140,7 @@ def test_an_entry_with_an_unsafe_output_name_is_rejected_and_not_stored(machines
 # --- (5) a stalled remote claiming a huge blob: bounded by timeout_s, whatever the size ----------
 def test_a_stalled_remote_claiming_a_huge_blob_does_not_hold_the_build(machines, file_remote):
     timeout = 1
-    a = machines("a", file_remote.section())
+    a = machines("a", file_remote.section(inline_max=0))
     b = machines("b", file_remote.section(timeout_s=timeout))
     assert a.build(["chain:src"]).ok
     key = key_of(a, "chain:src")
@@ -184,7 +184,7 @@ def test_a_download_growing_past_its_recorded_size_is_stopped_as_bytes_arrive():
 # --- (8) the wrong signing key, or none, never replaces good signed entries -----------------------
 def test_a_host_with_another_key_or_none_leaves_signed_entries_alone(machines, s3_remote, monkeypatch):
     monkeypatch.setenv(KEY_ENV, FARM_KEY)
-    signed = s3_remote.section(signing_key_env=KEY_ENV)
+    signed = s3_remote.section(signing_key_env=KEY_ENV, inline_max=0)  # a blob of its own for each output and log
     farm = machines("farm", signed)
     assert farm.build().ok
     keys = {step: key_of(farm, step) for step in ALL}
@@ -263,7 +263,7 @@ def test_no_build_says_the_remote_could_not_be_reached(machines, s3_server, clos
 # --- (17) symbolic links in a file:// remote never lead a transfer outside it -------------------
 @pytest.mark.parametrize("linked", ["cas", "ac", "tmp"])
 def test_symlinks_in_a_shared_folder_never_redirect_transfers(machines, file_remote, tmp_path, linked):
-    a = machines("a", file_remote.section())
+    a = machines("a", file_remote.section(inline_max=0))
     b = machines("b", file_remote.section())
     assert a.build(["chain:src"]).ok
     root = Path(file_remote.root)
@@ -308,7 +308,7 @@ BLAMED = {
 def test_a_forged_signature_costs_key_holders_one_build_not_one_per_build(machines, s3_remote, monkeypatch,
                                                                           forgery):
     monkeypatch.setenv(KEY_ENV, FARM_KEY)
-    signed = s3_remote.section(signing_key_env=KEY_ENV)
+    signed = s3_remote.section(signing_key_env=KEY_ENV, inline_max=0)  # a blob of its own for each output and log
     farm = machines("farm", signed)
     assert farm.build().ok
     key = key_of(farm, "chain:mid")
@@ -344,7 +344,7 @@ def test_an_unsigned_entry_rewired_to_another_intact_blob_is_restored_and_audit_
     """The blob is intact and of the size its (rewired) entry records: a restore verifies exactly
     that, so without a signature nothing can tell the lie. The audit says so, and names the blob
     two steps claim."""
-    a = machines("a", any_remote.section())
+    a = machines("a", any_remote.section(inline_max=0))
     assert a.build().ok
     digest = rewire(any_remote, a, "chain:out", "chain:side")
 
@@ -358,7 +358,7 @@ def test_an_unsigned_entry_rewired_to_another_intact_blob_is_restored_and_audit_
 
 
 def test_audit_names_each_entry_whose_blob_is_not_the_size_or_the_digest_it_records(machines, any_remote):
-    a = machines("a", any_remote.section())
+    a = machines("a", any_remote.section(inline_max=0))
     assert a.build().ok
     out_key, mid_key = key_of(a, "chain:out"), key_of(a, "chain:mid")
     head, doc = any_remote.read_entry(out_key)

@@ -85,13 +85,15 @@ class Auditing(SessionParts):
         report.blobs = len(sizes)
         entries = [entry for path in sorted(listed) if (entry := self._audited_entry(path, report)) is not None]
         uses: dict[str, list[tuple[ActionEntry, str | None]]] = {}  # digest -> (entry, output name; None: log)
-        for entry in entries:
+        for entry in entries:  # what an entry carries inline was checked with it, and needs no blob
             for name, output in sorted(entry.outputs.items()):
                 uses.setdefault(output.digest, []).append((entry, name))
-                check_size(entry, name, output.size, sizes.get(output.digest), report)
+                if output.digest not in entry.inline:
+                    check_size(entry, name, output.size, sizes.get(output.digest), report)
             if entry.log is not None:
                 uses.setdefault(entry.log, []).append((entry, None))
-                check_size(entry, None, None, sizes.get(entry.log), report)
+                if entry.log not in entry.inline:
+                    check_size(entry, None, None, sizes.get(entry.log), report)
         if rehash:
             for digest in sorted(set(sizes) & set(uses)):
                 self._audit_digest(digest, sizes[digest], uses[digest], report)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from optbuild.common.digest import new_hasher
-from optbuild.store.entry import MAX_ENTRY_BYTES
+from optbuild.store.entry import MAX_CARRIED_BYTES, MAX_ENTRY_BYTES
 from optbuild.store.layout import blob_name, entry_name
 from optbuild.store.remote.errors import Rejected, RemoteMissing
 from optbuild.store.remote.signing import SIGNATURE_LINE
@@ -39,7 +39,7 @@ class RemoteStore:
     """
 
     def __init__(self, url: str, *, read: bool = True, write: bool = True, timeout_s: float = 10.0,
-                 max_errors: int = 3, signing_key_env: str | None = None,
+                 max_errors: int = 3, inline_max: int = MAX_CARRIED_BYTES, signing_key_env: str | None = None,
                  endpoint_url: str | None = None, options: dict[str, Any] | None = None,
                  environ: Mapping[str, str] | None = None):
         self.url = url
@@ -48,6 +48,7 @@ class RemoteStore:
         self.write = write
         self.timeout_s = timeout_s
         self.max_errors = max_errors
+        self.inline_max = inline_max  # blobs up to this size travel inside their entry
         self.signing_key_env = signing_key_env
         self.endpoint_url = endpoint_url
         self.options = options or {}

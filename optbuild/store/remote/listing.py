@@ -66,12 +66,13 @@ class Listing(SessionParts):
             raise FileNotFoundError(key)
         return data if isinstance(data, bytes) else None  # not bytes: _UNASKED, no answer
 
-    def holds_blobs(self, entry: ActionEntry, *, listing: bool) -> bool:
+    def holds_blobs(self, entry: ActionEntry, *, listing: bool, as_blobs: bool = False) -> bool:
         """Whether the remote holds every blob ``entry`` names, at its size: an entry whose
         outputs stay there is no use once one was evicted. ``listing``: by one listing of its
         blobs a run (a build of many steps), else by a request per blob (a few steps: a fleet's
-        remote may hold millions of blobs). Any failure is a no: the entry is then downloaded,
-        which checks it."""
+        remote may hold millions of blobs). What the entry carries inline is held with it,
+        unless ``as_blobs``: a Dask node reads each blob by its digest. Any failure is a no:
+        the entry is then downloaded, which checks it."""
         sizes = {o.digest: o.size for o in entry.outputs.values()}  # the log's is not recorded
         listed = self._blob_listing() if listing else None
 
@@ -81,7 +82,8 @@ class Listing(SessionParts):
             return size is not None and sizes.get(digest, size) == size
 
         try:
-            return all(present(digest) for digest in sorted(entry.blob_digests()))
+            carried = set() if as_blobs else entry.inline.keys()
+            return all(present(digest) for digest in sorted(entry.blob_digests() - carried))
         except (Failed, Rejected):
             return False
 

@@ -313,11 +313,14 @@ class RemoteSession(Writing, Auditing, Listing):
         sizes = {o.digest: o.size for o in entry.outputs.values()}
         scratch: Path | None = None
         try:
+            carried = entry.carried()  # checked when the entry was read
             wanted = [(d, sizes.get(d), f"{label} {names.get(d, 'log')}") for d in sorted(entry.blob_digests())
-                      if not local.blob_ok(d, sizes.get(d))]
+                      if d not in carried and not local.blob_ok(d, sizes.get(d))]
             if wanted:
                 scratch = local.new_tmp_dir("remote")
                 self._download_blobs(wanted, scratch, local)
+            self._store_carried(carried, local)
+            entry = entry.uncarried()
             local.put_action(entry)
         except Rejected as exc:
             self._count(misses=1, rejected=1)
@@ -337,6 +340,14 @@ class RemoteSession(Writing, Auditing, Listing):
         if hit and not self.dry_run:
             self._count(hits=1)
         return entry
+
+    def _store_carried(self, carried: dict[str, bytes], local: LocalStore) -> None:
+        """Store the blobs an entry carried (digest -> bytes, checked) that ``local`` lacks."""
+        for digest, data in sorted(carried.items()):
+            self._count(bytes_down=len(data))
+            self.crossings.count(digest, DOWN)
+            if not local.blob_ok(digest, len(data)):
+                local.put_bytes(data)
 
     # --- single blobs (the dask executor: inputs sent to its nodes, outputs fetched back) --
     def require_read_write(self) -> None:

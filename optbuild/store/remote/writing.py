@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optbuild.store.entry import ActionEntry
+from optbuild.common.errors import CacheError
+from optbuild.store.entry import MAX_CARRIED_TOTAL, ActionEntry
 from optbuild.store.remote.crossings import UP
 from optbuild.store.remote.errors import Failed, Rejected, describe
 from optbuild.store.remote.parts import SessionParts
@@ -29,8 +30,11 @@ class Writing(SessionParts):
     session's."""
 
     def push(self, entry: ActionEntry, local: LocalStore, step: str = "", *,
-             skip_if_present: bool = False) -> str:
-        """Upload ``entry``'s blobs (those the remote lacks), then the entry.
+             skip_if_present: bool = False, carry: bool = True) -> str:
+        """Upload ``entry``'s blobs (those the remote lacks), then the entry; with ``carry``,
+        small blobs travel inside the entry instead (``ActionEntry.carrying``), so that one
+        request restores a small step. Without it every blob is stored as a blob, as a Dask
+        node reads its inputs: by digest.
 
         Returns "uploaded", "present" (``skip_if_present`` and the remote already has an
         acceptable entry for the key), "refused" (the remote holds a valid signed entry and
@@ -51,12 +55,16 @@ class Writing(SessionParts):
                 return "refused"
             sizes = {o.digest: o.size for o in entry.outputs.values()}
             names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
+            carried: dict[str, bytes] = {}
             for digest in sorted(entry.blob_digests()):
                 source = local.blob_path(digest)
                 if not local.blob_ok(digest, sizes.get(digest)):
                     self.warn(f"not pushing {label}: its local blob {digest[:8]}… is missing or corrupt")
                     return "failed"
                 size = source.stat().st_size
+                if carry and self._carries(digest, size, carried):
+                    carried[digest] = local.read_blob(digest)
+                    continue
                 with self._lock:
                     suspect = digest in self._suspect
                 if not suspect and self._call(f"checking blob {digest[:8]}", self.store._blob_size,
@@ -65,9 +73,11 @@ class Writing(SessionParts):
                 self._upload_blob(source, digest, size, f"{label} {names.get(digest, 'log')}")
                 with self._lock:
                     self._suspect.discard(digest)
-            data = encode_entry(entry, self.store.signing_key)
+            data = encode_entry(entry.carrying(carried), self.store.signing_key)
             self._call(f"writing the entry of {label}", self.store._write_entry, entry.key, slot, data)
             self._count(entries_up=1, bytes_up=len(data))
+            for digest in carried:
+                self.crossings.count(digest, UP)
             if fault is not None:
                 self.warn(f"remote entry for {label} is {fault}: replaced", step=step, key=entry.key)
             return "uploaded"
@@ -77,9 +87,19 @@ class Writing(SessionParts):
             self._count(rejected=1)
             self.warn(f"not pushing {label}: {exc}", step=step, key=entry.key)
             return "failed"
-        except OSError as exc:
+        except (OSError, CacheError) as exc:  # the local side: a blob gone or corrupt since it was checked
             self.warn(f"not pushing {label}: {describe(exc)}")
             return "failed"
+
+    def _carries(self, digest: str, size: int, carried: dict[str, bytes]) -> bool:
+        """Whether blob ``digest`` of ``size`` bytes travels inside its entry, beside those
+        ``carried`` already: small enough, room left, and not found corrupt on the remote (a
+        blob stored again there mends it)."""
+        with self._lock:
+            suspect = digest in self._suspect
+        inline_max = self.store.inline_max
+        return (not suspect and 0 < inline_max and size <= inline_max
+                and sum(map(len, carried.values())) + size <= MAX_CARRIED_TOTAL)
 
     def push_later(self, entry: ActionEntry, local: LocalStore, step: str = "") -> None:
         """``push`` in the background (write-through), so later steps build meanwhile.
