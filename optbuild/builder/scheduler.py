@@ -135,12 +135,12 @@ class Scheduler:
         return self.outcomes
 
     def _walk(self, selected: list[str], slots: int) -> str | None:
-        """Walk the graph of ``selected``; then, if a step settled on its remote entry got
-        other outputs (its download failed, and it built here), decide again the steps
-        decided from that entry, with no step settling on an entry this time. The step a
-        plan would stop at, if any."""
+        """Walk the graph of ``selected``; then, if a step settled on its remote entry got other
+        outputs (its download failed, and it built here), decide again the steps decided from
+        that entry, with no step settling on an entry this time. The step a plan would stop at."""
         walk = Walk(self.project, self.graph, self.options, self.outcomes, self._decide, self._process, self._finish,
-                    self.store.shared_gc_lock, self._abort, self._prewarm if self.builder.local else None)
+                    self.store.shared_gc_lock, self._abort, self._prewarm if self.builder.local else None,
+                    self.remote.prefetch if self.remote is not None else None)
         walk.run(selected, slots)
         if not walk.diverged:
             return walk.would_stop
@@ -287,7 +287,7 @@ class Scheduler:
             reasons.append(self.store.last_miss_reason)
         if self.remote is not None:
             if self._remote_may_hold(key) and not self.options.dry_run:  # read and downloaded on the fetch threads
-                return Fetch(lambda spec: self._fetch(spec, action, reasons, dest, placement))
+                return Fetch(lambda spec: self._fetch(spec, action, reasons, dest, placement), key)
             if (remote_entry := self._remote_lookup(spec, key)) is not None:  # a plan: its entry gives downstream keys
                 return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
         return self._without_remote(spec, action, reasons, dest, placement)

@@ -31,6 +31,7 @@ from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import Project, StepSpec
 
 FETCHERS = 8  # remote hits downloaded at once, beside the builds: each waits on the network, not a CPU
+READ_TOGETHER = 256  # remote entries read in one batch, ahead of their lookups (``Walk.prefetch``)
 
 Build = Callable[[StepSpec], Outcome]
 
@@ -39,8 +40,8 @@ class Fetch:
     """A decision to download a remote hit: it runs on the fetch threads, not in a build
     slot; when the download fails it answers the build to run instead."""
 
-    def __init__(self, fetch: Callable[[StepSpec], Outcome | Settled | Build]):
-        self.fetch = fetch
+    def __init__(self, fetch: Callable[[StepSpec], Outcome | Settled | Build], key: str | None = None):
+        self.fetch, self.key = fetch, key  # key: whose remote entry it reads first
 
     def __call__(self, spec: StepSpec) -> Outcome | Settled | Build:
         return self.fetch(spec)
@@ -77,6 +78,7 @@ class Walk:
     gc_lock: Callable[[], AbstractContextManager[object]]  # held while a burst of steps is decided
     abort: Callable[[], None]  # the run ends early (an exception): cancel and stop every step
     prewarm: Callable[[str], None] | None = None  # a step about to build here
+    prefetch: Callable[[list[str]], None] | None = None  # reads the remote entries of these keys together
     stop: str | None = None  # the first failure without -k: why steps not started are skipped
     would_stop: str | None = None  # a plan goes on past the first such step, and notes it
     _waiting: dict[str, int] = field(default_factory=dict)  # per step, its upstream steps not done
@@ -88,6 +90,8 @@ class Walk:
     _fetching: dict[Future, str] = field(default_factory=dict)
     _downloading: dict[Future, str] = field(default_factory=dict)  # the outputs of settled remote hits
     _settled: dict[str, Outcome] = field(default_factory=dict)  # settled on their entry, not downloaded yet
+    _reading: Future | None = None  # the prefetch of the entries of queued lookups, which wait for it
+    _read: set[str] = field(default_factory=set)  # the keys prefetched (or being)
     diverged: set[str] = field(default_factory=set)  # settled on an entry whose outputs they did not get
 
     def run(self, selected: list[str], slots: int) -> None:
@@ -98,7 +102,7 @@ class Walk:
                 ThreadPoolExecutor(max_workers=FETCHERS, thread_name_prefix="optbuild-restore") as fetchers:
             try:
                 while (self._ready or self._held or self._building or self._fetches or self._fetching
-                       or self._downloads or self._downloading):
+                       or self._downloads or self._downloading or self._reading):
                     self._step(builders, fetchers, slots)
             except BaseException:  # Ctrl-C, say: the threads end only once their steps are stopped
                 self.abort()
@@ -119,15 +123,18 @@ class Walk:
                 self._settle(sid, self.finish(sid, Outcome(Status.SKIPPED, reasons=[why])))
                 continue
             self._building[builders.submit(self.run_step, sid, build)] = sid
-        if self._building or self._fetching or self._downloading:
+        if self._building or self._fetching or self._downloading or self._reading:
             self._collect()
 
     def _start_remote(self, fetchers: ThreadPoolExecutor) -> None:
         """Start remote work on the fetch threads, no more than there are threads: the
         downloads of settled steps first (builds wait for them), then lookups. Work submitted
         beyond that would only queue in the pool, and every wait scans all that is submitted:
-        a fresh host restoring thousands of steps side by side paid for that quadratically."""
-        while len(self._fetching) + len(self._downloading) < FETCHERS and (self._downloads or self._fetches):
+        a fresh host restoring thousands of steps side by side paid for that quadratically.
+        Queued lookups wait while their entries are read together (``_read_together``)."""
+        self._read_together(fetchers)
+        while (len(self._fetching) + len(self._downloading) + (self._reading is not None) < FETCHERS
+               and (self._downloads or (self._fetches and self._reading is None))):
             if self._downloads:
                 sid, download = self._downloads.popleft()
                 self._downloading[fetchers.submit(self.run_step, sid, download)] = sid
@@ -135,12 +142,29 @@ class Walk:
                 sid, fetch = self._fetches.popleft()
                 self._fetching[fetchers.submit(self.run_step, sid, fetch)] = sid
 
+    def _read_together(self, fetchers: ThreadPoolExecutor) -> None:
+        """Read the remote entries of the queued lookups in one batch (concurrent requests),
+        so that each lookup then costs no round trip: a fresh host restoring many steps side
+        by side waits a round trip per batch, not one per eight steps."""
+        if self.prefetch is None or self._reading is not None:
+            return
+        keys = [fetch.key for _sid, fetch in self._fetches if fetch.key is not None and fetch.key not in self._read]
+        if len(keys) > 1:
+            keys = keys[:READ_TOGETHER]
+            self._read.update(keys)
+            self._reading = fetchers.submit(self.prefetch, keys)
+
     def _collect(self) -> None:
         """Settle the builds and downloads that ended (a failed download becomes a build,
         ahead of the others: builds may wait for its outputs)."""
-        done, _ = wait([*self._building, *self._fetching, *self._downloading], timeout=0.2,
+        reading = [self._reading] if self._reading is not None else []
+        done, _ = wait([*self._building, *self._fetching, *self._downloading, *reading], timeout=0.2,
                        return_when=FIRST_COMPLETED)
         for future in done:
+            if future is self._reading:
+                self._reading = None
+                future.result()  # it never raises, but for a bug
+                continue
             sid = next(d.pop(future) for d in (self._building, self._fetching, self._downloading) if future in d)
             result = future.result()
             if isinstance(result, Settled):

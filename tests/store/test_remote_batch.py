@@ -94,3 +94,31 @@ def test_fetch_downloads_an_entrys_blobs_together_verified(machines, any_remote)
     assert remote.stats.blobs_down == len(blobs)
     assert local.verify().ok and all(local.blob_ok(d) for d in blobs)
     assert json.loads(local.entry_path(keys[0]).read_text())["key"] == keys[0]
+
+
+def test_a_build_reads_the_entries_of_steps_ready_together_in_one_batch(machines, any_remote, monkeypatch):
+    """mid and side both read src: once src is restored, their two lookups wait for one batch
+    that reads both entries, and ask the remote nothing more."""
+    built_remote(machines, any_remote)
+    batches: list[list[str]] = []
+    singles: list[str] = []
+    read_entries, read_entry = RemoteStore._read_entries, RemoteStore._read_entry
+
+    def batch(self, keys, touch):
+        batches.append(sorted(keys))
+        return read_entries(self, keys, touch)
+
+    def single(self, key, slot, touch):
+        singles.append(key)
+        return read_entry(self, key, slot, touch)
+
+    monkeypatch.setattr(RemoteStore, "_read_entries", batch)
+    monkeypatch.setattr(RemoteStore, "_read_entry", single)
+    b = machines("b", any_remote.section())
+    result = b.build()
+    assert result.ok and all(outcome.status == "restored" for outcome in result.outcomes.values())
+    keys = json.loads(b.read("optbuild.lock"))["steps"]
+    assert batches == [sorted([keys["chain:mid"]["key"], keys["chain:side"]["key"]])]
+    # a file system that is not asynchronous (file://) reads a batch's entries one by one
+    assert sorted(set(singles) - set(batches[0])) == sorted([keys["chain:src"]["key"], keys["chain:out"]["key"]])
+    assert len(singles) == len(set(singles))  # none read twice
