@@ -285,11 +285,8 @@ class Scheduler:
             reasons.append(gone)
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
-        if self.remote is not None:
-            if self._remote_may_hold(key) and not self.options.dry_run:  # read and downloaded on the fetch threads
-                return Fetch(lambda spec: self._fetch(spec, action, reasons, dest, placement), key)
-            if (remote_entry := self._remote_lookup(spec, key)) is not None:  # a plan: its entry gives downstream keys
-                return Outcome(Status.RESTORED, key, remote_entry, [*reasons, "on the remote cache"], source="remote")
+        if self.remote is not None and (self.options.dry_run or self._remote_may_hold(key)):  # on the fetch threads
+            return Fetch(lambda spec: self._fetch(spec, action, reasons, dest, placement), key)
         return self._without_remote(spec, action, reasons, dest, placement)
 
     def _without_remote(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
@@ -311,9 +308,12 @@ class Scheduler:
     def _fetch(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
                placement: Placement) -> Outcome | Settled | Build:
         """Read the remote's entry; then settle the step on it and download behind the walk
-        (``_settles``), or download now. When the remote has none, as ``_without_remote``."""
+        (``_settles``), or download now (a plan: its entry gives the keys downstream). When the
+        remote has none, as ``_without_remote``."""
         if (remote_entry := self._remote_lookup(spec, action.key)) is None:
             return self._without_remote(spec, action, reasons, dest, placement)
+        if self.options.dry_run:
+            return Outcome(Status.RESTORED, action.key, remote_entry, [*reasons, "on the remote cache"], source="remote")
 
         def download(spec: StepSpec) -> Outcome | Build:
             return self._download_locked(spec, action, remote_entry, reasons, dest, placement)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from plugins.remote import local_store
 
 from optbuild.store.remote import RemoteSession, RemoteStore
@@ -96,9 +97,10 @@ def test_fetch_downloads_an_entrys_blobs_together_verified(machines, any_remote)
     assert json.loads(local.entry_path(keys[0]).read_text())["key"] == keys[0]
 
 
-def test_a_build_reads_the_entries_of_steps_ready_together_in_one_batch(machines, any_remote, monkeypatch):
-    """mid and side both read src: once src is restored, their two lookups wait for one batch
-    that reads both entries, and ask the remote nothing more."""
+@pytest.mark.parametrize("dry_run", [False, True], ids=["build", "plan"])
+def test_the_entries_of_steps_ready_together_are_read_in_one_batch(machines, any_remote, monkeypatch, dry_run):
+    """mid and side both read src: once src is restored (or, in a plan, found), their two
+    lookups wait for one batch that reads both entries, and ask the remote nothing more."""
     built_remote(machines, any_remote)
     batches: list[list[str]] = []
     singles: list[str] = []
@@ -115,10 +117,10 @@ def test_a_build_reads_the_entries_of_steps_ready_together_in_one_batch(machines
     monkeypatch.setattr(RemoteStore, "_read_entries", batch)
     monkeypatch.setattr(RemoteStore, "_read_entry", single)
     b = machines("b", any_remote.section())
-    result = b.build()
+    result = b.build(dry_run=dry_run)
     assert result.ok and all(outcome.status == "restored" for outcome in result.outcomes.values())
-    keys = json.loads(b.read("optbuild.lock"))["steps"]
-    assert batches == [sorted([keys["chain:mid"]["key"], keys["chain:side"]["key"]])]
+    keys = {sid: outcome.key for sid, outcome in result.outcomes.items()}
+    assert batches == [sorted([keys["chain:mid"], keys["chain:side"]])]
     # a file system that is not asynchronous (file://) reads a batch's entries one by one
-    assert sorted(set(singles) - set(batches[0])) == sorted([keys["chain:src"]["key"], keys["chain:out"]["key"]])
+    assert sorted(set(singles) - set(batches[0])) == sorted([keys["chain:src"], keys["chain:out"]])
     assert len(singles) == len(set(singles))  # none read twice
