@@ -285,7 +285,7 @@ class Scheduler:
             reasons.append(gone)
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
-        if self.remote is not None and (self.options.dry_run or self._remote_may_hold(key)):  # on the fetch threads
+        if self.remote is not None and (self._remote_may_hold(key) or self.options.dry_run):  # on the fetch threads
             return Fetch(lambda spec: self._fetch(spec, action, reasons, dest, placement), key)
         return self._without_remote(spec, action, reasons, dest, placement)
 

@@ -9,6 +9,7 @@ import json
 import pytest
 from plugins.remote import local_store
 
+from optbuild.builder import scheduler
 from optbuild.store.remote import RemoteSession, RemoteStore
 
 ABSENT = "ab" + "0" * 62
@@ -97,11 +98,10 @@ def test_fetch_downloads_an_entrys_blobs_together_verified(machines, any_remote)
     assert json.loads(local.entry_path(keys[0]).read_text())["key"] == keys[0]
 
 
-@pytest.mark.parametrize("dry_run", [False, True], ids=["build", "plan"])
-def test_the_entries_of_steps_ready_together_are_read_in_one_batch(machines, any_remote, monkeypatch, dry_run):
-    """mid and side both read src: once src is restored (or, in a plan, found), their two
-    lookups wait for one batch that reads both entries, and ask the remote nothing more."""
-    built_remote(machines, any_remote)
+@pytest.fixture
+def entry_reads(monkeypatch) -> tuple[list[list[str]], list[str]]:
+    """(the keys of each batch of entries read, the keys of each entry read by itself), as the
+    remote store is asked for them; the reads themselves still run."""
     batches: list[list[str]] = []
     singles: list[str] = []
     read_entries, read_entry = RemoteStore._read_entries, RemoteStore._read_entry
@@ -116,6 +116,16 @@ def test_the_entries_of_steps_ready_together_are_read_in_one_batch(machines, any
 
     monkeypatch.setattr(RemoteStore, "_read_entries", batch)
     monkeypatch.setattr(RemoteStore, "_read_entry", single)
+    return batches, singles
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["build", "plan"])
+def test_the_entries_of_steps_ready_together_are_read_in_one_batch(machines, any_remote, entry_reads, dry_run):
+    """mid and side both read src: once src is restored (or, in a plan, found), their two
+    lookups wait for one batch that reads both entries, and ask the remote nothing more."""
+    built_remote(machines, any_remote)
+    batches, singles = entry_reads
+    batches.clear(), singles.clear()  # those of the build that filled the remote
     b = machines("b", any_remote.section())
     result = b.build(dry_run=dry_run)
     assert result.ok and all(outcome.status == "restored" for outcome in result.outcomes.values())
@@ -124,3 +134,14 @@ def test_the_entries_of_steps_ready_together_are_read_in_one_batch(machines, any
     # a file system that is not asynchronous (file://) reads a batch's entries one by one
     assert sorted(set(singles) - set(batches[0])) == sorted([keys["chain:src"], keys["chain:out"]])
     assert len(singles) == len(set(singles))  # none read twice
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["build", "plan"])
+def test_a_run_of_many_steps_lists_the_remote_once_and_reads_no_entry_it_lacks(machines, any_remote, entry_reads,
+                                                                               monkeypatch, dry_run):
+    monkeypatch.setattr(scheduler, "LIST_REMOTE_FROM", 1)  # the chain's 4 steps count as many
+    batches, singles = entry_reads
+    b = machines("b", any_remote.section(write=False))  # no write-through, which reads what lies where it writes
+    result = b.build(dry_run=dry_run)  # the remote holds nothing
+    assert result.ok and result.outcomes["chain:src"].status == ("would-build" if dry_run else "built")
+    assert batches == [] and singles == []
