@@ -90,8 +90,9 @@ class Walk:
     _fetching: dict[Future, str] = field(default_factory=dict)
     _downloading: dict[Future, str] = field(default_factory=dict)  # the outputs of settled remote hits
     _settled: dict[str, Outcome] = field(default_factory=dict)  # settled on their entry, not downloaded yet
-    _reading: Future | None = None  # the prefetch of the entries of queued lookups, which wait for it
-    _read: set[str] = field(default_factory=set)  # the keys prefetched (or being)
+    _unread: deque[str] = field(default_factory=deque)  # keys of queued lookups that no batch has read
+    _reading: Future | None = None  # the batch that reads the entries of ``_in_flight``
+    _in_flight: frozenset[str] = frozenset()  # their lookups wait for it
     diverged: set[str] = field(default_factory=set)  # settled on an entry whose outputs they did not get
 
     def run(self, selected: list[str], slots: int) -> None:
@@ -131,10 +132,10 @@ class Walk:
         downloads of settled steps first (builds wait for them), then lookups. Work submitted
         beyond that would only queue in the pool, and every wait scans all that is submitted:
         a fresh host restoring thousands of steps side by side paid for that quadratically.
-        Queued lookups wait while their entries are read together (``_read_together``)."""
+        A lookup whose entry is being read with others (``_read_together``) waits for it."""
         self._read_together(fetchers)
         while (len(self._fetching) + len(self._downloading) + (self._reading is not None) < FETCHERS
-               and (self._downloads or (self._fetches and self._reading is None))):
+               and (self._downloads or (self._fetches and self._fetches[0][1].key not in self._in_flight))):
             if self._downloads:
                 sid, download = self._downloads.popleft()
                 self._downloading[fetchers.submit(self.run_step, sid, download)] = sid
@@ -146,13 +147,14 @@ class Walk:
         """Read the remote entries of the queued lookups in one batch (concurrent requests),
         so that each lookup then costs no round trip: a fresh host restoring many steps side
         by side waits a round trip per batch, not one per eight steps."""
-        if self.prefetch is None or self._reading is not None:
+        if self.prefetch is None or self._reading is not None or not self._unread:
             return
-        keys = [fetch.key for _sid, fetch in self._fetches if fetch.key is not None and fetch.key not in self._read]
-        if len(keys) > 1:
-            keys = keys[:READ_TOGETHER]
-            self._read.update(keys)
-            self._reading = fetchers.submit(self.prefetch, keys)
+        if len(self._unread) == 1:  # a lone lookup reads its entry itself
+            self._unread.clear()
+            return
+        keys = [self._unread.popleft() for _ in range(min(READ_TOGETHER, len(self._unread)))]
+        self._in_flight = frozenset(keys)
+        self._reading = fetchers.submit(self.prefetch, keys)
 
     def _collect(self) -> None:
         """Settle the builds and downloads that ended (a failed download becomes a build,
@@ -162,7 +164,7 @@ class Walk:
                        return_when=FIRST_COMPLETED)
         for future in done:
             if future is self._reading:
-                self._reading = None
+                self._reading, self._in_flight = None, frozenset()
                 future.result()  # it never raises, but for a bug
                 continue
             sid = next(d.pop(future) for d in (self._building, self._fetching, self._downloading) if future in d)
@@ -198,6 +200,8 @@ class Walk:
                 self._settle(sid, decision)
             elif isinstance(decision, Fetch):
                 self._fetches.append((sid, decision))
+                if self.prefetch is not None and decision.key is not None:
+                    self._unread.append(decision.key)
             else:
                 assert not isinstance(decision, Settled)  # only a fetch answers one
                 if self.prewarm is not None:
