@@ -11,7 +11,7 @@ import time
 
 from optbuild.app.deploy import deploy_models, plan_warnings
 from optbuild.builder.memo import folder_paths
-from optbuild.common import signatures
+from optbuild.common import signatures, usermodule
 from optbuild.common.noopreach import Reach
 from optbuild.common.noopstamp import (
     CACHED,
@@ -19,6 +19,7 @@ from optbuild.common.noopstamp import (
     HASH_MAX,
     NOT_RECORDED,
     build_path,
+    bytes_digest,
     content_digest,
     debug,
     env_digests,
@@ -117,8 +118,8 @@ def _record(ws, result, reach: Reach | None) -> str | None:
         for path in reach.global_paths():
             (products if path == lock or path.startswith(_product_roots(ws)) else inputs).add(path)
 
-    signer = _Signer(ws, started, root)
-    sigs, digests, unusable = signer.sign(inputs, products)
+    signer = _Signer(ws, started, root, reach.checked() if reach is not None else {})
+    sigs, digests, unusable = signer.sign(inputs, products, folders=_recipe_folders(project))
     shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
     _sign_steps(steps, signer, sigs, digests, reach, result.outcomes)
     lines, counts, local = _answer(result)
@@ -172,6 +173,21 @@ def _sign_steps(steps: dict[str, dict], signer: _Signer, sigs: dict[str, list[in
         step["paths"] = index
         if why is not None:
             step["unusable"] = why
+
+
+def _recipe_folders(project) -> dict[str, str]:
+    """The names signatures of the folders the recipe patterns scan, when the patterns find
+    there the recipes the build loaded (the names listed before and after the search): what
+    the build read of them, even if they changed just before it. Empty otherwise."""
+    from pathlib import Path
+
+    root = os.path.abspath(project.root)
+    folders = {folder for pattern in project.config.project.recipes for folder in _glob_folders(root, pattern)}
+    before = {folder: names_signature(folder) for folder in folders}
+    found = {os.path.abspath(p) for pattern in project.config.project.recipes for p in Path(root).glob(pattern)}
+    if found != {os.path.abspath(p) for p in project.recipes.values()}:
+        return {}
+    return before if all(names_signature(folder) == sig for folder, sig in before.items()) else {}
 
 
 def _product_roots(ws) -> tuple[str, str]:
@@ -277,9 +293,10 @@ def _written_beside(project) -> set[str]:
 class _Signer:
     """Signs what a build's answer was read from (``sign``), for one recording: the moment the
     build started, the cache entries it marked used (``vouched``: a signature it may keep),
-    optbuild.lock and the names the build writes beside it."""
+    optbuild.lock and the names the build writes beside it, and what the build read of each
+    file by content (the TOML texts it loaded, the sources it compiled, the files it hashed)."""
 
-    def __init__(self, ws, started: int, root: str):
+    def __init__(self, ws, started: int, root: str, earlier: dict[str, str]):
         self.started = started
         self.root = root
         self.vouched = ws.store.refreshed
@@ -287,29 +304,39 @@ class _Signer:
         self.written = _written_beside(ws.project)
         self.recorded_ns = time.time_ns()
         self.blobs = os.path.join(os.path.abspath(ws.store.root), "cas") + os.sep
+        self.texts = ws.project.texts
+        self.hashed = getattr(ws.hasher, "read", {})
+        self.earlier = earlier  # what the stamp this build started from content-checked
         self._folders: dict[str, list[int] | str] = {}  # a folder's signature, once (steps share one)
 
-    def sign(self, inputs: set[str], products: set[str]) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
-        """The signatures of ``inputs`` and ``products``, the content digests of the products
-        written too recently for theirs, and why they cannot vouch for what was read (None:
-        they can). Inputs: older than the build's start (less the margin); a folder by the
-        names it holds (a file saved by renaming a new one over it leaves them as they were;
-        its own signature tells), and the lock file's folder so too when only the build's own
-        writes there changed them. Products: older than now (less the margin), or with the
-        signature the build's own mark of use gave (``vouched``: a cache entry read and checked
-        just before), or content-checked when small (the lock file, whatever its size: a build
-        that changed a step rewrites it)."""
+    def sign(self, inputs: set[str], products: set[str], *, folders: dict[str, str] | None = None
+             ) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
+        """The signatures of ``inputs`` and ``products``, the content digests of those changed
+        too recently for theirs, and why they cannot vouch for what was read (None: they can).
+        Inputs: older than the build's start (less the margin), or content-checked against what
+        the build read when small and known (``_as_read``); a folder by the names it holds (a
+        file saved by renaming a new one over it leaves them as they were; its own signature
+        tells), those of ``folders`` so too however young (the recipe folders), and the lock
+        file's folder so too when only the build's own writes there changed them. Products:
+        older than now (less the margin), or with the signature the build's own mark of use
+        gave (``vouched``: a cache entry read and checked just before), or content-checked when
+        small (the lock file, whatever its size: a build that changed a step rewrites it), or,
+        a folder, by its names."""
         sigs: dict[str, list[int] | str] = {}
+        digests: dict[str, str] = {}
         racy = []
         for path in sorted(inputs):
-            sig = sigs[path] = self._input(path)
-            if changed_within(sig, self.started):
+            sig = sigs[path] = self._input(path, folders or {})
+            if not changed_within(sig, self.started):
+                continue
+            if (digest := self._as_read(path, sig)) is not None and _holds(path, digest):
+                digests[path] = digest
+            else:
                 racy.append(shown(path, self.root))
         unusable = None
         if racy:
             more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
             unusable = f"{', '.join(racy[:3])}{more} changed within {signatures.RACY_NS / 1e9:g} s of the build's start"
-        digests: dict[str, str] = {}
         for path in sorted(products):
             sig = sigs[path] = signature(path)
             if unusable is not None or not changed_within(sig, self.recorded_ns) or self.vouched.get(path) == sig:
@@ -318,6 +345,9 @@ class _Signer:
                 digests[path] = content_digest(path)
                 if signature(path) == sig:
                     continue
+            elif isinstance(sig, list) and os.path.isdir(path):  # a step's folder: its files are signed
+                sigs[path] = names_signature(path)
+                continue
             unusable = f"{shown(path, self.root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
         return sigs, digests, unusable
 
@@ -331,11 +361,32 @@ class _Signer:
         return [path for path, sig in sigs.items() if path.startswith(self.blobs) and isinstance(sig, list)
                 and tuple(sig) in outputs and not changed_within(sig, self.recorded_ns)]
 
-    def _input(self, path: str) -> list[int] | str:
+    def _as_read(self, path: str, sig: list[int] | str) -> str | None:
+        """The digest of what the build read of the file ``path``: the TOML text it loaded,
+        the source it compiled, the bytes it hashed (all of them, where more than one, and
+        alike), or, for a file it did not read, what its start found it unchanged against. None where
+        unknown, read differently, or larger than HASH_MAX (each no-op reads it whole)."""
+        if not isinstance(sig, list) or sig[2] > HASH_MAX:
+            return None
+        seen = []
+        if (text := self.texts.get(path)) is not None:
+            seen.append(bytes_digest(text.encode()))
+        if path in usermodule.compiled:
+            seen.append(usermodule.compiled[path])
+        if path in self.hashed:
+            seen.append(self.hashed[path])  # None: it changed while the build read it
+        if not seen and path in self.earlier:
+            seen.append(self.earlier[path])
+        return seen[0] if seen and None not in seen and len(set(seen)) == 1 else None
+
+    def _input(self, path: str, folders: dict[str, str]) -> list[int] | str:
         """An input's signature: a folder that did not change since before the build started
-        by the names it holds (as it held them all along, then), else by its times."""
+        by the names it holds (as it held them all along, then), else by its times, but for
+        ``folders``, signed by names however young (and not kept for the steps' own)."""
         if (found := self._folders.get(path)) is not None:
             return found
+        if (names := folders.get(path)) is not None:
+            return names
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -349,6 +400,15 @@ class _Signer:
             sig = names_signature(path)
         self._folders[path] = sig
         return sig
+
+
+def _holds(path: str, digest: str) -> bool:
+    """Whether the file ``path`` holds what ``digest`` names (not so where it changed since it
+    was read, or where it was read as text with other line ends than its bytes)."""
+    try:
+        return content_digest(path) == digest
+    except OSError:
+        return False
 
 
 def _answer(result) -> tuple[list[str], dict[str, int], dict[str, int]]:

@@ -115,6 +115,9 @@ class FileHasher:
         # Every path asked about (absolute), for the no-op stamp (optbuild.common.noopstamp), which
         # records their stat signatures: what a build's keys and restores were read from.
         self.consulted: set[str] = set()
+        # The digest each consulted file had as read (None: two in one run), by which the stamp
+        # vouches for a file changed just before the build: its content, checked on each no-op.
+        self.read: dict[str, str | None] = {}
 
     def _connect(self) -> sqlite3.Connection | None:
         if self._db is None and self._db_path is not None:
@@ -196,11 +199,13 @@ class FileHasher:
             row = self._query(f"SELECT dev, ino, size, mtime, ctime, digest FROM {_TABLE} WHERE path=?",
                               (key,))
             if row is not None and tuple(row[:5]) == sig and is_digest(row[5]):
+                self._note_read(key, row[5])
                 return row[5]
         digest, read = hash_file(path)
         # Record only if the file did not change while we read it and is not too fresh.
         after = os.stat(path)
         with self._lock:
+            self._note_read(key, digest if _signature(after) == sig else None)
             self.bytes_read += read
             self.files_hashed += 1
             if _signature(after) == sig and time.time() - st.st_mtime_ns / 1e9 > RACY_SECONDS:
@@ -208,6 +213,10 @@ class FileHasher:
                 if len(self._pending) >= 256:
                     self.flush()
         return digest
+
+    def _note_read(self, key: str, digest: str | None) -> None:
+        """Note that ``key`` was read as ``digest`` (None: it changed while being read)."""
+        self.read[key] = digest if self.read.get(key, digest) == digest else None
 
     def record(self, path: Path, digest: str) -> None:
         """Remember that ``path`` as it is now holds ``digest``, which the caller just wrote

@@ -103,6 +103,11 @@ class Reach:
         """The paths whose signatures vouch for the whole answer (the first of the table)."""
         return list(islice(self.stamp["sigs"], self.stamp["shared"]))
 
+    def checked(self) -> dict[str, str]:
+        """The content digests of the whole answer's paths, each found unchanged by content
+        when this stamp was read."""
+        return {path: self.stamp["digests"][path] for path in self.global_paths() if path in self.stamp["digests"]}
+
     def step_files(self, sid: str) -> dict[str, list[int] | str]:
         """The signatures of what ``sid`` alone was decided from, as recorded."""
         paths = self._paths()

@@ -75,10 +75,16 @@ crashes leaves none.
 the moment its signature was taken could change again without changing the signature. So
 an input (anything outside the build and cache folders) whose mtime or ctime is not older
 than ``RACY_NS`` (2 s: coarse and skewed clocks, 2 s file systems) before the build
-*started* cannot vouch for what the build read: it may have changed after. A product (in
+*started* cannot vouch for what the build read by its times: it may have changed after.
+Such an input up to ``HASH_MAX`` vouches by content instead, where the build knows what it
+read (the TOML text it loaded, the source it compiled, the bytes it hashed) and the file
+still holds that: the digest is recorded and each no-op reads the file and checks it (a
+project written just before its build, a recipe edited and built at once). A recipe folder
+that young vouches by its names when they give the recipes the build loaded. A product (in
 the build or cache folders: outputs, cache entries, blobs, the lock file) that young against
 the moment of recording is read and its content digest recorded when it is small or is the
-lock file (a build that changed a step rewrites it), else it cannot vouch either. A cache
+lock file (a build that changed a step rewrites it), a folder signed by its names, else it
+cannot vouch either. A cache
 entry that the build marked used (gc's last use, refreshed every few minutes) right after
 reading and checking it whole keeps the signature that mark gave, as the decision memo
 does. A step's own file that cannot vouch leaves that step to be decided again (with what
@@ -97,7 +103,7 @@ from optbuild.common.projectroot import CONFIG_NAME
 from optbuild.common.quickhash import blake2b
 from optbuild.common.signatures import signature
 
-FORMAT = 4  # 3 held the steps' records itself; 2 kept no step's own files apart; 1 unsalted digests
+FORMAT = 5  # 4 content digests by blake2b; 3 held the steps' records itself; 2 kept no step's own files apart
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
 STEPS = os.path.join(".optbuild", "noop-steps.json")  # the steps' records, read when some changed
 SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
@@ -251,8 +257,16 @@ def build_dir_of(root: str) -> str:
 
 
 def content_digest(path: str) -> str:
+    """The digest of a file's bytes, as the cache names blobs (a file the build hashed is
+    checked against the digest it was read with)."""
     with open(path, "rb") as f:
-        return blake2b()(f.read(), digest_size=16).hexdigest()
+        return bytes_digest(f.read())
+
+
+def bytes_digest(data: bytes) -> str:
+    from blake3 import blake3
+
+    return blake3(data).hexdigest()
 
 
 def salt_path() -> str:

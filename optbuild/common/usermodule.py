@@ -22,6 +22,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
@@ -30,6 +31,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from optbuild.common.noopstamp import bytes_digest
 
 
 class ImportFailed(ImportError):
@@ -131,12 +134,19 @@ def _from_directory(module: ModuleType | None, key: str, directory: Path) -> boo
         return False
 
 
+# The digest of the source each project module was last compiled from, by path: what the
+# no-op stamp vouches for by content when the file changed just before the build.
+compiled: dict[str, str] = {}
+
+
 class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
     """Compiles the file's bytes as they are now; never reads nor writes ``__pycache__``."""
 
     def get_code(self, fullname: str):
         path = self.get_filename(fullname)
-        return self.source_to_code(self.get_data(path), path)
+        source = self.get_data(path)
+        compiled[os.path.abspath(path)] = bytes_digest(source)
+        return self.source_to_code(source, path)
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):

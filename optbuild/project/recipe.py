@@ -7,6 +7,7 @@ fixes a broken project in one pass; nothing is built when the project does not v
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,6 +75,9 @@ class Project:
     recipes: dict[str, Path]
     steps: dict[str, StepSpec]  # in load order: recipe files sorted, steps as written
     loaded: frozenset[str] | None = None  # the recipes whose steps are in ``steps``; None: all
+    # The text each TOML file (optbuild.toml, recipes, templates) held as loaded, by absolute
+    # path: what the no-op stamp vouches for by content when a file changed just before the build.
+    texts: dict[str, str] = field(default_factory=dict)
 
     def has_recipe_loaded(self, recipe: str) -> bool:
         """Whether the steps of ``recipe`` were loaded (``load_project``'s ``recipes``)."""
@@ -219,14 +223,17 @@ def _load_step(doc: TomlDocument, recipe: str, name: str, raw: Any, problems: li
 
 
 def _load_recipe(path: Path, recipe: str, root: Path, problems: list[Problem], local: dict[str, str],
-                 invalid: set[str], overrides: list[Override], parsed: ParsedRecipes | None) -> list[StepSpec]:
-    """The valid steps of one recipe; ids of steps that failed validation go to ``invalid``."""
+                 invalid: set[str], overrides: list[Override], parsed: ParsedRecipes | None,
+                 texts: dict[str, str]) -> list[StepSpec]:
+    """The valid steps of one recipe; ids of steps that failed validation go to ``invalid``,
+    the texts of the recipe and its template to ``texts``."""
     try:
         doc = load_toml(path, parsed)
     except ProjectError as exc:
         problems.extend(exc.problems)
         return []
     data, docs = template.instantiate(doc, problems)
+    texts.update((os.path.abspath(d.path), d.text) for d in (doc, *docs.values()))
     for key in data:
         if key not in ("recipe", "inputs", "steps"):
             message = unknown_key(key, ["recipe", "inputs", "steps"],
@@ -374,6 +381,7 @@ def load_project(start: Path | None = None, overrides: list[str] | None = None,
     config_file = find_config(start or Path.cwd())
     root = config_file.parent
     config, config_doc = _load_config(config_file)
+    texts = {os.path.abspath(config_file): config_doc.text}
     problems: list[Problem] = []
     recipe_files: dict[str, Path] = {}
     for pattern in config.project.recipes:
@@ -401,7 +409,7 @@ def load_project(start: Path | None = None, overrides: list[str] | None = None,
     for name, path in recipe_files.items():
         if recipes is not None and name not in recipes:
             continue
-        for spec in _load_recipe(path, name, root, problems, local, invalid, parsed, recipes_parsed):
+        for spec in _load_recipe(path, name, root, problems, local, invalid, parsed, recipes_parsed, texts):
             steps[spec.id] = spec
     if recipes_parsed is not None:
         recipes_parsed.save()
@@ -413,4 +421,4 @@ def load_project(start: Path | None = None, overrides: list[str] | None = None,
     for spec in steps.values():
         spec.step.bind({field_name: steps[target].step for field_name, target in spec.deps.items()})
     return Project(root, config_file, config, recipe_files, steps,
-                   None if recipes is None else frozenset(recipes) & recipe_files.keys())
+                   None if recipes is None else frozenset(recipes) & recipe_files.keys(), texts)

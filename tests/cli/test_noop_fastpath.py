@@ -22,6 +22,9 @@ import pytest
 from plugins.fastpath import Run, optbuild, user_cache
 from plugins.projects import CONFIG, KINDS, PIPELINE, UNICORN, ProjectDir
 
+from optbuild.common.noopstamp import HASH_MAX
+from optbuild.common.signatures import signature
+
 HEAVY = ("pydantic", "rich", "pynvml", "networkx", "torch", "onnx", "onnxruntime", "blake3", "tomllib")
 
 
@@ -240,21 +243,63 @@ def test_other_arguments_or_environment_take_the_normal_path(built, args, env, w
         assert not stamp(built).exists()  # a --json build records nothing
 
 
-def test_a_file_younger_than_the_racy_margin_is_not_vouched_for(built):
-    built.write("data/input.txt", "fresh")  # edited just before the build starts
+def same_size_edit(text: str) -> str:
+    """``text`` with its last character changed: a different file of the same size."""
+    return text[:-1] + (" " if text[-1] == "\n" else "x" if text[-1] != "x" else "y")
+
+
+def as_if_edited_in_the_recording_tick(proj: ProjectDir, relative: str) -> None:
+    """Put ``relative``'s signature as it is now in the stamp: an edit made within the
+    timestamp tick of the recording, which leaves a signature no stat can tell apart."""
+    data = json.loads(stamp(proj).read_text())
+    path = next(p for p in data["sigs"] if p.endswith("/" + relative))
+    assert path in data["digests"], f"{relative} is not vouched for by its content"
+    data["sigs"][path] = signature(path)
+    stamp(proj).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("relative", [
+    "data/input.txt",  # a step's input: the bytes the build hashed
+    "recipes/chain.toml",  # a recipe: the text the build loaded
+    "optbuild.toml",  # the whole answer's: the text the build loaded
+    "kinds.py",  # a project module: the source the build compiled
+])
+def test_a_file_changed_just_before_the_build_is_vouched_for_by_what_the_build_read(built, relative):
+    """git's racy-clean problem: a file whose times are too young to tell a later edit from
+    the one the build saw is checked by content against what the build read, on each no-op."""
+    path = built.root / relative
+    path.write_text(path.read_text())  # rewritten just before the build: racy times, same content
     recording = optbuild(built, "build", racy_ns=2_000_000_000)
-    assert recording.returncode == 0 and "built    chain:src" in recording.stderr
-    unusable = recording.stderr.partition("unusable: ")[2]
-    assert "changed within 2 s of the build's start" in unusable
+    assert recording.returncode == 0, recording.stderr
+    assert "unusable" not in recording.stderr and "not vouched" not in recording.stderr, recording.stderr
+    assert optbuild(built, "build").fast
+    path.write_text(same_size_edit(path.read_text()))
+    as_if_edited_in_the_recording_tick(built, relative)
     after = optbuild(built, "build")
-    assert not after.fast and "could not vouch for its files" in after.declined
+    assert not after.fast and f"{relative} changed" in after.declined, after.stderr
 
 
-def test_a_young_input_of_one_step_leaves_that_step_and_its_downstream_to_be_decided_again(built):
-    """Only the steps that read it: the project's other files vouch for the rest."""
+def test_a_project_written_just_before_its_first_build_is_vouched_for(tmp_path):
+    """Its recipe folder too: the names it holds give the recipes the build loaded."""
+    proj = ProjectDir.with_test_kinds(tmp_path / "proj")
+    proj.write("optbuild.toml", CONFIG)
+    proj.write("recipes/chain.toml", PIPELINE)
+    recording = optbuild(proj, "build", racy_ns=2_000_000_000)
+    assert recording.returncode == 0 and "unusable" not in recording.stderr, recording.stderr
+    assert "not vouched" not in recording.stderr, recording.stderr
+    assert optbuild(proj, "build").fast
+    proj.write("recipes/more.toml", '[steps.x]\nkind = "text"\npath = "../data/input.txt"\n')
+    after = optbuild(proj, "build")
+    assert not after.fast and "recipes changed" in after.declined and "cached   more:x" in after.stderr
+
+
+def test_a_young_file_larger_than_the_content_check_leaves_its_steps_to_be_decided_again(built):
+    """A no-op would read it whole each time: only the steps that read it are decided again,
+    the project's other files vouch for the rest (a timestamp at or after the build's start
+    is racy even without margin)."""
     path = built.root / "data" / "input.txt"
-    path.write_text("fresh")
-    future = path.stat().st_mtime_ns + 3600 * 10**9  # racy whatever the margin: after the build's start
+    path.write_text("x" * (HASH_MAX + 1))
+    future = path.stat().st_mtime_ns + 3600 * 10**9
     os.utime(path, ns=(future, future))
     recording = optbuild(built, "build")
     assert recording.returncode == 0 and "built    chain:src" in recording.stderr
@@ -264,13 +309,17 @@ def test_a_young_input_of_one_step_leaves_that_step_and_its_downstream_to_be_dec
     assert "ok: 4 cached" in after.stderr
 
 
-def test_a_timestamp_at_or_after_the_build_start_is_racy_even_without_margin(built):
+def test_a_recipe_read_with_other_line_ends_than_its_bytes_is_not_vouched_for_by_its_text(built):
+    """Read as text, CRLF becomes LF: the text the build loaded is not the file's bytes, so
+    its steps are decided again rather than trusted."""
     recipe = built.root / "recipes" / "chain.toml"
+    recipe.write_bytes(PIPELINE.replace("\n", "\r\n").encode())
     future = recipe.stat().st_mtime_ns + 3600 * 10**9
     os.utime(recipe, ns=(future, future))
     assert not optbuild(built, "build").fast  # changed since the stamp: records a new one
     after = optbuild(built, "build")  # a recipe's steps own it: they are decided again
     assert not after.fast and "recipes/chain.toml changed within 0 s of the build's start" in after.declined
+    assert "ok: 4 cached" in after.stderr
 
 
 def test_a_failed_build_leaves_no_stamp_and_is_never_reported_ok(built):
