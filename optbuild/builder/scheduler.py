@@ -22,12 +22,13 @@ from optbuild.builder.local import LocalBuilder
 from optbuild.builder.memo import DecisionMemo
 from optbuild.builder.outcome import Options, Outcome, Replay
 from optbuild.builder.provenance import Provenance, failure_message
+from optbuild.builder.remotehit import RemoteHits
 from optbuild.builder.report import Reporter
 from optbuild.builder.restore import Restorer
 from optbuild.builder.runstats import append_stats, run_stats
 from optbuild.builder.site import BuildContext, Builder, BuilderUnavailable, BuildRequest, Placement
 from optbuild.builder.status import Status
-from optbuild.builder.walk import Build, Decision, Fetch, Settled, Walk
+from optbuild.builder.walk import Build, Decision, Fetch, Walk
 from optbuild.common.digest import FileHasher
 from optbuild.common.errors import OptbuildError, StepError
 from optbuild.common.events import CacheEvent, DoneEvent, Event, StartEvent, StepEvent, note, warning
@@ -44,8 +45,6 @@ from optbuild.store.failures import FailureStore
 from optbuild.store.local import LocalStore
 from optbuild.store.materialize import BlobGone
 from optbuild.store.remote import RemoteSession
-
-LIST_REMOTE_FROM = 64  # steps in a run from which one listing of the remote beats a request per miss
 
 
 class Scheduler:
@@ -91,11 +90,8 @@ class Scheduler:
                 pool.close()
             pool = ProcessPool(project.root, preload=self.options.preload)
         self.pool = pool
-        self._selected = 0  # steps in this run
-        self._listed = False  # whether the remote's entries were listed (``_remote_lookup``)
-        self._settle_on_entries = True  # remote hits may settle on their entries (``_settles``)
-        self._wanted: frozenset[str] | None = None  # steps whose outputs come here (``run``)
         self.remote = remote
+        self.hits = RemoteHits(remote, self.store, self.restorer, self.options, self._without_remote)
         self.context = BuildContext(project, self.store, self.host, reporter, pool, remote=remote,
                                     dry_run=self.options.dry_run, dask_scheduler=self.options.dask_scheduler)
         self._cancel = self.context.cancel
@@ -114,13 +110,12 @@ class Scheduler:
         ``replay``: the steps left out, reported (first) and counted as recorded."""
         started = time.perf_counter()
         self.store.clean_stale_tmp()
-        self._wanted = None if wanted is None else frozenset(wanted)
-        self._selected = len(selected)
         try:
             self._start_builder()
         except BaseException:
             self._end_run()  # the builder: whatever it got to
             raise
+        self.hits.begin(len(selected), None if wanted is None else frozenset(wanted), self.builder.local)
         jobs = self.options.jobs or self.builder.slots()
         self.replayed = replay.outcomes() if replay is not None else {}
         self.reporter.emit(StartEvent(event="start", steps=[*self.replayed, *selected], jobs=jobs,
@@ -151,7 +146,7 @@ class Scheduler:
                                        "outputs, so those steps are decided again", step=sid))
         for sid in again:
             self.outcomes.pop(sid, None)
-        self._settle_on_entries = False
+        self.hits.settle_on_entries = False
         return self._walk([sid for sid in selected if sid in again], slots)
 
     def _record_run(self, started: float, would_stop: str | None) -> None:
@@ -285,8 +280,8 @@ class Scheduler:
             reasons.append(gone)
         if self.store.last_miss_reason:
             reasons.append(self.store.last_miss_reason)
-        if self.remote is not None and (self._remote_may_hold(key) or self.options.dry_run):  # on the fetch threads
-            return Fetch(lambda spec: self._fetch(spec, action, reasons, dest, placement), key)
+        if self.remote is not None and (self.hits.may_hold(key) or self.options.dry_run):  # on the fetch threads
+            return Fetch(lambda spec: self.hits.fetch(spec, action, reasons, dest, placement), key)
         return self._without_remote(spec, action, reasons, dest, placement)
 
     def _without_remote(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
@@ -305,57 +300,12 @@ class Scheduler:
             return Outcome(Status.WOULD_BUILD, key, reasons=[*reasons, miss] if miss else reasons)
         return lambda spec: self._build_locked(spec, action, reasons, dest, placement)
 
-    def _fetch(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
-               placement: Placement) -> Outcome | Settled | Build:
-        """Read the remote's entry; then settle the step on it and download behind the walk
-        (``_settles``), or download now (a plan: its entry gives the keys downstream). When the
-        remote has none, as ``_without_remote``."""
-        if (remote_entry := self._remote_lookup(spec, action.key)) is None:
-            return self._without_remote(spec, action, reasons, dest, placement)
-        if self.options.dry_run:
-            return Outcome(Status.RESTORED, action.key, remote_entry, [*reasons, "on the remote cache"], source="remote")
-
-        def download(spec: StepSpec) -> Outcome | Build:
-            return self._download_locked(spec, action, remote_entry, reasons, dest, placement)
-
-        if self._settles(spec.id, remote_entry):
-            return Settled(Outcome(Status.RESTORED, action.key, remote_entry, reasons=reasons, source="remote"),
-                           download)
-        return download(spec)
-
-    def _settles(self, sid: str, entry: ActionEntry) -> bool:
-        """Whether a remote hit settles on its entry, its outputs downloaded while its
-        dependents are decided (``walk.Settled``): on this host (a Dask node fetches its own
-        inputs), in a run of many steps, whose remote blobs are listed once (an entry whose
-        blobs a gc there took settles nothing), unless its outputs stay on the remote, or
-        this is a run deciding again what a failed download changed."""
-        return (self._settle_on_entries and self.builder.local and not self._stays_remote(sid)
-                and self._selected >= LIST_REMOTE_FROM and self._blobs_on_remote(entry))
-
-    def _download_locked(self, spec: StepSpec, action: Action, remote_entry: ActionEntry, reasons: list[str],
-                         dest: Path, placement: Placement) -> Outcome | Build:
-        """Download the remote's entry under the key's lock, unless another builder stored it
-        meanwhile, or leave it there (``_stays_remote``); when its download failed (a warning
-        says why), as ``_without_remote``."""
-        key, stays = action.key, self._stays_remote(spec.id)
-        with self.store.shared_gc_lock(), self.store.lock(key):
-            entry, status = self.store.get_action(key), Status.CACHED
-            if entry is None and stays and self._blobs_on_remote(remote_entry, as_blobs=True):  # its nodes read it there
-                self.restorer.vacate(spec, dest)
-                return Outcome(Status.RESTORED, key, remote_entry, reasons=reasons, source="remote", remote_only=True)
-            if entry is None and self.remote is not None:
-                entry, status = self.remote.fetch(remote_entry, self.store, spec.id), Status.RESTORED
-            if entry is None:
-                return self._without_remote(spec, action, reasons, dest, placement)
-            self.restorer.restore(spec, entry, dest)
-        return Outcome(status, key, entry, reasons=reasons, source="remote" if status == Status.RESTORED else None)
-
     def _build_locked(self, spec: StepSpec, action: Action, reasons: list[str], dest: Path,
                       placement: Placement) -> Outcome:
         """Build, under the key's lock, unless another builder stored it meanwhile. A local
         build is written through to the remote."""
         key = action.key
-        stays = self._stays_remote(spec.id)
+        stays = self.hits.stays_remote(spec.id)
         with self.store.shared_gc_lock(), self.store.lock(key):
             entry, status = self.store.get_action(key), Status.CACHED
             if entry is None:
@@ -380,19 +330,6 @@ class Scheduler:
                 self.remote.push_later(entry, self.store, spec.id)  # blobs, then the entry
         return Outcome(status, key, entry, reasons=reasons)
 
-    def _stays_remote(self, sid: str) -> bool:
-        """Whether the outputs of ``sid`` stay on the remote cache ("build without the bytes"):
-        steps build elsewhere (a Dask node reads its inputs from the remote), the build asked
-        for its targets' outputs only, and ``sid`` is not one of them."""
-        return (not self.builder.local and self.options.download == "targets" and not self.options.dry_run
-                and self._wanted is not None and sid not in self._wanted)
-
-    def _blobs_on_remote(self, entry: ActionEntry, *, as_blobs: bool = False) -> bool:
-        """Whether the remote still holds the blobs of ``entry`` (a gc there may have taken
-        them; ``as_blobs``: each by itself, as a Dask node reads it, none carried in the entry)."""
-        assert self.remote is not None
-        return self.remote.holds_blobs(entry, listing=self._selected >= LIST_REMOTE_FROM, as_blobs=as_blobs)
-
     def _lookup(self, spec: StepSpec, action: Action) -> ActionEntry | None:
         """The local cache's entry of ``action``: as the last run remembered it when nothing
         it was read from changed (``memo``), else read and checked by the store."""
@@ -400,23 +337,6 @@ class Scheduler:
             self.store.last_miss_reason = None
             return entry
         return self.store.get_action(action.key)
-
-    def _remote_may_hold(self, key: str) -> bool:
-        """Whether the remote may hold ``key`` (False: its listing lacks it). At the first
-        local miss of a run of many steps, the remote's entries are listed once
-        (``RemoteSession.prefetch_listing``), so that each key it does not hold costs no round
-        trip; a fully cached build never contacts it. From the main thread."""
-        assert self.remote is not None
-        if not self._listed:
-            self._listed = True
-            if self._selected >= LIST_REMOTE_FROM:
-                self.remote.prefetch_listing()
-        return not self.remote.listed_absent(key)
-
-    def _remote_lookup(self, spec: StepSpec, key: str) -> ActionEntry | None:
-        """The remote's entry of ``key`` (a round trip, unless the listing lacks it)."""
-        assert self.remote is not None
-        return self.remote.lookup(key, spec.id, spec.step.primary_output)
 
     @cached_property
     def last_build(self) -> dict[str, dict[str, Any]]:

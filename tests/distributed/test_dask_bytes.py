@@ -9,7 +9,7 @@ import pytest
 from daskfarm import build, dask_project
 from plugins.remote import outputs
 
-from optbuild.builder import lockfile, scheduler
+from optbuild.builder import lockfile, remotehit
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -120,7 +120,7 @@ def test_an_output_evicted_from_the_remote_is_built_again_not_a_failed_transfer(
     """An output left on the remote is trusted only while the remote still holds its blob:
     one evicted there (a gc on the remote) is built again for the step that reads it. A
     run of a few steps asks per blob; one of many lists the remote's blobs once."""
-    monkeypatch.setattr(scheduler, "LIST_REMOTE_FROM", 1 if listed else 10_000)
+    monkeypatch.setattr(remotehit, "LIST_REMOTE_FROM", 1 if listed else 10_000)
     proj = project(tmp_path, farm, farm_remote)
     assert build(proj).ok
     evicted = output_digests(proj, "farm:a")["farm:a"]

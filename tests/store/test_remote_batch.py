@@ -9,7 +9,7 @@ import json
 import pytest
 from plugins.remote import local_store
 
-from optbuild.builder import scheduler
+from optbuild.builder import remotehit
 from optbuild.store.remote import RemoteSession, RemoteStore
 
 ABSENT = "ab" + "0" * 62
@@ -139,7 +139,7 @@ def test_the_entries_of_steps_ready_together_are_read_in_one_batch(machines, any
 @pytest.mark.parametrize("dry_run", [False, True], ids=["build", "plan"])
 def test_a_run_of_many_steps_lists_the_remote_once_and_reads_no_entry_it_lacks(machines, any_remote, entry_reads,
                                                                                monkeypatch, dry_run):
-    monkeypatch.setattr(scheduler, "LIST_REMOTE_FROM", 1)  # the chain's 4 steps count as many
+    monkeypatch.setattr(remotehit, "LIST_REMOTE_FROM", 1)  # the chain's 4 steps count as many
     batches, singles = entry_reads
     b = machines("b", any_remote.section(write=False))  # no write-through, which reads what lies where it writes
     result = b.build(dry_run=dry_run)  # the remote holds nothing

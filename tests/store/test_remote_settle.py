@@ -20,7 +20,7 @@ from optbuild.builder.walk import FETCHERS, Fetch, Settled, Walk
 from optbuild.project.graph import StepGraph
 from optbuild.project.recipe import load_project
 
-LINKS = 70  # more than the scheduler's LIST_REMOTE_FROM: a run that lists the remote once
+LINKS = 70  # more than remotehit's LIST_REMOTE_FROM: a run that lists the remote once
 
 
 def chain(first_input: str, links: int = LINKS) -> str:
