@@ -9,9 +9,10 @@ Prints:
   2. a fully cached no-op `optbuild build` of an N-step project with a remote configured
      (S3 and file://) vs local-only (`--no-remote`): the overhead (goal < 10%);
   3. a fresh host restoring the N-step project from the remote (S3, and a file:// mount, which
-     has no server to wait for) vs building it;
+     has no server to wait for) vs building it, with the remote counters of a restore (hits,
+     requests, blobs and bytes down, from its cache/stats.jsonl);
   4. the remote lookups of the N steps' keys: one by one, and batched (RemoteSession.prefetch,
-     prefetch_listing), through the session API.
+     prefetch_listing), through the session API, and the requests each made.
 
 Needs `moto[server]` and s3fs (installed together: see docs/remote-cache.md). The 100 MB
 step is synthetic (numpy's generator writing float32 "weights"): a lower bound for a real
@@ -129,6 +130,13 @@ def chains(steps: int, width: int = 1) -> str:
     return text
 
 
+def remote_counts(proj: Path) -> str:
+    """The remote counters of the last run ``proj`` recorded (its cache/stats.jsonl)."""
+    remote = json.loads((proj / "cache" / "stats.jsonl").read_text().splitlines()[-1]).get("remote") or {}
+    return (f"hits {remote.get('hits', 0)}, requests {remote.get('requests', 0)}, "
+            f"blobs down {remote.get('blobs_down', 0)}, bytes down {remote.get('bytes_down', 0)}")
+
+
 def _remove(root: Path) -> None:
     for path in root.rglob("*"):
         if path.is_dir():
@@ -148,7 +156,8 @@ def lookups(proj: Path, endpoint: str, runs: int) -> None:
     keys = [step["key"] for step in json.loads((proj / "optbuild.lock").read_text())["steps"].values()]
     absent = [f"{i:064x}" for i in range(len(keys))]
 
-    def timed(batch: str, wanted: list[str]) -> float:
+    def timed(batch: str, wanted: list[str]) -> tuple[float, int]:
+        """Seconds, and requests made, for one round."""
         session = RemoteSession(RemoteStore("s3://noop/cache", endpoint_url=endpoint))
         session.store.filesystem()  # connected (s3fs imported) before the clock starts
         start = time.perf_counter()
@@ -157,13 +166,15 @@ def lookups(proj: Path, endpoint: str, runs: int) -> None:
         elif batch == "prefetch":
             session.prefetch(wanted)
         found = [session.lookup(key) for key in wanted]
+        elapsed = time.perf_counter() - start
         assert sum(entry is not None for entry in found) == (len(wanted) if wanted is keys else 0)
-        return time.perf_counter() - start
+        return elapsed, session.stats.requests
 
     print(f"\n4. remote lookups of {len(keys)} steps (RemoteSession, after connecting):")
     for label, batch, wanted in (("present, one by one", "", keys), ("present, prefetch(keys)", "prefetch", keys),
                                  ("absent, one by one", "", absent), ("absent, prefetch_listing()", "listing", absent)):
-        print(f"   {label:<27}: {fmt([timed(batch, wanted) for _ in range(runs)])}")
+        rounds = [timed(batch, wanted) for _ in range(runs)]
+        print(f"   {label:<27}: {fmt([seconds for seconds, _ in rounds])}, requests {rounds[-1][1]}")
 
 
 def big(tmp: Path, endpoint: str, size_mb: int, runs: int) -> None:
@@ -178,9 +189,11 @@ def big(tmp: Path, endpoint: str, size_mb: int, runs: int) -> None:
     build_only = optbuild(local, "build", "--no-remote")
     _remove(local)
     pulls, rebuilds, cached, pull_work, rebuild_work = [], [], [], [], []
+    counts = ""
     for i in range(max(3, runs // 2)):
         host = project(tmp / f"big-pull-{i}", remote, steps, kinds)
         pulls.append(optbuild(host, "build", phases=pull_work))
+        counts = remote_counts(host)
         cached.append(optbuild(host, "build"))
         _remove(host)
         host = project(tmp / f"big-rebuild-{i}", remote, steps, kinds)
@@ -188,6 +201,7 @@ def big(tmp: Path, endpoint: str, size_mb: int, runs: int) -> None:
         _remove(host)
     print(f"1. {size_mb} MB artifact over loopback S3 (moto_server), whole `optbuild build` command:")
     print(f"   restore from the remote on a fresh host : {fmt(pulls)}")
+    print(f"     its remote counters (the last restore) : {counts}")
     print(f"   rebuild it there (--no-remote)          : {fmt(rebuilds)}")
     print("   the same, from the start event to the step's end (no interpreter start-up):")
     print(f"     restore (s3fs client, entry, {size_mb} MB GET, verify, fsync, link): {fmt(pull_work)}")
@@ -244,13 +258,16 @@ def main() -> None:
         # --- 3. a fresh host: restore the project vs build it -----------------------------
         restore, restore_file, rebuild = [], [], []
         for i in range(min(args.runs, 3)):
-            restore.append(optbuild(project(tmp / f"fresh-s3-{i}", s3, text, kinds), "build"))
+            fresh = project(tmp / f"fresh-s3-{i}", s3, text, kinds)
+            restore.append(optbuild(fresh, "build"))
             mounted = project(tmp / f"fresh-file-{i}", f'[remote]\nurl = "file://{shared}"\n', text, kinds)
             restore_file.append(optbuild(mounted, "build"))
             rebuild.append(optbuild(project(tmp / f"fresh-local-{i}", s3, text, kinds), "build", "--no-remote"))
         print(f"\n3. fresh host, {args.steps} small steps:")
         print(f"   restore from s3 remote    : {fmt(restore)}")
+        print(f"     its remote counters (the last restore): {remote_counts(fresh)}")
         print(f"   restore from file:// mount: {fmt(restore_file)}  (no server: optbuild's own cost)")
+        print(f"     its remote counters (the last restore): {remote_counts(mounted)}")
         print(f"   build locally             : {fmt(rebuild)}")
         lookups(proj_s3, endpoint, args.runs)
     finally:

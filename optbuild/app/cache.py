@@ -119,7 +119,7 @@ def stats(ws: Workspace) -> CacheStats:
     """The hit rates and transfers of the runs (builds, pushes, pulls) this cache recorded."""
     records = read_stats(ws.store.root)
     totals: dict[str, Any] = {"runs": len(records), "local": {"hits": 0, "misses": 0, "unavailable": 0},
-                              "remote": {"hits": 0, "misses": 0, "rejected": 0, "errors": 0,
+                              "remote": {"hits": 0, "misses": 0, "rejected": 0, "errors": 0, "requests": 0,
                                          "signature_mismatches": 0, "bytes_down": 0, "bytes_up": 0}}
     for record in records:
         for name, value in (local_counts(record) or {}).items():

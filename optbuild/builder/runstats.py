@@ -39,7 +39,7 @@ def run_stats(outcomes: Mapping[str, Any], session: RemoteSession | None) -> dic
 
 
 def describe_stats(stats: dict[str, Any]) -> str:
-    """One line for people: "cache: local 3 hits, 1 miss; remote s3://...: 1 hit, ..."."""
+    """One line for people: "cache: local 3 hits, 1 miss; remote s3://...: 1 hit, ..., 2 requests, ..."."""
     local = stats.get("local") or {}
     text = f"cache: local {_n(local.get('hits', 0), 'hit')}, {_n(local.get('misses', 0), 'miss')}"
     if local.get("unavailable"):
@@ -50,6 +50,7 @@ def describe_stats(stats: dict[str, Any]) -> str:
                  f"{_n(remote['errors'], 'error')}")
         if remote.get("rejected"):
             text += f", {remote['rejected']} rejected"
+        text += f", {_n(remote.get('requests', 0), 'request')}"  # absent from an older optbuild's summary
         text += f", {human_size(remote['bytes_down'])} down, {human_size(remote['bytes_up'])} up"
         if remote.get("signature_mismatches"):
             text += f", {describe_mismatches(remote['signature_mismatches'])}"

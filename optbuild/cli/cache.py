@@ -137,7 +137,8 @@ def _transfer(ws: Workspace, args: argparse.Namespace) -> int:
     print(f"{verb} {len(report.done)}, {len(report.present)} {where}, {len(report.missing)} missing, "
           f"{len(report.failed)} failed in {result.seconds:.2f}s "
           f"({human_size(summary['bytes_up' if pushing else 'bytes_down'])} "
-          f"{'up' if pushing else 'down'}, {summary['errors']} remote errors)")
+          f"{'up' if pushing else 'down'}, {summary['errors']} remote errors, "
+          f"{summary['requests']} requests)")
     if result.mismatch_warning is not None:
         print(f"warning: {result.mismatch_warning}", file=sys.stderr)
     if not pushing and report.done:
@@ -291,7 +292,7 @@ def _stats(ws: Workspace, args: argparse.Namespace) -> int:
         print("no runs recorded yet (builds, pushes and pulls append to cache/stats.jsonl)")
         return 0
     print(f"{'when':<17} {'command':<8} {'local hit/miss':>14} {'unavailable':>11} {'remote hit/miss/err':>20} "
-          f"{'down':>10} {'up':>10}")
+          f"{'down':>10} {'up':>10} {'requests':>8}")
     for record in records[-args.last:] if args.last > 0 else []:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.get("time", 0)))
         local = local_counts(record)
@@ -300,10 +301,11 @@ def _stats(ws: Workspace, args: argparse.Namespace) -> int:
         unavailable_text = str(local["unavailable"]) if local else "-"
         remote_text = (f"{remote.get('hits', 0)}/{remote.get('misses', 0)}/{remote.get('errors', 0)}"
                        if remote else "-")
+        requests_text = str(counter(remote["requests"])) if "requests" in remote else "-"  # not counted then
         mismatches = remote.get("signature_mismatches")
         print(f"{when:<17} {record.get('command', '?'):<8} {local_text:>14} {unavailable_text:>11} "
               f"{remote_text:>20} {human_size(counter(remote.get('bytes_down'))):>10} "
-              f"{human_size(counter(remote.get('bytes_up'))):>10}"
+              f"{human_size(counter(remote.get('bytes_up'))):>10} {requests_text:>8}"
               + (f"  {mismatches} signature mismatch(es)" if mismatches else ""))
     local, remote = totals["local"], totals["remote"]
     looked = local["hits"] + local["misses"]
@@ -311,7 +313,8 @@ def _stats(ws: Workspace, args: argparse.Namespace) -> int:
           f"{(100 * local['hits'] / looked) if looked else 0:.0f}% ({local['hits']}/{looked}), "
           f"{local['unavailable']} unavailable (steps this host cannot run: not misses); "
           f"remote {remote['hits']} hits, {remote['misses']} misses ({remote['rejected']} rejected), "
-          f"{remote['errors']} errors, {human_size(remote['bytes_down'])} down, {human_size(remote['bytes_up'])} up")
+          f"{remote['errors']} errors, {remote['requests']} requests, {human_size(remote['bytes_down'])} down, "
+          f"{human_size(remote['bytes_up'])} up")
     if found.mismatch_warning is not None:
         print(f"warning: {found.mismatch_warning}: this host's signing key "
               "differs from the one that signed the remote's entries")

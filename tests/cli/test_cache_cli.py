@@ -16,6 +16,7 @@ from plugins.store import hold_shared_gc_lock
 
 from optbuild.builder.runstats import describe_stats
 from optbuild.cli import main
+from optbuild.store.remote import RemoteStats
 
 # 2000 bytes in: src, mid, out and side hold 2000 + 2004 + 2008 + 2005 bytes = 7.8 KiB
 BIG_INPUT = "x" * 2000
@@ -170,3 +171,10 @@ def test_stats_of_runs_recorded_before_unavailable_had_a_count_of_its_own(projec
 def test_the_build_stats_line_names_unavailable_steps_apart():
     line = describe_stats({"local": {"hits": 3, "misses": 0, "unavailable": 2}, "remote": None})
     assert line == "cache: local 3 hits, 0 misses, 2 unavailable"
+
+
+def test_the_build_stats_line_counts_the_requests_made_to_the_remote():
+    remote = {"url": "s3://b/c", **RemoteStats(hits=4, requests=6, bytes_down=2048).__dict__}
+    line = describe_stats({"local": {"hits": 0, "misses": 4}, "remote": remote})
+    assert line == ("cache: local 0 hits, 4 misses; remote s3://b/c: 4 hits, 0 misses, 0 errors, 6 requests, "
+                    "2.0 KiB down, 0 B up")

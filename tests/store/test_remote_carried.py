@@ -1,6 +1,7 @@
 """Small blobs carried inside their remote entry: a fresh host restores a small step with the
-one request that reads its entry, the bytes checked against their digest as any blob's, and
-what is larger still travels as a blob of its own. Real remotes on loopback."""
+one request that reads its entry (counted: ``RemoteStats.requests``), the bytes checked against
+their digest as any blob's, and what is larger still travels as a blob of its own. Real remotes
+on loopback."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import json
 
 from plugins.remote import cache_event, local_store, outputs, step_events, warnings
 
+from optbuild.builder import scheduler
+
 ALL = ["chain:mid", "chain:out", "chain:side", "chain:src"]
+WIDER = "".join(f'\n[steps.x{i}]\nkind = "join"\ninput = "src"\nsuffix = "-x{i}"\n' for i in range(8))
 
 
 def key_of(project, step: str) -> str:
@@ -37,12 +41,35 @@ def test_a_fresh_host_restores_small_steps_from_their_entries_alone(machines, an
     assert result.ok and step_events(result, "restored") == ALL
     remote = cache_event(result.reporter.events)["remote"]
     assert remote["hits"] == 4 and remote["blobs_down"] == 0 and remote["bytes_down"] > 0
+    # one request a step, the read of its entry: src's alone, then mid's and side's in one batch
+    # (one request each), then out's; 4 steps are too few to list the remote (LIST_REMOTE_FROM)
+    assert remote["requests"] == 4
     assert outputs(b) == outputs(a)
     store = local_store(b)
     assert store.verify().ok
     local_entry = json.loads(store.entry_path(key_of(b, "chain:out")).read_text())
     assert local_entry["format"] == 2 and "inline" not in local_entry  # the local cache holds the blobs
-    assert b.build().ok and step_events(b.build(), "cached") == ALL
+    noop = b.build()
+    assert noop.ok and step_events(noop, "cached") == ALL
+    assert cache_event(noop.reporter.events)["remote"]["requests"] == 0  # a local hit never asks the remote
+
+
+def test_a_fresh_host_restores_many_small_steps_with_two_listings_and_a_read_an_entry(machines, any_remote,
+                                                                                      monkeypatch):
+    a = machines("a", any_remote.section(), WIDER)  # src, and 10 steps reading it (mid, side, x0-x7), out
+    assert a.build().ok
+    steps = len(any_remote.keys())
+    assert steps == 12 and blobs_on(any_remote) == set()
+    monkeypatch.setattr(scheduler, "LIST_REMOTE_FROM", 1)  # 12 steps count as many: the remote is listed
+    b = machines("b", any_remote.section(), WIDER)
+    result = b.build()
+    assert result.ok and len(step_events(result, "restored")) == steps
+    remote = cache_event(result.reporter.events)["remote"]
+    # 1 listing of ac/ (at the first local miss), 1 listing of cas/ (at the first hit, to see
+    # whether its blobs are there before settling on its entry, though every blob is carried),
+    # and one read an entry: src's alone, the 10 steps reading it in one batch (each path a
+    # request), out's alone. No blob is downloaded: each travelled in its entry.
+    assert remote["requests"] == 2 + steps and remote["hits"] == steps and remote["blobs_down"] == 0
 
 
 def test_blobs_larger_than_inline_max_travel_as_blobs_of_their_own(machines, any_remote):

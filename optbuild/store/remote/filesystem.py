@@ -124,6 +124,8 @@ class RemoteStore:
         return path
 
     # --- raw operations (run under RemoteSession._call) --------------------------------
+    # _call counts each as one request (stats.requests), unless told how many it asks:
+    # _read_entries, one a key. An operation that asks more must say so there.
     def _read_entry(self, key: str, slot: str | None, touch: Callable[[int], None]) -> bytes:
         fs, _ = self.filesystem()  # first: the paths are known once connected
         return fs.cat_file(self._inside(self.entry_path(key, slot)), start=0,

@@ -31,7 +31,8 @@ class Listing(SessionParts):
         if not wanted or not self._usable():
             return
         try:
-            found = self._call(f"reading {len(wanted)} entries", self.store._read_entries, wanted)
+            found = self._call(f"reading {len(wanted)} entries", self.store._read_entries, wanted,
+                               requests=len(wanted))  # one GET an entry, however batched
         except (Failed, Rejected):  # counted and reported; lookup asks again, key by key
             return
         with self._lock:

@@ -54,6 +54,7 @@ class RemoteStats:
     misses: int = 0  # keys the remote does not have, or has unusable (then also rejected)
     rejected: int = 0  # entries or blobs refused: corrupt, unsigned, unsafe, incomplete
     errors: int = 0  # failed operations: refused, timed out, HTTP errors
+    requests: int = 0  # asked of the remote: one per object read, size checked or written, one per listing
     bytes_down: int = 0
     bytes_up: int = 0
     blobs_down: int = 0
@@ -139,8 +140,13 @@ class RemoteSession(Writing, Auditing, Listing):
             self.warn(f"disabled for the rest of this run after {errors} error(s); steps build locally")
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, upload_size: int | None = None,
-              missing_ok: bool = False) -> Any:
+              missing_ok: bool = False, requests: int = 1) -> Any:
         """Run ``fn(*args, touch)`` in a daemon thread under the stall watchdog.
+
+        Every remote operation runs here, so here it is counted: ``requests``, what ``fn``
+        asks of the remote (``stats.requests``): one object read, size checked or written, or
+        one listing (however many pages the store answers it in); a batch of reads counts one
+        a path. Counted when asked, whether or not it then succeeds.
 
         ``touch(nbytes)`` is called by transfers as they make progress; a call that shows
         none for ``timeout_s``, before its first byte or between two, is abandoned as timed
@@ -153,6 +159,7 @@ class RemoteSession(Writing, Auditing, Listing):
         """
         if self.stats.disabled:  # tripped while a multi-call operation was under way
             raise Failed(self._off_reason())
+        self._count(requests=requests)
         last = [time.monotonic()]
         alive = [False]
 
@@ -357,7 +364,7 @@ class RemoteSession(Writing, Auditing, Listing):
             raise TransferError(f"the remote cache {self.url} is needed by the dask executor, but it is not "
                                 f"usable: {self._off_reason()}")
         try:
-            self._call("connecting", lambda touch: self.store.filesystem())
+            self._call("connecting", lambda touch: self.store.filesystem(), requests=0)  # asks nothing
         except (Failed, Rejected) as exc:
             raise TransferError(f"cannot use the remote cache {self.url}: {exc}") from None
 
