@@ -10,7 +10,7 @@ import json
 
 from plugins.remote import cache_event, local_store, outputs, step_events, warnings
 
-from optbuild.builder import scheduler
+from optbuild.builder import remotehit
 
 ALL = ["chain:mid", "chain:out", "chain:side", "chain:src"]
 WIDER = "".join(f'\n[steps.x{i}]\nkind = "join"\ninput = "src"\nsuffix = "-x{i}"\n' for i in range(8))
@@ -54,22 +54,21 @@ def test_a_fresh_host_restores_small_steps_from_their_entries_alone(machines, an
     assert cache_event(noop.reporter.events)["remote"]["requests"] == 0  # a local hit never asks the remote
 
 
-def test_a_fresh_host_restores_many_small_steps_with_two_listings_and_a_read_an_entry(machines, any_remote,
-                                                                                      monkeypatch):
+def test_a_fresh_host_restores_many_small_steps_with_a_listing_and_a_read_an_entry(machines, any_remote,
+                                                                                   monkeypatch):
     a = machines("a", any_remote.section(), WIDER)  # src, and 10 steps reading it (mid, side, x0-x7), out
     assert a.build().ok
     steps = len(any_remote.keys())
     assert steps == 12 and blobs_on(any_remote) == set()
-    monkeypatch.setattr(scheduler, "LIST_REMOTE_FROM", 1)  # 12 steps count as many: the remote is listed
+    monkeypatch.setattr(remotehit, "LIST_REMOTE_FROM", 1)  # 12 steps count as many: the remote is listed
     b = machines("b", any_remote.section(), WIDER)
     result = b.build()
     assert result.ok and len(step_events(result, "restored")) == steps
     remote = cache_event(result.reporter.events)["remote"]
-    # 1 listing of ac/ (at the first local miss), 1 listing of cas/ (at the first hit, to see
-    # whether its blobs are there before settling on its entry, though every blob is carried),
-    # and one read an entry: src's alone, the 10 steps reading it in one batch (each path a
-    # request), out's alone. No blob is downloaded: each travelled in its entry.
-    assert remote["requests"] == 2 + steps and remote["hits"] == steps and remote["blobs_down"] == 0
+    # 1 listing of ac/ (at the first local miss) and one read an entry: src's alone, the 10
+    # steps reading it in one batch (each path a request), out's alone. No listing of cas/: every
+    # blob travelled in its entry, none needs to be seen there before settling on it.
+    assert remote["requests"] == 1 + steps and remote["hits"] == steps and remote["blobs_down"] == 0
 
 
 def test_blobs_larger_than_inline_max_travel_as_blobs_of_their_own(machines, any_remote):

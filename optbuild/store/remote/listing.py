@@ -75,7 +75,8 @@ class Listing(SessionParts):
         unless ``as_blobs``: a Dask node reads each blob by its digest. Any failure is a no:
         the entry is then downloaded, which checks it."""
         sizes = {o.digest: o.size for o in entry.outputs.values()}  # the log's is not recorded
-        listed = self._blob_listing() if listing else None
+        wanted = sorted(entry.blob_digests() - (set() if as_blobs else entry.inline.keys()))
+        listed = self._blob_listing() if listing and wanted else None  # none wanted: no listing
 
         def present(digest: str) -> bool:
             size = (listed.get(digest) if listed is not None
@@ -83,8 +84,7 @@ class Listing(SessionParts):
             return size is not None and sizes.get(digest, size) == size
 
         try:
-            carried = set() if as_blobs else entry.inline.keys()
-            return all(present(digest) for digest in sorted(entry.blob_digests() - carried))
+            return all(present(digest) for digest in wanted)
         except (Failed, Rejected):
             return False
 
