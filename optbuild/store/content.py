@@ -56,11 +56,12 @@ class ContentStore(CacheFolder):
             path.unlink(missing_ok=True)
         return OutputFile(digest=digest, size=size)
 
-    def put_bytes(self, data: bytes) -> str:
-        """Store ``data`` (a log, say) and return its digest."""
-        self._require_writable("store a step log")
+    def put_bytes(self, data: bytes, what: str = "a step log") -> str:
+        """Store ``data`` (``what``: a log, say, named where the cache is read-only) unless
+        held already, and return its digest."""
         digest = digest_bytes(data)
         if not self.blob_ok(digest, len(data)):
+            self._require_writable(f"store {what}")
             with self._temp_file() as tmp:
                 tmp.write_bytes(data)
                 self._publish(tmp, self.blob_path(digest), digest)

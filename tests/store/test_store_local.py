@@ -136,6 +136,14 @@ def test_a_corrupt_blob_is_replaced_by_the_next_put(store, tmp_path):
     assert store.read_blob(digest) == b"payload" and read_only(store.blob_path(digest))
 
 
+def test_a_read_only_store_gives_a_held_blob_and_names_what_it_cannot_store(store):
+    held = store.put_bytes(b"held")
+    reader = LocalStore(store.root, store.hasher, read_only=True)
+    assert reader.put_bytes(b"held") == held  # held already: nothing to store
+    with pytest.raises(CacheError, match=r"cannot store blob 0123 from afar in the cache .*: this is a dry run"):
+        reader.put_bytes(b"new", "blob 0123 from afar")
+
+
 def test_read_blob_verifies_and_removes_a_corrupt_blob(store):
     digest = store.put_bytes(b"a log")
     flip_first_byte(store.blob_path(digest))

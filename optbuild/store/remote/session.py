@@ -353,8 +353,7 @@ class RemoteSession(Writing, Auditing, Listing):
         for digest, data in sorted(carried.items()):
             self._count(bytes_down=len(data))
             self.crossings.count(digest, DOWN)
-            if not local.blob_ok(digest, len(data)):
-                local.put_bytes(data)
+            local.put_bytes(data, f"blob {digest[:12]}, carried in a remote entry")
 
     # --- single blobs (the dask executor: inputs sent to its nodes, outputs fetched back) --
     def require_read_write(self) -> None:
