@@ -126,6 +126,20 @@ def test_a_project_kinds_step_error_reaches_the_user_as_its_message(tmp_path):
     assert "text:words gives no words: write some in its file" in run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("params, found", [
+    ("", "Words has no Params"),  # the generic base alone (Step[WordsParams]) names no model
+    ("Params = dict", "Words.Params is <class 'dict'>"),
+])
+def test_a_kind_without_a_params_model_is_named_in_the_recipes_error_not_a_traceback(tmp_path, params, found):
+    kinds = PLUGIN_KINDS.replace("class Words(Step):", "class Words(Step[WordsParams]):").replace(
+        "    Params = WordsParams\n", f"    {params}\n")
+    proj = words_project(tmp_path / "proj", kinds, CONFIG, RECIPE)
+    run = proj.cli("build")
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
+    assert f"steps.words.kind: step kind 'words' ({proj.root / 'kinds.py'}:Words) cannot load: {found}: a kind " \
+           "names the model of its parameters, a subclass of optbuild.plugin.StepParams" in run.stderr, run.stderr
+
+
 def test_a_kind_written_against_the_moved_paths_still_builds_and_its_author_is_told_where_to_go(tmp_path):
     proj = words_project(tmp_path / "proj", OLD_PATH_KINDS, OLD_CONFIG, OLD_RECIPE)
     run = proj.cli("build", "--json")

@@ -10,7 +10,7 @@ from functools import cache
 from pathlib import Path
 
 from optbuild.common import plugins, usermodule
-from optbuild.steps.base import Step
+from optbuild.steps.base import Step, StepParams
 
 ENTRY_POINT_GROUP = "optbuild.steps"
 
@@ -83,4 +83,9 @@ def step_class(implementation: str) -> type[Step]:
     cls = getattr(module, attr)
     if not (isinstance(cls, type) and issubclass(cls, Step)):
         raise TypeError(f"{implementation} is not an optbuild Step subclass")
+    params = getattr(cls, "Params", None)
+    if not (isinstance(params, type) and issubclass(params, StepParams)):
+        found = f"{attr} has no Params" if params is None else f"{attr}.Params is {params!r}"
+        raise TypeError(f"{found}: a kind names the model of its parameters, a subclass of "
+                        "optbuild.plugin.StepParams (`Params = StepParams` for a kind without any)")
     return cls
