@@ -10,8 +10,10 @@ What a stamp records, and when it is unusable: ``optbuild.common.noopstamp``.
 **Fast path.** ``try_fast_path`` runs first in ``optbuild.cli.main``. When the command is
 ``build`` and the stamp matches in every respect above, it prints the recorded step lines
 and the summary, appends the cache-statistics record (marked ``"fast_path": true``) as a
-normal no-op does, and returns 0. ``plan`` with the arguments of the recorded build takes it
-too: a plan's answer then is the no-op's (each step cached, or unavailable and skipped for
+normal no-op does, and returns 0. ``-j/--jobs`` and ``-k/--keep-going`` are not compared (a
+no-op runs no step, and has no failure to go past: ``noopstamp.answer_args``). ``plan`` with
+the arguments of the recorded build (those two aside: a plan has neither) takes it too: a
+plan's answer then is the no-op's (each step cached, or unavailable and skipped for
 the reasons recorded), its lines and summary on stdout as a plan's are, with the warnings a
 plan gives before them (deploy steps that publish one model name, recorded with the stamp),
 and no statistics. Its step lines come in the recorded build's order. Anything else, including an unreadable stamp, returns
@@ -39,6 +41,7 @@ import time
 from optbuild.common.noopreach import Reach
 from optbuild.common.noopstamp import (
     FORMAT,
+    answer_args,
     build_dir_of,
     content_digest,
     current_signature,
@@ -145,8 +148,9 @@ def _check(argv: list[str]) -> dict | Reach | str | None:
         return "the record is of another format"
     if stamp.get("root") != root or stamp.get("build_dir") != build_dir:
         return "the record is of another project folder"
-    if stamp.get("argv") != build_args:
-        return f"other arguments (last: {' '.join(stamp.get('argv') or []) or 'none'})"
+    recorded = stamp.get("argv")
+    if not isinstance(recorded, list) or answer_args("build", recorded) != answer_args(command, build_args):
+        return f"other arguments (last: {' '.join(['build', *recorded]) if isinstance(recorded, list) else 'unknown'})"
     if stamp.get("unusable"):
         return f"the last build could not vouch for its files: {stamp['unusable']}"
     if stamp.get("python") != python_identity():

@@ -9,8 +9,10 @@ projectroot, quickhash and signatures, which need no more).
 **Record.** A ``build`` that ends ok (exit 0) writes ``<build folder>/.optbuild/noop.json``
 (atomically, after the steps' records beside it) holding:
 
-- the invocation: the arguments after ``build`` (matched exactly; ``-C`` enters through the
-  project root it leads to), the project root and build folder, and keyed digests of the
+- the invocation: the arguments after ``build``, kept as written and compared as
+  ``answer_args`` reads them: all but ``-j/--jobs N`` and ``-k/--keep-going``, which cannot
+  change a no-op's answer (``-C`` enters through the project root it leads to), the project
+  root and build folder, and keyed digests of the
   environment that reaches the answer: every ``OPTBUILD_*`` variable (except
   ``OPTBUILD_DEBUG_FASTPATH``), every ``CUDA_*`` and ``NVIDIA_*`` one, ``LD_LIBRARY_PATH``
   and ``LD_PRELOAD``. Some are secrets (``OPTBUILD_SIGNING_KEY``...), so each digest is a
@@ -113,6 +115,11 @@ DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
 # whether a build server runs the build does not change its answer
 _ENV_IGNORED = (DEBUG_ENV, "OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER")
 NOT_RECORDED = ("--json", "--retry-failed", "--no-build", "--remote")
+# build's options that take no value, and those that take one (``answer_args`` keeps the token
+# after any other option as the value it may be: that costs at most a normal build)
+_FLAGS = ("--json", "--skip-unavailable", "--no-skip-unavailable", "--retry-failed", "--no-remote",
+          "-k", "--keep-going", "--no-build", "-h", "--help")
+_VALUED = ("-S", "--set", "--remote", "--executor", "--scheduler", "--download")
 _ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
@@ -205,6 +212,79 @@ def split_build_args(argv: list[str]) -> tuple[str | None, list[str]] | None:
     """(-C folder or None, the arguments after ``build``); None for any other command."""
     split = split_command_args(argv)
     return (split[1], split[2]) if split is not None and split[0] == "build" else None
+
+
+def answer_args(command: str, args: list[str]) -> list[str] | None:
+    """The arguments after ``command`` (``build`` or ``plan``) that can change the answer a
+    stamp replays, compared with those of the recorded build. Left out of a build's: ``-j/--jobs
+    N`` (how many steps run at once: a no-op runs none) and ``-k/--keep-going`` (whether a
+    failed or unavailable step stops the build: an ok build, and so the no-op after it, has
+    none that would), as ``-j 2``, ``-j2``, ``--jobs 2``, ``--jobs=2`` (N in digits), ``-k``
+    and ``--keep-going``. Plain string handling (no argparse on the fast path) that reads them
+    as argparse does: none after ``--`` or in the place of an option's value, and none between
+    two targets (argparse refuses ``build a -j 2 b``, which ``build a b``'s stamp must not
+    answer: then all are kept). Any other argument or spelling (``--job 2``, ``-kj2``) stays
+    and is compared as written. A ``plan`` has neither option (``plan -j 2`` is an error, which
+    no stamp answers): None, equal to nothing, when one of its arguments may be an option only
+    ``build`` has; else all of them."""
+    if command != "build":
+        return None if any(map(_build_only, args)) else list(args)
+    kinds: list[str] = []  # per argument: "drop", "option", "value", "value?" (perhaps a target), "target"
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            kinds.extend(["target"] * (len(args) - i))
+            break
+        if arg in ("-j", "--jobs") and i + 1 < len(args) and _count(args[i + 1]):
+            kinds.extend(["drop", "drop"])
+            i += 2
+            continue
+        if arg in ("-k", "--keep-going") or (arg.startswith("--jobs=") and _count(arg[7:])) \
+                or (arg.startswith("-j") and _count(arg[2:])):
+            kind = "drop"
+        elif not arg.startswith("-") or arg == "-" or arg[1:2].isdigit() or arg[1:2] == ".":
+            kind = "target"  # argparse takes "-5" for an argument, as no option looks like it
+        elif arg in _FLAGS or "=" in arg:
+            kind = "option"
+        else:  # an option that takes a value, or one of another spelling that may
+            kinds.append("option")
+            i += 1
+            if i < len(args):
+                if args[i] == "--":  # its value, or the end of the options: the rest as written
+                    kinds.extend(["value"] * (len(args) - i))
+                    break
+                kinds.append("value" if arg in _VALUED else "value?")
+                i += 1
+            continue
+        kinds.append(kind)
+        i += 1
+    kept = [a for a, kind in zip(args, kinds) if kind != "drop"]
+    # between two targets, a dropped argument joins what argparse refuses: all kept as written
+    joined = "".join("t" if kind in ("target", "value?") else "d" if kind == "drop" else "o" for kind in kinds)
+    return list(args) if any(joined[j - 1] == "t" and joined[j:].lstrip("d")[:1] == "t"
+                             for j in range(1, len(joined)) if joined[j] == "d") else kept
+
+
+def _build_only(arg: str) -> bool:
+    """Whether argparse may read ``arg`` as (or as holding) an option that ``build`` has and
+    ``plan`` has not: ``-j``, ``-k`` (alone or among short flags before ``-S``), or
+    ``--jobs``, ``--keep-going``, ``--no-build`` (or an abbreviation of one)."""
+    if arg.startswith("--"):
+        name = arg.partition("=")[0]
+        return len(name) > 2 and any(o.startswith(name) for o in ("--jobs", "--keep-going", "--no-build"))
+    if arg.startswith("-"):
+        for c in arg[1:]:
+            if c in "jk":
+                return True
+            if c == "S":  # the rest is its value
+                break
+    return False
+
+
+def _count(text: str) -> bool:
+    """Whether ``text`` is a count of jobs as argparse reads it (a plain one: 0 or more)."""
+    return text.isascii() and text.isdigit()
 
 
 def split_command_args(argv: list[str]) -> tuple[str, str | None, list[str]] | None:

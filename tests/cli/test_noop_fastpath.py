@@ -243,6 +243,97 @@ def test_other_arguments_or_environment_take_the_normal_path(built, args, env, w
         assert not stamp(built).exists()  # a --json build records nothing
 
 
+def recorded_with(proj: ProjectDir, *args: str) -> None:
+    """Make the stamp one that `build ARGS` recorded (a normal no-op: every step cached)."""
+    stamp(proj).unlink()
+    run = optbuild(proj, "build", *args)
+    assert run.returncode == 0 and not run.fast and " cached in " in run.stderr, run.stderr
+    assert json.loads(stamp(proj).read_text())["argv"] == list(args)
+
+
+def test_a_plan_after_a_build_with_jobs_answers_from_its_stamp(built):
+    """How many steps run at once cannot change a no-op's answer (it runs none): `plan` after
+    `build -j 2` settles from its stamp, with a normal plan's lines (benchmarks/bench.py
+    builds so, then times `plan`). A plan has no -j: `plan -j 2` is an error, never answered."""
+    recorded_with(built, "-j", "2")
+    normal = optbuild(built, "plan", env={"OPTBUILD_UNRELATED": "1"})  # another environment: declined
+    fast = optbuild(built, "plan")
+    assert fast.returncode == 0 and fast.fast and not normal.fast, fast.stderr
+    lines = [line for line in fast.stdout.splitlines() if line.startswith("  ")]
+    assert sorted(lines) == sorted(line for line in normal.stdout.splitlines() if line.startswith("  "))
+    assert sorted(lines) == [f"  cached   chain:{s}" for s in ("mid", "out", "side", "src")]
+    assert "ok: 4 cached in" in fast.stdout
+    wrong = optbuild(built, "plan", "-j", "2")
+    assert wrong.returncode == 2 and not wrong.fast and "last: build -j 2" in wrong.declined, wrong.stderr
+
+
+def test_other_jobs_or_keep_going_take_the_fast_path(built):
+    """`-j/--jobs N` and `-k/--keep-going` (whether a failure stops the build: an ok build had
+    none) are not compared, in any of the forms argparse reads them in; the stamp keeps the
+    recorded build's arguments as they were written."""
+    recorded_with(built, "-j", "1")
+    for args in (["-j", "3"], ["-j3"], ["--jobs", "3"], ["--jobs=3", "-k"], ["--keep-going"], []):
+        run = optbuild(built, "build", *args)
+        assert run.returncode == 0 and run.fast, (args, run.stderr)
+        assert "ok: 4 cached in" in run.stderr
+    assert json.loads(stamp(built).read_text())["argv"] == ["-j", "1"]
+
+
+@pytest.mark.parametrize(("recorded", "args", "code", "answer"), [
+    (["-j", "2"], ["build", "chain:mid", "-j", "2"], 0, "ok: 2 cached"),  # a step selection
+    (["-j", "2"], ["build", "-S", "chain:out.suffix=-X", "-j", "2"], 0, "built    chain:out"),  # an override
+    (["-j", "2"], ["build", "--no-remote", "-j", "2"], 0, "ok: 4 cached"),  # the remote turned off
+    (["-j", "2"], ["plan", "chain:mid"], 0, "ok: 2 cached"),
+    # what argparse refuses: -j between two targets, and -k (here among short flags) in a plan
+    (["chain:src", "chain:mid"], ["build", "chain:src", "-j", "2", "chain:mid"], 2, "unrecognized arguments: chain:mid"),
+    (["-kj2"], ["plan", "-kj2"], 2, "unrecognized arguments: -kj2"),
+], ids=["target", "override", "no-remote", "plan-target", "jobs-between-targets", "plan-keep-going"])
+def test_arguments_that_can_change_the_answer_are_still_compared(built, recorded, args, code, answer):
+    recorded_with(built, *recorded)
+    run = optbuild(built, *args)
+    assert run.returncode == code and not run.fast, run.stderr
+    assert f"other arguments (last: build {' '.join(recorded)})" in run.declined
+    assert answer in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+def test_the_arguments_compared_are_those_argparse_reads_alike():
+    """Two argument lists that ``answer_args`` makes one, the first a valid build, are read by
+    argparse alike (but for -j, -k and --no-build, which only `build` has): every list of up to
+    three of these words, as `build` and as `plan`."""
+    import contextlib
+    import io
+    import itertools
+
+    from optbuild.cli import _parser
+    from optbuild.common.noopstamp import answer_args
+
+    parser = _parser()
+    words = ["-j", "2", "-j2", "--jobs=3", "-k", "a", "b", "-S", "r:s.p=1", "--", "--no-remote", "-5", "--sch",
+             "-kj2", "-j-1"]
+
+    def parsed(command: str, args: tuple[str, ...]) -> dict | None:
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                found = vars(parser.parse_args([command, *args]))
+            except SystemExit:
+                return None
+        return {k: v for k, v in found.items() if k not in ("command", "jobs", "keep_going", "no_build")}
+
+    groups: dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]] = {}
+    for n in range(4):
+        for args in itertools.product(words, repeat=n):
+            for command in ("build", "plan"):
+                if (kept := answer_args(command, list(args))) is not None:
+                    groups.setdefault(tuple(kept), []).append((command, args))
+    alike = 0
+    for members in groups.values():
+        valid = next((parsed(*m) for m in members if m[0] == "build" and parsed(*m) is not None), None)
+        for command, args in members if valid is not None else ():
+            assert parsed(command, args) == valid, (members, command, args)
+            alike += 1
+    assert alike > 2000, alike
+
+
 def same_size_edit(text: str) -> str:
     """``text`` with its last character changed: a different file of the same size."""
     return text[:-1] + (" " if text[-1] == "\n" else "x" if text[-1] != "x" else "y")
