@@ -100,7 +100,7 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     if argv is None or started is None or (split := split_build_args(argv)) is None:
         return "not run as `optbuild build`"
     build_args = split[1]
-    if flag := next((a for a in build_args for f in NOT_RECORDED if a == f or a.startswith(f + "=")), None):
+    if flag := next((a for a in build_args if _not_recorded(a)), None):
         return f"{flag} is never taken by the fast path"
     if ws.remote is not None and (missed := _left_to_remote(result)):
         return f"a remote cache is configured and {missed} is not in the local cache: the next build asks the remote"
@@ -146,6 +146,15 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     debug(f"recorded {len(sigs)} signatures and {len(steps)} steps" + (f"; unusable: {unusable}" if unusable else "")
           + (f"; {racy} steps not vouched for" if racy else ""))
     return None
+
+
+def _not_recorded(arg: str) -> str | None:
+    """The option of ``NOT_RECORDED`` that ``arg`` is, as written or abbreviated as argparse
+    takes it (``--rem URL`` is ``--remote URL``: its URL must not be written in a stamp)."""
+    name = arg.partition("=")[0]
+    if not name.startswith("--") or len(name) < 3:
+        return None
+    return next((flag for flag in NOT_RECORDED if flag.startswith(name)), None)
 
 
 def _sign_steps(steps: dict[str, dict], signer: _Signer, sigs: dict[str, list[int] | str], digests: dict[str, str],

@@ -241,6 +241,9 @@ def test_other_arguments_or_environment_take_the_normal_path(built, args, env, w
     if "--json" in args:
         assert any(e.get("event") == "done" for e in map(json.loads, run.stdout.splitlines()[:-1]))
         assert not stamp(built).exists()  # a --json build records nothing
+        abbreviated = optbuild(built, "build", "--js")  # argparse takes it for --json
+        assert abbreviated.returncode == 0 and "--js is never taken by the fast path" in abbreviated.stderr
+        assert not stamp(built).exists()
 
 
 def recorded_with(proj: ProjectDir, *args: str) -> None:
@@ -518,6 +521,8 @@ def test_with_a_remote_a_noop_whose_steps_are_all_local_takes_the_fast_path(tmp_
     assert optbuild(proj, "build", "--no-remote").fast
     url = optbuild(proj, "build", "--remote", s3_remote.url)  # a URL is never kept in a stamp
     assert not url.fast and "--remote is never taken by the fast path" in url.stderr
+    abbreviated = optbuild(proj, "build", "--rem", s3_remote.url)  # argparse's abbreviation of it
+    assert abbreviated.returncode == 0 and "--rem is never taken by the fast path" in abbreviated.stderr
 
 
 def test_with_a_remote_a_step_left_out_of_the_local_cache_is_never_recorded(tmp_path, s3_remote):
