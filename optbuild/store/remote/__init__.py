@@ -17,7 +17,9 @@ blob it lacks. Blobs already there are skipped (unless one was found corrupt in 
 On file systems that rename (file://, a shared mount) everything is written under tmp/ and
 renamed into place; on object stores (s3://, gs://, ...) a single PUT (or a completed
 multipart upload) is atomic per object. Two writers of one key each publish a complete,
-valid entry; the last one wins, and both name blobs that are present.
+valid entry; the last one wins, and both name blobs that are present. An entry that a read of
+the run found missing is written, where the remote makes it atomic, only if still missing
+(``Writing._seen_absent``), not read again first.
 
 Signing: a signed entry names the key that signed it (``key_id``). An entry that is
 unsigned, or whose signature fails under the key it names, is no one's good result: a key

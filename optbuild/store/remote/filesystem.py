@@ -3,6 +3,7 @@ atomically, every local path kept under the remote's root. The raw operations a 
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import threading
@@ -12,6 +13,7 @@ from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from optbuild.common.digest import new_hasher
 from optbuild.store.entry import MAX_CARRIED_BYTES, MAX_ENTRY_BYTES
@@ -22,6 +24,9 @@ from optbuild.store.remote.signing import SIGNATURE_LINE
 _RENAMING = {"file", "local", "sftp", "ssh"}  # protocols whose mv is an atomic rename
 _LOCAL = {"file", "local"}  # protocols whose paths are this host's paths (symlinks resolvable)
 _CHUNK = 8 << 20
+# S3 servers known to honour ``If-None-Match: *`` on a PUT (AWS, since 2024-08): a server that
+# ignores the header replaces the object silently, so elsewhere an entry is read before it is written
+IF_NONE_MATCH_HOSTS = (".amazonaws.com", ".amazonaws.com.cn")
 _BATCH = 256  # entries read by one concurrent request batch: the watchdog sees progress after each
 
 
@@ -59,6 +64,7 @@ class RemoteStore:
         self._root = ""
         self._renames = False
         self._real_root: str | None = None  # the root with symlinks resolved, on a local file system
+        self._links = True  # whether hard links may make entries here (``creates_entries``)
         self._lock = threading.Lock()
 
     # --- file system (lazy) ----------------------------------------------------------
@@ -216,12 +222,38 @@ class RemoteStore:
         finally:
             _quiet_rm(fs, tmp)
 
-    def _write_entry(self, key: str, slot: str | None, data: bytes, touch: Callable[[int], None]) -> None:
+    def creates_entries(self) -> bool:
+        """Whether ``_write_entry(create=True)`` is a create-if-absent that the remote makes
+        atomic, so never replaces an entry another host stored since this one saw none: on a
+        local or mounted folder a hard link (link(2) fails when the name exists), until one
+        failed here for another reason (a share without hard links); on S3, a PUT with
+        ``If-None-Match: *`` to a server known to honour it (``IF_NONE_MATCH_HOSTS``) through
+        an s3fs and a botocore that send it. Elsewhere False: the entry is read first."""
+        fs, _ = self.filesystem()
+        if self._renames:
+            return self._real_root is not None and self._links
+        client = getattr(fs, "_s3", None)  # s3fs's client, made by the first request
+        if client is None or "mode" not in inspect.signature(fs._pipe_file).parameters:
+            return False
+        host = urlsplit(client.meta.endpoint_url).hostname or ""
+        put = client.meta.service_model.operation_model("PutObject").input_shape.members
+        return "IfNoneMatch" in put and f".{host}".endswith(IF_NONE_MATCH_HOSTS)
+
+    def _write_entry(self, key: str, slot: str | None, data: bytes, touch: Callable[[int], None], *,
+                     create: bool = False) -> bool:
+        """Store the entry of ``key`` (in ``slot``): True. With ``create`` (only where
+        ``creates_entries``), only if there is none: False, and nothing written, when there is
+        one (or the remote refused for a race, or a hard link failed: the caller reads it)."""
         fs, _ = self.filesystem()
         dest = self.entry_path(key, slot)
         if not self._renames:
-            fs.pipe_file(dest, data)
-            return
+            try:
+                fs.pipe_file(dest, data, **({"mode": "create"} if create else {}))
+            except OSError as exc:
+                if create and _refused_create(exc):
+                    return False
+                raise
+            return True
         tmp = self._tmp_name()
         self._inside(tmp)
         fs.makedirs(tmp.rsplit("/", 1)[0], exist_ok=True)
@@ -229,15 +261,27 @@ class RemoteStore:
             with fs.open(self._inside(tmp), "wb") as dst:
                 dst.write(data)
                 _fsync(dst)
-            self._publish(tmp, dest)
+            return self._publish(tmp, dest, create=create)
         finally:
             _quiet_rm(fs, tmp)
 
-    def _publish(self, tmp: str, dest: str) -> None:
+    def _publish(self, tmp: str, dest: str, *, create: bool = False) -> bool:
+        """Move ``tmp`` to ``dest``: True; with ``create``, link it there instead, which never
+        replaces ``dest`` (False when it lies there, or the link failed; the caller removes ``tmp``)."""
         fs, _ = self.filesystem()
         self._inside(dest)
         fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+        if create:
+            try:
+                os.link(self._inside(tmp), self._inside(dest))
+            except FileExistsError:
+                return False
+            except OSError:  # no hard links on this share: read first from now on
+                self._links = False
+                return False
+            return True
         fs.mv(self._inside(tmp), self._inside(dest))  # a rename: readers see the old object, or the whole new one
+        return True
 
     def _tmp_name(self) -> str:
         return f"{self._root}/tmp/{os.getpid()}-{uuid.uuid4().hex}"
@@ -273,6 +317,13 @@ def transfer_callback(touch: Callable[[int], None], expected: int | None) -> Any
             touch(inc)
 
     return _Progress()
+
+
+def _refused_create(exc: OSError) -> bool:
+    """Whether S3 refused a create-if-absent: the object exists (412, which s3fs makes a
+    FileExistsError when the reply names the condition) or is being written (409)."""
+    code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
+    return isinstance(exc, FileExistsError) or code in ("PreconditionFailed", "ConditionalRequestConflict")
 
 
 def _answer(read: Callable[[], bytes]) -> bytes | BaseException:

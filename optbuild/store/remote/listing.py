@@ -64,6 +64,7 @@ class Listing(SessionParts):
             if data is _UNASKED and self._listed is not None and key not in self._listed:
                 data = None
         if data is None:
+            self._note_absent(key)
             raise FileNotFoundError(key)
         return data if isinstance(data, bytes) else None  # not bytes: _UNASKED, no answer
 

@@ -28,6 +28,7 @@ class SessionParts:
     _pool: ThreadPoolExecutor | None
     _prefetched: dict[str, bytes | None]
     _listed: set[str] | None
+    _absent: set[str]
     _blobs: dict[str, int] | None
     _blobs_lock: threading.Lock
 
@@ -43,6 +44,8 @@ class SessionParts:
         def _count(self, **deltas: int) -> None: ...
 
         def _read(self, key: str, slot: str | None, step: str = "") -> bytes: ...
+
+        def _note_absent(self, key: str) -> None: ...
 
         def _decode(self, data: bytes, key: str) -> ActionEntry: ...
 

@@ -90,6 +90,7 @@ class RemoteSession(Writing, Auditing, Listing):
     _told_unchecked: bool = False  # the warning that signatures go unchecked was given
     _prefetched: dict[str, bytes | None] = field(default_factory=dict)  # key -> its entry's bytes; None: absent
     _listed: set[str] | None = None  # the keys the remote held an entry for when listed (prefetch_listing)
+    _absent: set[str] = field(default_factory=set)  # keys a lookup found no entry of (Writing.push)
     _blobs: dict[str, int] | None = None  # digest -> size of the blobs listed once (holds_blobs)
     _blobs_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -267,7 +268,11 @@ class RemoteSession(Writing, Auditing, Listing):
         """The bytes of the entry of ``key`` this host reads (``data``: the plain one, when
         already read): the one signed with its key where one lies beside the plain one."""
         if data is None:
-            data = self._read(key, None, step)
+            try:
+                data = self._read(key, None, step)
+            except FileNotFoundError:
+                self._note_absent(key)
+                raise
         signing_key = self.store.signing_key
         if signing_key is not None and self._beside(key, data):
             data = self._read(key, key_id(signing_key), step)
@@ -277,6 +282,12 @@ class RemoteSession(Writing, Auditing, Listing):
         """The bytes of the entry of ``key`` (in ``slot``); FileNotFoundError when there is none."""
         return self._call(f"reading the entry of {step or key[:8]}", self.store._read_entry, key, slot,
                           missing_ok=True)
+
+    def _note_absent(self, key: str) -> None:
+        """A lookup of this run found no entry of ``key`` (its plain one: not this host's beside
+        another's), read or listed; so ``Writing.push`` may write one without reading it first."""
+        with self._lock:
+            self._absent.add(key)
 
     def _decode(self, data: bytes, key: str) -> ActionEntry:
         """``decode_entry`` under this host's key; a host without one that meets a signed

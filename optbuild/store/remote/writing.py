@@ -5,6 +5,7 @@ the counters it uses)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,13 +47,11 @@ class Writing(SessionParts):
             return "off"
         label = step or entry.step
         try:
-            slot, acceptable, keep, fault = self._destination(entry.key, label, step)
-            if acceptable and skip_if_present:
-                return "present"
-            if keep:
-                self.warn(f"not replacing the signed entry of {label} with an unsigned one: this host "
-                          f"has no signing key", step=step, key=entry.key)
-                return "refused"
+            slot, acceptable, keep, fault = None, False, False, None  # as _destination answers for none
+            if not (create := self._seen_absent(entry.key)):
+                slot, acceptable, keep, fault = self._destination(entry.key, label, step)
+            if (refusal := self._refusal(entry.key, label, step, acceptable, keep, skip_if_present)) is not None:
+                return refusal
             sizes = {o.digest: o.size for o in entry.outputs.values()}
             names = {o.digest: n for n, o in sorted(entry.outputs.items(), reverse=True)}
             carried: dict[str, bytes] = {}
@@ -74,7 +73,14 @@ class Writing(SessionParts):
                 with self._lock:
                     self._suspect.discard(digest)
             data = encode_entry(entry.carrying(carried), self.store.signing_key)
-            self._call(f"writing the entry of {label}", self.store._write_entry, entry.key, slot, data)
+            if create and not self._call(f"writing the entry of {label}",
+                                         partial(self.store._write_entry, create=True), entry.key, None, data):
+                create = False  # another host stored one since it was read: decided on, as any
+                slot, acceptable, keep, fault = self._destination(entry.key, label, step)
+                if (refusal := self._refusal(entry.key, label, step, acceptable, keep, skip_if_present)) is not None:
+                    return refusal
+            if not create:
+                self._call(f"writing the entry of {label}", self.store._write_entry, entry.key, slot, data)
             self._count(entries_up=1, bytes_up=len(data))
             for digest in carried:
                 self.crossings.count(digest, UP)
@@ -90,6 +96,35 @@ class Writing(SessionParts):
         except (OSError, CacheError) as exc:  # the local side: a blob gone or corrupt since it was checked
             self.warn(f"not pushing {label}: {describe(exc)}")
             return "failed"
+
+    def _seen_absent(self, key: str) -> bool:
+        """Whether ``push`` writes the entry of ``key`` only if there is still none, not reading
+        it first (``_destination``): a read of this run found none (a lookup's, a listing's),
+        and the remote makes such a write atomic (``RemoteStore.creates_entries``). Each such
+        read serves one push.
+
+        That read is no proof that none is there now (another host may have stored one while
+        this one built), and entries of one key are not interchangeable: one signed with a key
+        this host lacks must be left in place. A write that replaces nothing keeps that rule:
+        where the remote holds one after all, it refuses, and push reads it then and decides as
+        ever. So a step built here costs its lookup and its upload, not a read besides."""
+        with self._lock:
+            if key not in self._absent:
+                return False
+            self._absent.discard(key)
+        return self.store.creates_entries()
+
+    def _refusal(self, key: str, label: str, step: str, acceptable: bool, keep: bool,
+                 skip_if_present: bool) -> str | None:
+        """What ``push`` answers without writing, given ``_destination``'s answers: "present"
+        (``skip_if_present`` and an acceptable entry is there) or "refused" (it must be kept)."""
+        if acceptable and skip_if_present:
+            return "present"
+        if keep:
+            self.warn(f"not replacing the signed entry of {label} with an unsigned one: this host "
+                      f"has no signing key", step=step, key=key)
+            return "refused"
+        return None
 
     def _carries(self, digest: str, size: int, carried: dict[str, bytes]) -> bool:
         """Whether blob ``digest`` of ``size`` bytes travels inside its entry, beside those
@@ -144,7 +179,8 @@ class Writing(SessionParts):
     def _destination(self, key: str, label: str, step: str) -> tuple[str | None, bool, bool, str | None]:
         """(slot, acceptable, keep, fault): where this host's entry of ``key`` goes, and
         ``_existing_entry``'s answers for what lies there now. A key holder meeting an entry
-        signed with another key writes beside it, in the slot of its own key."""
+        signed with another key writes beside it, in the slot of its own key. Not asked before
+        a write that replaces nothing (``_seen_absent``), only once such a write was refused."""
         acceptable, keep, fault = self._existing_entry(key, None)
         if not keep:
             return None, acceptable, keep, fault
