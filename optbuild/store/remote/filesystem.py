@@ -232,11 +232,14 @@ class RemoteStore:
         fs, _ = self.filesystem()
         if self._renames:
             return self._real_root is not None and self._links
-        client = getattr(fs, "_s3", None)  # s3fs's client, made by the first request
-        if client is None or "mode" not in inspect.signature(fs._pipe_file).parameters:
+        try:  # s3fs's and botocore's own attributes: another version that lacks them, a no
+            client = getattr(fs, "_s3", None)  # s3fs's client, made by the first request
+            if client is None or "mode" not in inspect.signature(fs._pipe_file).parameters:
+                return False
+            host = urlsplit(client.meta.endpoint_url).hostname or ""
+            put = client.meta.service_model.operation_model("PutObject").input_shape.members
+        except (AttributeError, TypeError, ValueError, LookupError):
             return False
-        host = urlsplit(client.meta.endpoint_url).hostname or ""
-        put = client.meta.service_model.operation_model("PutObject").input_shape.members
         return "IfNoneMatch" in put and f".{host}".endswith(IF_NONE_MATCH_HOSTS)
 
     def _write_entry(self, key: str, slot: str | None, data: bytes, touch: Callable[[int], None], *,
