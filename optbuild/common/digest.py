@@ -109,7 +109,10 @@ class FileHasher:
         self.files_hashed = 0
         self._db: sqlite3.Connection | None = None
         self._db_path = db_path
-        self._pending: list[tuple] = []
+        self._pending: dict[str, tuple] = {}  # path -> row, written every 256 and at the end
+        # What this run hashed or recorded, by path: (signature, digest). Asked before the
+        # database, so a blob this run stored or linked costs a stat to check, not a query.
+        self._known: dict[str, tuple[tuple[int, ...], str]] = {}
         self._lock = threading.RLock()
         self._rebuilt = False
         # Every path asked about (absolute), for the no-op stamp (optbuild.common.noopstamp), which
@@ -196,9 +199,13 @@ class FileHasher:
         st = os.stat(path)
         sig = _signature(st)
         with self._lock:
+            if (known := self._known.get(key)) is not None and known[0] == sig:
+                self._note_read(key, known[1])
+                return known[1]
             row = self._query(f"SELECT dev, ino, size, mtime, ctime, digest FROM {_TABLE} WHERE path=?",
                               (key,))
             if row is not None and tuple(row[:5]) == sig and is_digest(row[5]):
+                self._known[key] = (sig, row[5])
                 self._note_read(key, row[5])
                 return row[5]
         digest, read = hash_file(path)
@@ -209,9 +216,7 @@ class FileHasher:
             self.bytes_read += read
             self.files_hashed += 1
             if _signature(after) == sig and time.time() - st.st_mtime_ns / 1e9 > RACY_SECONDS:
-                self._pending.append((key, *sig, digest))
-                if len(self._pending) >= 256:
-                    self.flush()
+                self._remember(key, sig, digest)
         return digest
 
     def _note_read(self, key: str, digest: str | None) -> None:
@@ -222,26 +227,38 @@ class FileHasher:
         """Remember that ``path`` as it is now holds ``digest``, which the caller just wrote
         and verified (a new cache blob): ``digest`` does not record files younger than
         RACY_SECONDS, so without this every check in the next seconds would read it again.
-        Written at once, so other processes' checks are a stat too."""
+        Written with the others every 256 and at the end (a run restoring thousands of small
+        steps records a few files each: one transaction a file cost more than the restore),
+        but for a large file, at once: another process's check of it is then a stat too."""
         key = str(Path(path).absolute())
         self.consulted.add(key)
-        row = (key, *_signature(os.stat(path)), digest)
+        st = os.stat(path)
         with self._lock:
-            self._pending = [p for p in self._pending if p[0] != key]
-            self._write(f"INSERT OR REPLACE INTO {_TABLE} VALUES (?,?,?,?,?,?,?)", [row])
+            self._remember(key, _signature(st), digest)
+            if st.st_size >= _MMAP_MIN:
+                self.flush()
+
+    def _remember(self, key: str, sig: tuple[int, ...], digest: str) -> None:
+        """Record ``key``'s ``sig`` and ``digest``, for this run at once (``_known``) and in the
+        database with the next batch. Called with the lock held."""
+        self._known[key] = (sig, digest)
+        self._pending[key] = (key, *sig, digest)
+        if len(self._pending) >= 256:
+            self.flush()
 
     def forget(self, path: Path) -> None:
         """Drop the recorded digest of ``path`` (after finding it corrupt, say)."""
         key = str(Path(path).absolute())
         with self._lock:
-            self._pending = [p for p in self._pending if p[0] != key]
+            self._known.pop(key, None)
+            self._pending.pop(key, None)
             self._write(f"DELETE FROM {_TABLE} WHERE path=?", [(key,)])
 
     def flush(self) -> None:
         """Write recorded signatures; called at the end of a run (and every 256 files)."""
         with self._lock:
             if self._pending:
-                self._write(f"INSERT OR REPLACE INTO {_TABLE} VALUES (?,?,?,?,?,?,?)", self._pending)
+                self._write(f"INSERT OR REPLACE INTO {_TABLE} VALUES (?,?,?,?,?,?,?)", list(self._pending.values()))
             self._pending.clear()
 
     def _write(self, sql: str, rows: list[tuple]) -> None:

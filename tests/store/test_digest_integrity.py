@@ -154,3 +154,33 @@ def test_a_stat_cache_that_is_garbage_is_set_aside_and_replaced(tmp_path, capfd)
     again.digest(path)
     assert again.bytes_read == 0
     again.close()
+
+
+def test_a_run_records_small_files_in_one_batch_at_its_end_and_large_ones_at_once(tmp_path):
+    """A restore records a few blobs a step: one transaction a file cost more than the
+    restore. Small ones reach the database with the batch (at the end of the run, or every
+    256): another process meanwhile reads them once more, a cost, never a wrong answer; this
+    run checks them by a stat. A large one is written at once: re-reading it costs more."""
+    db = tmp_path / "statcache.sqlite"
+    small = [tmp_path / f"blob{i}" for i in range(3)]
+    for i, path in enumerate(small):
+        path.write_bytes(b"small %d" % i)
+    large = tmp_path / "engine"
+    large.write_bytes(os.urandom(2 << 20))
+    run = FileHasher(db)
+    for path in [large, *small]:  # the large one's write takes what is pending with it
+        run.record(path, hash_file(path)[0])
+    assert [run.digest(p) for p in small] == [hash_file(p)[0] for p in small] and run.bytes_read == 0
+
+    meanwhile = FileHasher(db)  # another process, during the run
+    meanwhile.digest(large)
+    assert meanwhile.bytes_read == 0  # written at once
+    assert [meanwhile.digest(p) for p in small] == [hash_file(p)[0] for p in small]
+    assert meanwhile.bytes_read == sum(p.stat().st_size for p in small)  # not yet written: read
+    meanwhile.close()
+
+    run.close()
+    after = FileHasher(db)
+    assert [after.digest(p) for p in [*small, large]] == [hash_file(p)[0] for p in [*small, large]]
+    assert after.bytes_read == 0
+    after.close()
