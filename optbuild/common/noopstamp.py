@@ -78,10 +78,11 @@ the moment its signature was taken could change again without changing the signa
 an input (anything outside the build and cache folders) whose mtime or ctime is not older
 than ``RACY_NS`` (2 s: coarse and skewed clocks, 2 s file systems) before the build
 *started* cannot vouch for what the build read by its times: it may have changed after.
-Such an input up to ``HASH_MAX`` vouches by content instead, where the build knows what it
-read (the TOML text it loaded, the source it compiled, the bytes it hashed) and the file
-still holds that: the digest is recorded and each no-op reads the file and checks it (a
-project written just before its build, a recipe edited and built at once). A recipe folder
+Such an input up to ``HASH_MAX`` (``TEXT_MAX`` for a recipe or a module) vouches by content
+instead, where the build knows what it read (the TOML text it loaded, the source it
+compiled, the bytes it hashed) and the file still holds that: the digest is recorded and
+each no-op reads the file and checks it (a project written just before its build, a recipe
+edited and built at once). A recipe folder
 that young vouches by its names when they give the recipes the build loaded. A product (in
 the build or cache folders: outputs, cache entries, blobs, the lock file) that young against
 the moment of recording is read and its content digest recorded when it is small or is the
@@ -111,6 +112,9 @@ STEPS = os.path.join(".optbuild", "noop-steps.json")  # the steps' records, read
 SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
 SALT_BYTES = 32
 HASH_MAX = 256 << 10  # racy products up to this size are content-checked, larger ones decline
+# A racy recipe or module up to this size too: the build parsed it whole, which costs far more
+# than the no-op's read and hash (a recipe of 10,000 steps is 500 KB)
+TEXT_MAX = 4 << 20
 DEBUG_ENV = "OPTBUILD_DEBUG_FASTPATH"
 # whether a build server runs the build does not change its answer
 _ENV_IGNORED = (DEBUG_ENV, "OPTBUILD_SERVER", "OPTBUILD_SERVER_IDLE_S", "OPTBUILD_DEBUG_SERVER")

@@ -373,6 +373,15 @@ def test_a_file_changed_just_before_the_build_is_vouched_for_by_what_the_build_r
     assert not after.fast and f"{relative} changed" in after.declined, after.stderr
 
 
+def test_a_recipe_larger_than_an_inputs_content_check_is_vouched_for_by_its_text(built):
+    """A recipe of 10,000 steps is 500 KB: the build parsed it whole, so a no-op may read it."""
+    recipe = built.root / "recipes" / "chain.toml"
+    recipe.write_text(PIPELINE + "# " + "x" * HASH_MAX + "\n")
+    recording = optbuild(built, "build", racy_ns=2_000_000_000)
+    assert recording.returncode == 0 and "not vouched" not in recording.stderr, recording.stderr
+    assert optbuild(built, "build").fast
+
+
 def test_a_project_written_just_before_its_first_build_is_vouched_for(tmp_path):
     """Its recipe folder too: the names it holds give the recipes the build loaded."""
     proj = ProjectDir.with_test_kinds(tmp_path / "proj")
