@@ -374,9 +374,9 @@ class _Signer:
     def _as_read(self, path: str, sig: list[int] | str) -> str | None:
         """The digest of what the build read of the file ``path``: the TOML text it loaded,
         the source it compiled, the bytes it hashed (all of them, where more than one, and
-        alike), or, for a file it did not read, what its start found it unchanged against. None where
-        unknown, read differently, or larger than HASH_MAX (each no-op reads it whole; TEXT_MAX
-        for a text the build parsed whole)."""
+        alike), or, for a file it did not read, what its start found it unchanged against.
+        None where unknown, read differently, or larger than HASH_MAX (each no-op reads it
+        whole; TEXT_MAX for a text the build parsed whole)."""
         parsed = path in self.texts or path in usermodule.compiled
         if not isinstance(sig, list) or sig[2] > (TEXT_MAX if parsed else HASH_MAX):
             return None
