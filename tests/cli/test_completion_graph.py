@@ -3,8 +3,9 @@
 ``optbuild completion bash|zsh|fish`` prints a script; sourced in a real bash it completes the
 subcommands, each one's flags and the project's targets (``recipe:step`` too, although bash
 splits words at colons), asking the hidden ``optbuild __complete`` for them, which loads
-nothing heavy. ``optbuild graph --format png|svg`` draws with graphviz where its ``dot`` is
-installed and says how to install it where it is not.
+nothing heavy; and the actions of ``optbuild cache``, then each action's own flags and targets.
+``optbuild graph --format png|svg`` draws with graphviz where its ``dot`` is installed and says
+how to install it where it is not.
 """
 
 from __future__ import annotations
@@ -42,6 +43,45 @@ def test_bash_completes_subcommands_flags_and_targets(project):
     assert complete(project, "optbuild graph -o c") == []  # a value: bash's file names (-o default)
 
 
+CACHE_ACTIONS = ["audit", "gc", "ls", "pull", "push", "stats", "verify"]
+PUSH_FLAGS = ["--all", "--help", "--no-remote", "--remote", "-h"]
+
+
+def test_bash_completes_the_actions_of_cache_then_each_ones_flags_and_targets(project):
+    assert complete(project, "optbuild cache ") == CACHE_ACTIONS
+    assert complete(project, "optbuild cache p") == ["pull", "push"]
+    assert complete(project, "optbuild cache push ") == ["chain", "chain:mid", "chain:out", "chain:side",
+                                                         "chain:src"]
+    assert complete(project, "optbuild cache pull chain:s") == ["side", "src"]
+    assert complete(project, "optbuild cache push -") == PUSH_FLAGS  # push's own, not build's
+    assert complete(project, "optbuild cache gc --") == ["--grace-minutes", "--help", "--include-locked",
+                                                         "--max-size"]
+    assert complete(project, "optbuild cache --") == ["--help"]  # before the action: cache's own
+
+
+def test_zsh_completes_the_actions_of_cache_then_each_ones_flags_and_targets(project, tmp_path):
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed here: its completions are checked where it is")
+    script = tmp_path / "_optbuild"
+    script.write_text(project.cli("completion", "zsh").stdout)
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+    def offered(*words: str) -> list[str]:
+        """What the script hands compadd (which would narrow it to PREFIX) for these words."""
+        stubs = "compdef() { :; }; compadd() { [[ $1 == -- ]] && shift; print -l -- $@; }; _files() { :; }"
+        line = " ".join(f"'{word}'" for word in words)
+        command = (f"{stubs}; source {script}; words=({line}); CURRENT={len(words)}; PREFIX={words[-1]!r}; "
+                   "_optbuild")
+        done = subprocess.run(["zsh", "-f", "-c", command], cwd=project.root, env=env,
+                              capture_output=True, text=True, check=True, timeout=60)
+        return sorted(done.stdout.split())
+
+    assert offered("optbuild", "cache", "") == CACHE_ACTIONS
+    assert offered("optbuild", "cache", "push", "") == ["chain", "chain:mid", "chain:out", "chain:side",
+                                                        "chain:src"]
+    assert offered("optbuild", "cache", "push", "--") == PUSH_FLAGS
+
+
 def test_the_hidden_target_lister_imports_nothing_heavy(project):
     code = ("import sys; from optbuild.cli import main; main(['__complete', 'targets']); "
             "print([m for m in ('pydantic', 'torch', 'onnx', 'networkx', 'optbuild.project.recipe') "
@@ -71,6 +111,23 @@ def test_fish_completes_targets_and_flags(project, tmp_path):
     done = subprocess.run(["fish", "-c", command], cwd=project.root, env=env,
                           capture_output=True, text=True, check=True, timeout=60)
     assert [line.split("\t")[0] for line in done.stdout.splitlines()] == ["chain:side", "chain:src", "--keep-going"]
+
+
+def test_fish_completes_the_actions_of_cache_then_each_ones_flags_and_targets(project, tmp_path):
+    if shutil.which("fish") is None:
+        pytest.skip("fish is not installed here: its completions are checked where it is")
+    script = tmp_path / "optbuild.fish"
+    script.write_text(project.cli("completion", "fish").stdout)
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+    def offered(line: str) -> list[str]:
+        done = subprocess.run(["fish", "-c", f"source {script}; complete -C '{line}'"], cwd=project.root,
+                              env=env, capture_output=True, text=True, check=True, timeout=60)
+        return sorted(row.split("\t")[0] for row in done.stdout.splitlines())
+
+    assert offered("optbuild cache ") == CACHE_ACTIONS
+    assert offered("optbuild cache push ") == ["chain", "chain:mid", "chain:out", "chain:side", "chain:src"]
+    assert offered("optbuild cache push -") == PUSH_FLAGS
 
 
 def test_graph_without_graphviz_says_how_to_install_it(project):
