@@ -318,13 +318,14 @@ class _Signer:
         self.hashed = getattr(ws.hasher, "read", {})
         self.earlier = earlier  # what the stamp this build started from content-checked
         self._folders: dict[str, list[int] | str] = {}  # a folder's signature, once (steps share one)
+        self._contents: dict[str, str | None] = {}  # a young file's ``_by_content``, once (a recipe's steps share it)
 
     def sign(self, inputs: set[str], products: set[str], *, folders: dict[str, str] | None = None
              ) -> tuple[dict[str, list[int] | str], dict[str, str], str | None]:
         """The signatures of ``inputs`` and ``products``, the content digests of those changed
         too recently for theirs, and why they cannot vouch for what was read (None: they can).
         Inputs: older than the build's start (less the margin), or content-checked against what
-        the build read when small and known (``_as_read``); a folder by the names it holds (a
+        the build read when small and known (``_by_content``); a folder by the names it holds (a
         file saved by renaming a new one over it leaves them as they were; its own signature
         tells), those of ``folders`` so too however young (the recipe folders), and the lock
         file's folder so too when only the build's own writes there changed them. Products:
@@ -339,7 +340,7 @@ class _Signer:
             sig = sigs[path] = self._input(path, folders or {})
             if not changed_within(sig, self.started):
                 continue
-            if (digest := self._as_read(path, sig)) is not None and _holds(path, digest):
+            if (digest := self._by_content(path, sig)) is not None:
                 digests[path] = digest
             else:
                 racy.append(shown(path, self.root))
@@ -370,6 +371,15 @@ class _Signer:
                    if isinstance(sig, list) and not path.startswith(self.blobs)}
         return [path for path, sig in sigs.items() if path.startswith(self.blobs) and isinstance(sig, list)
                 and tuple(sig) in outputs and not changed_within(sig, self.recorded_ns)]
+
+    def _by_content(self, path: str, sig: list[int] | str) -> str | None:
+        """The digest by which the young input ``path`` vouches: what the build read of it,
+        where the file still holds that (None: it cannot vouch). Once a path: the 10,000 steps
+        of one recipe would otherwise hash its text 10,000 times."""
+        if path not in self._contents:
+            digest = self._as_read(path, sig)
+            self._contents[path] = digest if digest is not None and _holds(path, digest) else None
+        return self._contents[path]
 
     def _as_read(self, path: str, sig: list[int] | str) -> str | None:
         """The digest of what the build read of the file ``path``: the TOML text it loaded,
