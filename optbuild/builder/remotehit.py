@@ -76,7 +76,7 @@ class RemoteHits:
             return Outcome(Status.RESTORED, action.key, remote_entry, [*reasons, "on the remote cache"], source="remote")
 
         def download(spec: StepSpec) -> Outcome | Build:
-            if remote_entry.blob_digests() - remote_entry.inline.keys():
+            if remote_entry.blobs_apart():
                 return self._download_locked(spec, action, remote_entry, reasons, dest, placement)
             with self._on_cores:  # all it brings lies in its entry: no network to wait on
                 return self._download_locked(spec, action, remote_entry, reasons, dest, placement)

@@ -223,6 +223,10 @@ class ActionEntry(BaseModel):
         """This entry as a local cache holds it: its blobs stored beside it, none carried."""
         return self.model_copy(update={"format": FORMAT, "inline": {}}) if self.inline else self
 
+    def blobs_apart(self) -> set[str]:
+        """The blobs this entry names and does not carry: those stored beside it."""
+        return self.blob_digests() - self.inline.keys()
+
     def blob_digests(self) -> set[str]:
         digests = {o.digest for o in self.outputs.values()}
         if self.log:

@@ -76,7 +76,7 @@ class Listing(SessionParts):
         unless ``as_blobs``: a Dask node reads each blob by its digest. Any failure is a no:
         the entry is then downloaded, which checks it."""
         sizes = {o.digest: o.size for o in entry.outputs.values()}  # the log's is not recorded
-        wanted = sorted(entry.blob_digests() - (set() if as_blobs else entry.inline.keys()))
+        wanted = sorted(entry.blob_digests() if as_blobs else entry.blobs_apart())
         listed = self._blob_listing() if listing and wanted else None  # none wanted: no listing
 
         def present(digest: str) -> bool:

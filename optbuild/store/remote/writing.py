@@ -61,11 +61,11 @@ class Writing(SessionParts):
                     self.warn(f"not pushing {label}: its local blob {digest[:8]}… is missing or corrupt")
                     return "failed"
                 size = source.stat().st_size
-                if carry and self._carries(digest, size, carried):
+                with self._lock:
+                    suspect = digest in self._suspect  # found corrupt there: stored again, as a blob
+                if carry and not suspect and self._carries(size, carried):
                     carried[digest] = local.read_blob(digest)
                     continue
-                with self._lock:
-                    suspect = digest in self._suspect
                 if not suspect and self._call(f"checking blob {digest[:8]}", self.store._blob_size,
                                               digest) == size:
                     continue
@@ -126,15 +126,11 @@ class Writing(SessionParts):
             return "refused"
         return None
 
-    def _carries(self, digest: str, size: int, carried: dict[str, bytes]) -> bool:
-        """Whether blob ``digest`` of ``size`` bytes travels inside its entry, beside those
-        ``carried`` already: small enough, room left, and not found corrupt on the remote (a
-        blob stored again there mends it)."""
-        with self._lock:
-            suspect = digest in self._suspect
+    def _carries(self, size: int, carried: dict[str, bytes]) -> bool:
+        """Whether a blob of ``size`` bytes travels inside its entry, beside those ``carried``
+        already: small enough, and room left."""
         inline_max = self.store.inline_max
-        return (not suspect and 0 < inline_max and size <= inline_max
-                and sum(map(len, carried.values())) + size <= MAX_CARRIED_TOTAL)
+        return 0 < inline_max and size <= inline_max and sum(map(len, carried.values())) + size <= MAX_CARRIED_TOTAL
 
     def push_later(self, entry: ActionEntry, local: LocalStore, step: str = "") -> None:
         """``push`` in the background (write-through), so later steps build meanwhile.
