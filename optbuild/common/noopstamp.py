@@ -348,6 +348,8 @@ def content_digest(path: str) -> str:
 
 
 def bytes_digest(data: bytes) -> str:
+    """``optbuild.common.digest.digest_bytes``, without importing that module (sqlite3 and
+    more: 10 ms of a no-op's 40)."""
     from blake3 import blake3
 
     return blake3(data).hexdigest()

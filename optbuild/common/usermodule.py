@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from optbuild.common.noopstamp import bytes_digest
+from optbuild.common.digest import digest_bytes
 
 
 class ImportFailed(ImportError):
@@ -145,7 +145,7 @@ class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str):
         path = self.get_filename(fullname)
         source = self.get_data(path)
-        compiled[os.path.abspath(path)] = bytes_digest(source)
+        compiled[os.path.abspath(path)] = digest_bytes(source)
         return self.source_to_code(source, path)
 
 
