@@ -21,6 +21,28 @@ import pytest
 BIN = str(Path(sys.executable).parent)  # where the optbuild command is installed
 
 
+def shell_env() -> dict[str, str]:
+    """The environment a shell completes in: the optbuild command on its PATH."""
+    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
+def script_for(project, shell: str, tmp_path: Path) -> Path:
+    """The completion script for ``shell``, written to a file; the test skips where that
+    shell is not installed (it is checked where it is)."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed here: its completions are checked where it is")
+    script = tmp_path / f"optbuild.{shell}"
+    script.write_text(project.cli("completion", shell).stdout)
+    return script
+
+
+def fish_offers(project, script: Path, line: str) -> list[str]:
+    """What fish, with ``script`` sourced, offers for ``line`` (the cursor at its end)."""
+    done = subprocess.run(["fish", "-c", f"source {script}; complete -C '{line}'"], cwd=project.root,
+                          env=shell_env(), capture_output=True, text=True, check=True, timeout=60)
+    return sorted(row.split("\t")[0] for row in done.stdout.splitlines())
+
+
 def complete(project, line: str) -> list[str]:
     """COMPREPLY for ``line`` (the cursor at its end), from the script sourced in bash."""
     script = project.cli("completion", "bash").stdout
@@ -28,9 +50,8 @@ def complete(project, line: str) -> list[str]:
     shell = (f'source /dev/stdin <<"EOF"\n{script}EOF\n'
              f'COMP_LINE={line!r}; COMP_POINT=${{#COMP_LINE}}; COMP_WORDS=({" ".join(map(repr, words))}); '
              f'COMP_CWORD={len(words) - 1}; _optbuild; printf "%s\\n" "${{COMPREPLY[@]}}"')
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-c", shell], cwd=project.root, env=env, capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = subprocess.run(["bash", "-c", shell], cwd=project.root, env=shell_env(), capture_output=True,
+                          text=True, check=True, timeout=60)
     return sorted(filter(None, done.stdout.splitlines()))
 
 
@@ -60,11 +81,7 @@ def test_bash_completes_the_actions_of_cache_then_each_ones_flags_and_targets(pr
 
 
 def test_zsh_completes_the_actions_of_cache_then_each_ones_flags_and_targets(project, tmp_path):
-    if shutil.which("zsh") is None:
-        pytest.skip("zsh is not installed here: its completions are checked where it is")
-    script = tmp_path / "_optbuild"
-    script.write_text(project.cli("completion", "zsh").stdout)
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    script = script_for(project, "zsh", tmp_path)
 
     def offered(*words: str) -> list[str]:
         """What the script hands compadd (which would narrow it to PREFIX) for these words."""
@@ -72,7 +89,7 @@ def test_zsh_completes_the_actions_of_cache_then_each_ones_flags_and_targets(pro
         line = " ".join(f"'{word}'" for word in words)
         command = (f"{stubs}; source {script}; words=({line}); CURRENT={len(words)}; PREFIX={words[-1]!r}; "
                    "_optbuild")
-        done = subprocess.run(["zsh", "-f", "-c", command], cwd=project.root, env=env,
+        done = subprocess.run(["zsh", "-f", "-c", command], cwd=project.root, env=shell_env(),
                               capture_output=True, text=True, check=True, timeout=60)
         return sorted(done.stdout.split())
 
@@ -94,40 +111,21 @@ def test_the_hidden_target_lister_imports_nothing_heavy(project):
 
 @pytest.mark.parametrize("shell", ["zsh", "fish"])
 def test_the_zsh_and_fish_scripts_parse(project, shell, tmp_path):
-    if shutil.which(shell) is None:
-        pytest.skip(f"{shell} is not installed here: its script is checked where it is")
-    script = tmp_path / f"optbuild.{shell}"
-    script.write_text(project.cli("completion", shell).stdout)
-    subprocess.run([shell, "-n", str(script)], check=True, timeout=60)
+    subprocess.run([shell, "-n", str(script_for(project, shell, tmp_path))], check=True, timeout=60)
 
 
 def test_fish_completes_targets_and_flags(project, tmp_path):
-    if shutil.which("fish") is None:
-        pytest.skip("fish is not installed here: its completions are checked where it is")
-    script = tmp_path / "optbuild.fish"
-    script.write_text(project.cli("completion", "fish").stdout)
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    command = f"source {script}; complete -C 'optbuild build chain:s'; complete -C 'optbuild build --keep'"
-    done = subprocess.run(["fish", "-c", command], cwd=project.root, env=env,
-                          capture_output=True, text=True, check=True, timeout=60)
-    assert [line.split("\t")[0] for line in done.stdout.splitlines()] == ["chain:side", "chain:src", "--keep-going"]
+    script = script_for(project, "fish", tmp_path)
+    assert fish_offers(project, script, "optbuild build chain:s") == ["chain:side", "chain:src"]
+    assert fish_offers(project, script, "optbuild build --keep") == ["--keep-going"]
 
 
 def test_fish_completes_the_actions_of_cache_then_each_ones_flags_and_targets(project, tmp_path):
-    if shutil.which("fish") is None:
-        pytest.skip("fish is not installed here: its completions are checked where it is")
-    script = tmp_path / "optbuild.fish"
-    script.write_text(project.cli("completion", "fish").stdout)
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
-
-    def offered(line: str) -> list[str]:
-        done = subprocess.run(["fish", "-c", f"source {script}; complete -C '{line}'"], cwd=project.root,
-                              env=env, capture_output=True, text=True, check=True, timeout=60)
-        return sorted(row.split("\t")[0] for row in done.stdout.splitlines())
-
-    assert offered("optbuild cache ") == CACHE_ACTIONS
-    assert offered("optbuild cache push ") == ["chain", "chain:mid", "chain:out", "chain:side", "chain:src"]
-    assert offered("optbuild cache push -") == PUSH_FLAGS
+    script = script_for(project, "fish", tmp_path)
+    assert fish_offers(project, script, "optbuild cache ") == CACHE_ACTIONS
+    assert fish_offers(project, script, "optbuild cache push ") == ["chain", "chain:mid", "chain:out", "chain:side",
+                                                                     "chain:src"]
+    assert fish_offers(project, script, "optbuild cache push -") == PUSH_FLAGS
 
 
 def test_graph_without_graphviz_says_how_to_install_it(project):
