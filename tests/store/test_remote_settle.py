@@ -166,6 +166,7 @@ def test_restores_that_wait_on_no_network_run_at_most_one_a_core(machines, file_
     assert machines("a", section, fan).build().ok
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     running, seen, lock = [0], [0], threading.Lock()
+    meet = threading.Barrier(2)  # two restores at once meet here; one at a time, the first waits in vain
     restore = Restorer.restore
 
     def counted(self, *args):
@@ -173,7 +174,8 @@ def test_restores_that_wait_on_no_network_run_at_most_one_a_core(machines, file_
             running[0] += 1
             seen[0] = max(seen[0], running[0])
         try:
-            time.sleep(0.01)  # long enough for the other fetch threads to start theirs
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meet.wait(timeout=2)
             return restore(self, *args)
         finally:
             with lock:
