@@ -346,7 +346,8 @@ def as_if_edited_in_the_recording_tick(proj: ProjectDir, relative: str) -> None:
     """Put ``relative``'s signature as it is now in the stamp: an edit made within the
     timestamp tick of the recording, which leaves a signature no stat can tell apart."""
     data = json.loads(stamp(proj).read_text())
-    path = next(p for p in data["sigs"] if p.endswith("/" + relative))
+    path = str((proj.root / relative).resolve())
+    assert path in data["sigs"], f"{relative} is not signed"
     assert path in data["digests"], f"{relative} is not vouched for by its content"
     data["sigs"][path] = signature(path)
     stamp(proj).write_text(json.dumps(data))
