@@ -26,7 +26,6 @@ from optbuild.common.noopstamp import (
     env_digests,
     host_facts,
     invocation,
-    names_signature,
     python_identity,
     salt,
     salt_id,
@@ -37,7 +36,8 @@ from optbuild.common.noopstamp import (
     vouched_folder,
 )
 from optbuild.common.signatures import changed_within, module_files, of_stat, signature
-from optbuild.store.layout import blob_name, entry_name
+from optbuild.common.sigtable import SigTable, grouped, names_signature
+from optbuild.store.layout import ENTRIES, blob_name, entry_name
 
 
 def record(ws, result, reach: Reach | None = None) -> None:
@@ -123,13 +123,15 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     sigs, digests, unusable = signer.sign(inputs, products, folders=_recipe_folders(project))
     shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
     _sign_steps(steps, signer, sigs, digests, reach, result.outcomes)
+    entries = os.path.join(os.path.abspath(ws.store.root), ENTRIES) + os.sep
+    sigs, groups = grouped(sigs, steps, first=shared, under=entries, now_ns=time.time_ns())
     lines, counts, local = _answer(result)
     racy = sum(1 for step in steps.values() if "unusable" in step)
     part = os.urandom(8).hex()  # names the steps' file this stamp goes with
     stamp = {
         "format": FORMAT, "root": root, "build_dir": build_dir, "argv": build_args,
         "salt": salt_id(key), "env": env_digests(key), "python": python_identity(), "host": host_facts(),
-        "unusable": unusable, "sigs": sigs, "shared": shared, "digests": digests, "part": part, "racy_steps": racy,
+        "unusable": unusable, "table": SigTable.of(sigs, groups).to_json(), "shared": shared, "digests": digests, "part": part, "racy_steps": racy,
         "incremental": _incremental(ws, build_args),
         "lines": lines, "counts": counts, "cache_dir": os.path.abspath(project.cache_dir),
         "stats": {"command": "build", "ok": True, "counts": counts, "local": local,
@@ -144,7 +146,8 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     steps_doc = {"format": FORMAT, "part": part, "steps": steps, "recipes": _recipe_reads(project, reach)}
     write_atomic(Path(steps_path(build_dir)), json.dumps(steps_doc, separators=(",", ":")).encode())
     write_atomic(Path(stamp_path(build_dir)), json.dumps(stamp, separators=(",", ":")).encode())
-    debug(f"recorded {len(sigs)} signatures and {len(steps)} steps" + (f"; unusable: {unusable}" if unusable else "")
+    debug(f"recorded {len(sigs)} signatures ({sum(g.end - g.start for g in groups)} vouched for by "
+          f"{len(groups)} folders of entries) and {len(steps)} steps" + (f"; unusable: {unusable}" if unusable else "")
           + (f"; {racy} steps not vouched for" if racy else ""))
     return None
 

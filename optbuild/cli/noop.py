@@ -44,7 +44,6 @@ from optbuild.common.noopstamp import (
     answer_args,
     build_dir_of,
     content_digest,
-    current_signature,
     debug,
     env_digests,
     host_facts,
@@ -58,7 +57,7 @@ from optbuild.common.noopstamp import (
     steps_path,
 )
 from optbuild.common.projectroot import CONFIG_NAME, project_root
-from optbuild.common.signatures import signature
+from optbuild.common.sigtable import SigTable
 
 _reach: Reach | None = None  # what ``try_fast_path`` found a change reaches (``take_reach``)
 
@@ -172,14 +171,17 @@ def _check(argv: list[str]) -> dict | Reach | str | None:
     if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines) \
             or not isinstance(stamp.get("counts"), dict):
         return "the record is damaged"
+    try:
+        table = SigTable.from_json(stamp["table"])
+    except (KeyError, TypeError, ValueError):
+        return "the record is damaged"
     changed: dict[int, str] = {}  # a step's own file, by its place in the table: why it is not as recorded
-    for i, (path, sig) in enumerate(stamp["sigs"].items()):
-        if _differs(path, sig):
-            if i < stamp["shared"]:
-                return f"{shown(path, root)} changed"
-            changed[i] = f"{shown(path, root)} changed"
+    for i in table.changed():
+        if i < stamp["shared"]:
+            return f"{shown(table.paths[i], root)} changed"
+        changed[i] = f"{shown(table.paths[i], root)} changed"
     if stamp["digests"]:
-        place = {path: i for i, path in enumerate(stamp["sigs"])}
+        place = {path: i for i, path in enumerate(table.paths)}
         for path, digest in stamp["digests"].items():
             try:
                 why = None if content_digest(path) == digest else f"{shown(path, root)} changed"
@@ -201,7 +203,7 @@ def _check(argv: list[str]) -> dict | Reach | str | None:
         if why:
             dirty[sid] = why
     if dirty:
-        reach = Reach(stamp, dirty, root, changed)
+        reach = Reach(stamp, table, dirty, root, changed)
         return reach if stamp.get("incremental") and reach.partial else f"step {reach.describe()}"
     return {**stamp, "command": command}
 
@@ -222,12 +224,6 @@ def _with_steps(stamp: dict, build_dir: str) -> bool:
         return False
     stamp["steps"], stamp["recipes"] = doc["steps"], doc["recipes"]
     return True
-
-
-def _differs(path: str, sig: list[int] | str) -> bool:
-    """Whether ``path`` no longer has the signature ``sig`` (asked of every file of a
-    10,000-step project: a stat signature first, a folder's names only when that differs)."""
-    return signature(path) != sig and current_signature(path, sig) != sig
 
 
 def _append_stats(stamp: dict) -> None:

@@ -19,7 +19,8 @@ Standard library only: the fast path imports this.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import islice
+
+from optbuild.common.sigtable import Sig, SigTable
 
 REPLAYED = ("cached", "unavailable", "skipped")  # what an ok build's step can be in the no-op after it
 
@@ -29,12 +30,12 @@ class Reach:
     in the stamp's table), in the stamp they were read from: the recipes to load, and the
     steps to replay. (A plain class: dataclasses imports inspect, 5 ms of every fast path.)"""
 
-    def __init__(self, stamp: dict, dirty: dict[str, str], root: str, changed: Iterable[int] = ()):
+    def __init__(self, stamp: dict, table: SigTable, dirty: dict[str, str], root: str, changed: Iterable[int] = ()):
         self.stamp = stamp
+        self.table = table  # the stamp's signatures
         self.dirty = dirty
         self.root = root
         self._changed = changed  # the places in the stamp's table of the steps' own files that changed
-        self._table: list[str] | None = None  # the paths of the stamp's signatures, in order
         steps: dict[str, dict] = stamp["steps"]
         dependents: dict[str, list[str]] = {}
         for sid, step in steps.items():
@@ -92,7 +93,7 @@ class Reach:
         steps = self.stamp["steps"]
         recorded = [sid for sid, step in steps.items() if step["recipe"] in self.recipes]
         edited = {step["recipe"] for step in steps.values() if "unusable" in step}
-        changed = {self._paths()[i] for i in self._changed}
+        changed = {self.table.paths[i] for i in self._changed}
         edited.update(name for name in self.recipes if recipe_files.get(name) in changed)
         if not edited:
             present = set(loaded)
@@ -101,22 +102,16 @@ class Reach:
 
     def global_paths(self) -> list[str]:
         """The paths whose signatures vouch for the whole answer (the first of the table)."""
-        return list(islice(self.stamp["sigs"], self.stamp["shared"]))
+        return self.table.paths[:self.stamp["shared"]]
 
     def checked(self) -> dict[str, str]:
         """The content digests of the whole answer's paths, each found unchanged by content
         when this stamp was read."""
         return {path: self.stamp["digests"][path] for path in self.global_paths() if path in self.stamp["digests"]}
 
-    def step_files(self, sid: str) -> dict[str, list[int] | str]:
+    def step_files(self, sid: str) -> dict[str, Sig]:
         """The signatures of what ``sid`` alone was decided from, as recorded."""
-        paths = self._paths()
-        return {paths[i]: self.stamp["sigs"][paths[i]] for i in self.stamp["steps"][sid]["paths"]}
-
-    def _paths(self) -> list[str]:
-        if self._table is None:
-            self._table = list(self.stamp["sigs"])
-        return self._table
+        return self.table.sigs(self.stamp["steps"][sid]["paths"])
 
     def describe(self) -> str:
         """The first step decided again and why, for OPTBUILD_DEBUG_FASTPATH."""

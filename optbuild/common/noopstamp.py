@@ -47,7 +47,8 @@ projectroot, quickhash and signatures, which need no more).
   folder and outputs: a blob whose output is its hard link, recorded with the output's
   signature, is checked by the output's alone, as unlinking or replacing either name changes
   the inode's ctime), by their place in one table after the whole answer's (steps share
-  files: the fast path stats each once). Beside the stamp, in ``noop-steps.json`` (named by
+  files: the fast path stats each once; ``optbuild.common.sigtable``, where a cache folder
+  vouches for the entries and blobs in it with one stat). Beside the stamp, in ``noop-steps.json`` (named by
   the stamp's ``part``, read only when a step's own file changed or could not vouch): each
   step's places in that table, its recipe, the steps it reads, what it said as the no-op that
   follows says it (a step built or restored is cached; its key, reasons, error and warnings)
@@ -100,13 +101,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable
 
 from optbuild.common.projectroot import CONFIG_NAME
 from optbuild.common.quickhash import blake2b
-from optbuild.common.signatures import signature
+from optbuild.common.sigtable import names_digest
 
-FORMAT = 5  # 4 content digests by blake2b; 3 held the steps' records itself; 2 kept no step's own files apart
+FORMAT = 6  # 5 signatures as JSON lists; 4 content digests by blake2b; 3 held the steps' records itself
 STAMP = os.path.join(".optbuild", "noop.json")  # under the build folder
 STEPS = os.path.join(".optbuild", "noop-steps.json")  # the steps' records, read when some changed
 SALT_NAME = "noop-salt"  # under $XDG_CACHE_HOME/optbuild
@@ -127,8 +127,6 @@ _VALUED = ("-S", "--set", "--remote", "--executor", "--scheduler", "--download")
 _ENV_PREFIXES = ("OPTBUILD_", "CUDA_", "NVIDIA_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 CACHED = ("cached", "built", "restored")  # all "cached" in the no-op that follows
-
-NAMES = "names:"  # a folder's signature by the names it holds (``names_signature``)
 
 _started_ns: int | None = None
 _argv: list[str] | None = None
@@ -172,28 +170,7 @@ def vouched_folder(path: str, written: set[str]) -> str | None:
         return None
     if before is None or now - written != before - written:
         return None
-    return _names_digest(now)
-
-
-def names_signature(path: str) -> str:
-    """A folder's signature by the names it holds, not by its times: a file replaced there
-    under the same name (optbuild.lock, written whole) leaves it as it was; a name added or
-    removed changes it. "absent" when it cannot be listed."""
-    try:
-        return _names_digest(os.listdir(path))
-    except OSError:
-        return "absent"
-
-
-def _names_digest(names: Iterable[str]) -> str:
-    return NAMES + blake2b()("\0".join(sorted(names)).encode(errors="surrogateescape"), digest_size=16).hexdigest()
-
-
-def current_signature(path: str, recorded: object) -> list[int] | str:
-    """``path``'s signature of the kind ``recorded`` is (a stat signature, or by names)."""
-    if isinstance(recorded, str) and recorded.startswith(NAMES):
-        return names_signature(path)
-    return signature(path)
+    return names_digest(now)
 
 
 def invocation() -> tuple[list[str] | None, int | None]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
+ENTRIES = "ac"  # the folder of the entries, in folders by their key's first two hex digits
+
 
 def blob_name(digest: str) -> str:
     """The blob of ``digest``, relative to a cache's root: ``cas/<2 hex>/<62 hex>``."""
@@ -17,7 +19,7 @@ def entry_name(key: str, slot: str | None = None) -> str:
     """The entry of ``key``, relative to a cache's root: ``ac/<2 hex>/<62 hex>.json``
     (``.<slot>.json`` for a remote key holder's entry beside another's)."""
     name = key[2:] if slot is None else f"{key[2:]}.{slot}"
-    return f"ac/{key[:2]}/{name}.json"
+    return f"{ENTRIES}/{key[:2]}/{name}.json"
 
 
 class BlobStore(Protocol):

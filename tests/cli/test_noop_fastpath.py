@@ -24,6 +24,7 @@ from plugins.projects import CONFIG, KINDS, PIPELINE, UNICORN, ProjectDir
 
 from optbuild.common.noopstamp import HASH_MAX
 from optbuild.common.signatures import signature
+from optbuild.common.sigtable import SigTable
 
 HEAVY = ("pydantic", "rich", "pynvml", "networkx", "torch", "onnx", "onnxruntime", "blake3", "tomllib")
 
@@ -217,13 +218,48 @@ def test_a_change_of_an_outputs_blob_is_seen_whether_the_output_is_its_link_or_a
         shutil.rmtree(built.root / "build" / "chain")
         assert "4 cached" in optbuild(built, "build").stderr  # restored as links of the blobs; recorded
     assert (_output_blob(built).stat().st_ino == out.stat().st_ino) is linked
-    assert (str(_output_blob(built)) in json.loads(stamp(built).read_text())["sigs"]) is not linked
+    assert (str(_output_blob(built)) in json.loads(stamp(built).read_text())["table"]["paths"]) is not linked
     assert optbuild(built, "build").fast
     change(built)
     run = optbuild(built, "build")
     assert run.returncode == 0 and not run.fast, run.stderr
     seen = "build/chain/out/data.txt changed" if linked else "cache/cas/"
     assert seen in run.declined and answer in run.stderr, run.stderr
+
+
+def _entry(proj: ProjectDir, sid: str) -> Path:
+    key = json.loads(proj.read("optbuild.lock"))["steps"][sid]["key"]
+    return proj.root / "cache" / "ac" / key[:2] / f"{key[2:]}.json"
+
+
+def _grouped_entries(proj: ProjectDir) -> set[str]:
+    """The paths the stamp's table leaves to their folder's signature."""
+    table = SigTable.from_json(json.loads(stamp(proj).read_text())["table"])
+    return {table.paths[i] for group in table.groups for i in range(group.start, group.end)}
+
+
+def test_a_folder_of_cache_entries_vouches_for_them_until_a_name_in_it_changes(built):
+    """Entries are only ever renamed in or removed, never rewritten, so their folder's one stat
+    vouches for them: a no-op at 10,000 steps stats 256 folders, not 10,000 entries. A name
+    added beside them (another step's entry) makes the fast path check theirs one by one."""
+    entries = {str(_entry(built, sid)) for sid in ("chain:src", "chain:mid", "chain:out", "chain:side")}
+    assert _grouped_entries(built) == entries
+    _entry(built, "chain:src").with_name("f" * 62 + ".json").write_text("{}")  # another's entry, pulled
+    assert optbuild(built, "build").fast
+    entry = _entry(built, "chain:out")
+    shutil.copyfile(entry, entry.with_name("copy"))
+    os.replace(entry.with_name("copy"), entry)  # the same entry, written again: another inode
+    run = optbuild(built, "build")
+    assert not run.fast and "cache/ac/" in run.declined and "ok: 4 cached" in run.stderr, run.stderr
+
+
+def test_a_folder_of_entries_written_within_the_racy_margin_leaves_them_to_their_own_signatures(built):
+    shutil.rmtree(built.root / "build" / ".optbuild")
+    _entry(built, "chain:out").unlink()  # rebuilt, its folder written just now
+    recording = optbuild(built, "build", racy_ns=2_000_000_000)
+    assert "built    chain:out" in recording.stderr and "unusable" not in recording.stderr, recording.stderr
+    assert str(_entry(built, "chain:out")) not in _grouped_entries(built)
+    assert optbuild(built, "build").fast
 
 
 @pytest.mark.parametrize(("args", "env", "why"), [
@@ -347,9 +383,12 @@ def as_if_edited_in_the_recording_tick(proj: ProjectDir, relative: str) -> None:
     timestamp tick of the recording, which leaves a signature no stat can tell apart."""
     data = json.loads(stamp(proj).read_text())
     path = str((proj.root / relative).resolve())
-    assert path in data["sigs"], f"{relative} is not signed"
+    table = SigTable.from_json(data["table"])
+    assert path in table.paths, f"{relative} is not signed"
     assert path in data["digests"], f"{relative} is not vouched for by its content"
-    data["sigs"][path] = signature(path)
+    sigs = table.sigs(list(range(len(table.paths))))
+    sigs[path] = signature(path)
+    data["table"] = SigTable.of(sigs, table.groups).to_json()
     stamp(proj).write_text(json.dumps(data))
 
 
@@ -439,7 +478,7 @@ def test_a_failed_build_leaves_no_stamp_and_is_never_reported_ok(built):
 def test_a_damaged_stamp_takes_the_normal_path(built, damage):
     good = stamp(built).read_bytes()
     data = {"garbage": b"\x00\xffnot json", "truncated": good[: len(good) // 2], "not-an-object": b"[1, 2]",
-            "wrong-types": json.dumps({**json.loads(good), "sigs": 5, "digests": None}).encode()}[damage]
+            "wrong-types": json.dumps({**json.loads(good), "table": 5, "digests": None}).encode()}[damage]
     stamp(built).write_bytes(data)
     run = optbuild(built, "build")
     assert run.returncode == 0 and not run.fast and "ok: 4 cached" in run.stderr, run.stderr
