@@ -10,7 +10,8 @@ Prints:
      (S3 and file://) vs local-only (`--no-remote`): the overhead (goal < 10%);
   3. a fresh host restoring the N-step project from the remote (S3, and a file:// mount, which
      has no server to wait for) vs building it, with the remote counters of a restore (hits,
-     requests, blobs and bytes down, from its cache/stats.jsonl);
+     requests, blobs and bytes down, from its cache/stats.jsonl) and the CPU the restore and the
+     server spent (the server shares this host's cores; a real one's are elsewhere);
   4. the remote lookups of the N steps' keys: one by one, and batched (RemoteSession.prefetch,
      prefetch_listing), through the session API, and the requests each made.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -79,6 +81,18 @@ def start_moto() -> tuple[subprocess.Popen, str]:
             time.sleep(0.1)
     server.kill()
     sys.exit("moto_server did not start")
+
+
+def server_cpu(server: subprocess.Popen) -> float:
+    """CPU seconds the server process has spent so far (its threads, ended ones included)."""
+    fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    """CPU seconds of the commands this process ran and waited for, so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def make_bucket(endpoint: str, name: str) -> None:
@@ -257,15 +271,20 @@ def main() -> None:
 
         # --- 3. a fresh host: restore the project vs build it -----------------------------
         restore, restore_file, rebuild = [], [], []
+        client_cpu = moto_cpu = 0.0
         for i in range(min(args.runs, 3)):
             fresh = project(tmp / f"fresh-s3-{i}", s3, text, kinds)
+            client, moto = children_cpu(), server_cpu(server)
             restore.append(optbuild(fresh, "build"))
+            client_cpu, moto_cpu = children_cpu() - client, server_cpu(server) - moto
             mounted = project(tmp / f"fresh-file-{i}", f'[remote]\nurl = "file://{shared}"\n', text, kinds)
             restore_file.append(optbuild(mounted, "build"))
             rebuild.append(optbuild(project(tmp / f"fresh-local-{i}", s3, text, kinds), "build", "--no-remote"))
         print(f"\n3. fresh host, {args.steps} small steps:")
         print(f"   restore from s3 remote    : {fmt(restore)}")
         print(f"     its remote counters (the last restore): {remote_counts(fresh)}")
+        print(f"     CPU of the last restore: optbuild {client_cpu:.1f} s, the S3 server {moto_cpu:.1f} s "
+              f"(on this host's cores too)")
         print(f"   restore from file:// mount: {fmt(restore_file)}  (no server: optbuild's own cost)")
         print(f"     its remote counters (the last restore): {remote_counts(mounted)}")
         print(f"   build locally             : {fmt(rebuild)}")
