@@ -124,7 +124,7 @@ def _record(ws, result, reach: Reach | None) -> str | None:
     shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
     _sign_steps(steps, signer, sigs, digests, reach, result.outcomes)
     entries = os.path.join(os.path.abspath(ws.store.root), ENTRIES) + os.sep
-    sigs, groups = grouped(sigs, steps, first=shared, under=entries, now_ns=time.time_ns())
+    sigs, groups = grouped(sigs, steps, first=shared, under=entries, clock_ns=ws.store.clock_ns())
     lines, counts, local = _answer(result)
     racy = sum(1 for step in steps.values() if "unusable" in step)
     part = os.urandom(8).hex()  # names the steps' file this stamp goes with

@@ -11,7 +11,9 @@ by place (``named``).
 finished file renamed in, or removed; its use mark changes its times, never its bytes), and
 each of those changes the folder's own signature. So where the recorded entries in one
 folder (``ac/5e/``) are as recorded, and the folder's signature was the same before and
-after checking them and older than the racy margin, the folder's one stat vouches for them
+after checking them and older than the cache's file system's clock read just before (git's
+racy rule, with no margin: a cold build's last folders, written a moment before it ends,
+vouch too; ``grouped``), the folder's one stat vouches for them
 all on the next no-op: 10,000 entries in 256 folders are 256 stats, not 10,000 (a third of
 the no-op). A folder that changed sends the fast path to its entries one by one, so only
 the steps whose own entries changed are decided again. An entry rewritten in place, which
@@ -152,13 +154,15 @@ def names_digest(names) -> str:
     return NAMES + blake2b()("\0".join(sorted(names)).encode(errors="surrogateescape"), digest_size=16).hexdigest()
 
 
-def grouped(sigs: dict[str, Sig], steps: dict[str, dict], *, first: int, under: str, now_ns: int
+def grouped(sigs: dict[str, Sig], steps: dict[str, dict], *, first: int, under: str, clock_ns: int | None
             ) -> tuple[dict[str, Sig], list[Group]]:
     """``sigs`` reordered so that the rows from ``first`` on that lie in a folder under
     ``under`` (the cache) able to vouch for them come last, folder by folder, and those
-    groups; each step's ``paths`` places follow. A folder vouches when its signature is older
-    than the margin before ``now_ns`` and the same before and after its rows were found as
-    recorded (a file renamed in between changes it)."""
+    groups; each step's ``paths`` places follow. A folder vouches when its signature is the
+    same before and after its rows were found as recorded (a file renamed in between changes
+    it) and its times are before ``clock_ns``, its file system's now, read before it was
+    (git's racy rule, on the file system's own clock: whatever changes the folder after
+    that reading stamps it at or after it). None: no folder vouches."""
     paths = list(sigs)
     by_folder: dict[str, list[int]] = {}
     for i in range(first, len(paths)):
@@ -167,7 +171,7 @@ def grouped(sigs: dict[str, Sig], steps: dict[str, dict], *, first: int, under: 
     groups: list[tuple[str, list[int], list[int]]] = []
     for folder, places in sorted(by_folder.items()):
         before = signature(folder)
-        if not isinstance(before, list) or changed_within(before, now_ns):
+        if clock_ns is None or not isinstance(before, list) or changed_within(before, clock_ns, margin_ns=0):
             continue
         if all(signature(paths[i]) == sigs[paths[i]] for i in places) and signature(folder) == before:
             groups.append((folder, before, places))
