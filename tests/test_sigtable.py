@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from optbuild.common.signatures import signature
+from optbuild.common.signatures import file_system_clock, of_stat, signature
 from optbuild.common.sigtable import SigTable, grouped, names_signature
 
 
@@ -94,3 +94,12 @@ def test_the_whole_answers_rows_stay_first_and_the_steps_places_follow_the_move(
     assert [paths[i] for i in steps["s"]["paths"]] == [str(tmp_path / "ac" / "5e" / "own.json"),
                                                        str(tmp_path / "recipe.toml")]
     assert [(g.start, g.end) for g in groups] == [(2, 3)]
+
+
+def test_a_file_systems_clock_is_read_from_a_file_made_there_that_leaves_no_trace(tmp_path):
+    (tmp_path / "written-before").write_text("")
+    folder_before = os.stat(tmp_path)
+    device, now = file_system_clock(str(tmp_path))
+    assert device == folder_before.st_dev and now >= (tmp_path / "written-before").stat().st_mtime_ns
+    assert os.listdir(tmp_path) == ["written-before"] and signature(str(tmp_path)) == of_stat(folder_before)
+    assert file_system_clock(str(tmp_path / "missing")) is None

@@ -35,7 +35,7 @@ from optbuild.common.noopstamp import (
     steps_path,
     vouched_folder,
 )
-from optbuild.common.signatures import changed_within, module_files, of_stat, signature
+from optbuild.common.signatures import changed_within, file_system_clock, module_files, of_stat, signature
 from optbuild.common.sigtable import SigTable, grouped, names_signature
 from optbuild.store.layout import ENTRIES, blob_name, entry_name
 
@@ -119,12 +119,12 @@ def _record(ws, result, reach: Reach | None) -> str | None:
         for path in reach.global_paths():
             (products if path == lock or path.startswith(_product_roots(ws)) else inputs).add(path)
 
-    signer = _Signer(ws, started, root, reach.checked() if reach is not None else {})
+    signer = _Signer(ws, started, root, reach.checked() if reach is not None else {})  # reads the clocks first
     sigs, digests, unusable = signer.sign(inputs, products, folders=_recipe_folders(project))
     shared = len(sigs)  # the signatures of the whole answer come first; then the steps' own
     _sign_steps(steps, signer, sigs, digests, reach, result.outcomes)
     entries = os.path.join(os.path.abspath(ws.store.root), ENTRIES) + os.sep
-    sigs, groups = grouped(sigs, steps, first=shared, under=entries, clock_ns=ws.store.clock_ns())
+    sigs, groups = grouped(sigs, steps, first=shared, under=entries, clock_ns=signer.clock_of(entries))
     lines, counts, local = _answer(result)
     racy = sum(1 for step in steps.values() if "unusable" in step)
     part = os.urandom(8).hex()  # names the steps' file this stamp goes with
@@ -316,6 +316,9 @@ class _Signer:
         self.lock = os.path.abspath(ws.project.lock_file)
         self.written = _written_beside(ws.project)
         self.recorded_ns = time.time_ns()
+        # before any product is signed: what changes after this is stamped at or after it
+        self.clocks = dict(filter(None, (file_system_clock(os.path.abspath(ws.project.build_dir)),
+                                         file_system_clock(os.path.abspath(ws.store.root)))))
         self.blobs = os.path.join(os.path.abspath(ws.store.root), "cas") + os.sep
         self.texts = ws.project.texts
         self.hashed = getattr(ws.hasher, "read", {})
@@ -332,7 +335,8 @@ class _Signer:
         file saved by renaming a new one over it leaves them as they were; its own signature
         tells), those of ``folders`` so too however young (the recipe folders), and the lock
         file's folder so too when only the build's own writes there changed them. Products:
-        older than now (less the margin), or with the signature the build's own mark of use
+        with times before their file system's clock, read before any was signed (else older
+        than now less the margin), or with the signature the build's own mark of use
         gave (``vouched``: a cache entry read and checked just before), or content-checked when
         small (the lock file, whatever its size: a build that changed a step rewrites it), or,
         a folder, by its names."""
@@ -352,18 +356,37 @@ class _Signer:
             more = f" and {len(racy) - 3} more" if len(racy) > 3 else ""
             unusable = f"{', '.join(racy[:3])}{more} changed within {signatures.RACY_NS / 1e9:g} s of the build's start"
         for path in sorted(products):
-            sig = sigs[path] = signature(path)
-            if unusable is not None or not changed_within(sig, self.recorded_ns) or self.vouched.get(path) == sig:
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                sigs[path] = "absent"
                 continue
-            if isinstance(sig, list) and os.path.isfile(path) and (sig[2] <= HASH_MAX or path == self.lock):
+            sig = sigs[path] = of_stat(st)
+            if unusable is not None or not self._young(sig, self.clocks.get(st.st_dev)) or self.vouched.get(path) == sig:
+                continue
+            if stat.S_ISREG(st.st_mode) and (sig[2] <= HASH_MAX or path == self.lock):
                 digests[path] = content_digest(path)
                 if signature(path) == sig:
                     continue
-            elif isinstance(sig, list) and os.path.isdir(path):  # a step's folder: its files are signed
+            elif stat.S_ISDIR(st.st_mode):  # a step's folder: its files are signed
                 sigs[path] = names_signature(path)
                 continue
-            unusable = f"{shown(path, self.root)} was written within {signatures.RACY_NS / 1e9:g} s of recording"
+            unusable = f"{shown(path, self.root)} was written as the recording began"
         return sigs, digests, unusable
+
+    def clock_of(self, path: str) -> int | None:
+        """Now as the file system holding ``path`` stamps times, read before signing began
+        (None where it was not read: a file system other than the build folder's and the cache's)."""
+        try:
+            return self.clocks.get(os.stat(path).st_dev)
+        except OSError:
+            return None
+
+    def _young(self, sig: list[int], clock: int | None) -> bool:
+        """Whether a product changed too recently for its signature ``sig`` to vouch for it: at
+        or after ``clock``, its file system's now read before signing (``file_system_clock``),
+        else within the racy margin of the recording."""
+        return changed_within(sig, clock, margin_ns=0) if clock is not None else changed_within(sig, self.recorded_ns)
 
     def linked(self, sigs: dict[str, list[int] | str]) -> list[str]:
         """The blobs in ``sigs`` an output vouches for: a name of the same inode (an output is

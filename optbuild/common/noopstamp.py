@@ -85,10 +85,13 @@ compiled, the bytes it hashed) and the file still holds that: the digest is reco
 each no-op reads the file and checks it (a project written just before its build, a recipe
 edited and built at once). A recipe folder
 that young vouches by its names when they give the recipes the build loaded. A product (in
-the build or cache folders: outputs, cache entries, blobs, the lock file) that young against
-the moment of recording is read and its content digest recorded when it is small or is the
-lock file (a build that changed a step rewrites it), a folder signed by its names, else it
-cannot vouch either. A cache
+the build or cache folders: outputs, cache entries, blobs, the lock file) is racy by its own
+file system's clock, read as the recording begins (``signatures.file_system_clock``: an
+unnamed file made there), with no margin: git's rule, since whatever changes it later is
+stamped at or after that reading; where no clock can be read, by the 2 s margin against
+the moment of recording. A racy product is read and its content digest recorded when it is
+small or is the lock file (a build that changed a step rewrites it), a folder signed by its
+names, else it cannot vouch either. A cache
 entry that the build marked used (gc's last use, refreshed every few minutes) right after
 reading and checking it whole keeps the signature that mark gave, as the decision memo
 does. A step's own file that cannot vouch leaves that step to be decided again (with what

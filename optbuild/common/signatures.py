@@ -33,6 +33,27 @@ def of_stat(st: os.stat_result) -> list[int]:
     return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
 
 
+def file_system_clock(folder: str) -> tuple[int, int] | None:
+    """(device, now) as the file system holding ``folder`` stamps times: the mtime of a file
+    made there unnamed (O_TMPFILE: nothing appears in the folder, nothing is left behind). A
+    change there after this call is stamped at or after it, so a file whose times are before
+    it cannot change again unseen: git's racy rule, on the file system's own clock and
+    granularity, which a margin on the host's clock (RACY_NS) only guesses at. None where the
+    file system makes no such file (NFS, say): then the margin it is."""
+    unnamed = getattr(os, "O_TMPFILE", None)  # Linux only
+    if unnamed is None:
+        return None
+    try:
+        fd = os.open(folder, unnamed | os.O_WRONLY, 0o600)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_mtime_ns
+    finally:
+        os.close(fd)
+
+
 def module_files(*, stdlib: bool = False) -> list[str]:
     """The files of the modules loaded now; the standard library's only with ``stdlib``."""
     prefix = os.path.dirname(os.__file__) + os.sep

@@ -73,23 +73,6 @@ class CacheFolder:
         finally:
             remove(tmp)
 
-    def clock_ns(self) -> int | None:
-        """Now, as this cache's file system stamps times: the mtime of a file made in tmp/
-        (the folders under it share its clock and its granularity, which a 2 s margin on the
-        host's clock only guesses at). None where nothing can be made there."""
-        if self.read_only:
-            return None
-        tmp = self._tmp_name("clock")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError:
-            return None
-        try:
-            return os.fstat(fd).st_mtime_ns
-        finally:
-            os.close(fd)
-            remove(tmp)
-
     def _publish(self, tmp: Path, dest: Path, digest: str | None = None) -> None:
         """Make a finished temp file visible at ``dest``: read-only, renamed whole, a blob's
         bytes on disk first.

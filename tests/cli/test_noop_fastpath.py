@@ -253,14 +253,17 @@ def test_a_folder_of_cache_entries_vouches_for_them_until_a_name_in_it_changes(b
     assert not run.fast and "cache/ac/" in run.declined and "ok: 4 cached" in run.stderr, run.stderr
 
 
-def test_an_entry_written_just_before_the_recording_is_vouched_for_by_its_folder(built):
-    """The first no-op after a cold build keeps the one stat a folder: the racy rule for a
-    folder of entries is the cache's own clock, read before its times, not a 2 s margin."""
+def test_products_written_just_before_the_recording_vouch_by_their_signatures(built):
+    """The racy rule for what optbuild writes (outputs, entries, the lock file) is their file
+    system's own clock, read as the recording begins, not a 2 s margin: the no-op after a
+    build reads none of them, and a folder of entries keeps its one stat."""
     shutil.rmtree(built.root / "build" / ".optbuild")
-    _entry(built, "chain:out").unlink()  # rebuilt, its folder written just before the recording
+    _entry(built, "chain:out").unlink()  # rebuilt: its output, entry and the lock file written just now
     recording = optbuild(built, "build", racy_ns=2_000_000_000)
     assert "built    chain:out" in recording.stderr and "unusable" not in recording.stderr, recording.stderr
     assert str(_entry(built, "chain:out")) in _grouped_entries(built)
+    products = (str(built.root / "build"), str(built.root / "cache"), str(built.root / "optbuild.lock"))
+    assert [p for p in json.loads(stamp(built).read_text())["digests"] if p.startswith(products)] == []
     assert optbuild(built, "build").fast
 
 

@@ -144,15 +144,6 @@ def test_a_read_only_store_gives_a_held_blob_and_names_what_it_cannot_store(stor
         reader.put_bytes(b"new", "blob 0123 from afar")
 
 
-def test_the_caches_clock_is_its_file_systems_and_leaves_nothing_behind(store):
-    entry = store.root / "ac" / "written-before"
-    entry.write_text("")
-    clock = store.clock_ns()
-    assert clock is not None and clock >= entry.stat().st_mtime_ns
-    assert os.listdir(store.root / "tmp") == []
-    assert LocalStore(store.root, store.hasher, read_only=True).clock_ns() is None
-
-
 def test_read_blob_verifies_and_removes_a_corrupt_blob(store):
     digest = store.put_bytes(b"a log")
     flip_first_byte(store.blob_path(digest))
