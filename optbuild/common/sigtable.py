@@ -4,17 +4,16 @@ fast path's check of it, which is most of a no-op's time at 10,000 steps.
 
 Each stat signature (mtime_ns, ctime_ns, size, inode) is packed in 32 bytes and the table's
 rows are one base64 string: parsing 32,000 rows of four integers from JSON cost 28 ms of a
-40 ms stamp, the string costs 1. A folder signed by the names it holds keeps that signature
+40 ms stamp, decoding the string 3. A folder signed by the names it holds keeps that signature
 by place (``named``).
 
 **Folders that vouch for their files.** optbuild writes a cache entry by name only (a
 finished file renamed in, or removed; its use mark changes its times, never its bytes), and
 each of those changes the folder's own signature. So where the recorded entries in one
 folder (``ac/5e/``) are as recorded, and the folder's signature was the same before and
-after checking them and older than the cache's file system's clock read just before (git's
-racy rule, with no margin: a cold build's last folders, written a moment before it ends,
-vouch too; ``grouped``), the folder's one stat vouches for them
-all on the next no-op: 10,000 entries in 256 folders are 256 stats, not 10,000 (a third of
+after checking them and before the cache's file system's clock, read first (git's racy
+rule, with no margin: a cold build's last folders, written a moment before it ends, vouch
+too; ``grouped``), the folder's one stat vouches for them all on the next no-op: 10,000 entries in 256 folders are 256 stats, not 10,000 (a third of
 the no-op). A folder that changed sends the fast path to its entries one by one, so only
 the steps whose own entries changed are decided again. An entry rewritten in place, which
 optbuild never does, is seen by the next build that reads it, not by the fast path (the
