@@ -46,6 +46,7 @@ class Signer:
         self.clocks = dict(filter(None, (file_system_clock(os.path.abspath(ws.project.build_dir)),
                                          file_system_clock(os.path.abspath(ws.store.root)))))
         self.blobs = os.path.join(os.path.abspath(ws.store.root), "cas") + os.sep
+        self._blobs_clock = self.clock_of(self.blobs)
         self.texts = ws.project.texts
         self.hashed = getattr(ws.hasher, "read", {})
         self.earlier = earlier  # what the stamp this build started from content-checked
@@ -116,13 +117,14 @@ class Signer:
 
     def linked(self, sigs: dict[str, list[int] | str]) -> list[str]:
         """The blobs in ``sigs`` an output vouches for: a name of the same inode (an output is
-        restored as a hard link of its blob) recorded with the same signature, older than the
-        margin. Unlinking or replacing either name changes the inode's ctime, which that
-        signature holds: one stat checks both (10,000 steps, 10,000 stats fewer a no-op)."""
+        restored as a hard link of its blob) recorded with the same signature, not racy (as any
+        product: ``_young``, on the cache's clock). Unlinking or replacing either name changes
+        the inode's ctime, which that signature holds: one stat checks both (10,000 steps,
+        10,000 stats fewer a no-op)."""
         outputs = {tuple(sig) for path, sig in sigs.items()
                    if isinstance(sig, list) and not path.startswith(self.blobs)}
         return [path for path, sig in sigs.items() if path.startswith(self.blobs) and isinstance(sig, list)
-                and tuple(sig) in outputs and not changed_within(sig, self.recorded_ns)]
+                and tuple(sig) in outputs and not self._young(sig, self._blobs_clock)]
 
     def _by_content(self, path: str, sig: list[int] | str) -> str | None:
         """The digest by which the young input ``path`` vouches: what the build read of it,

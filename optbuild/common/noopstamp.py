@@ -47,8 +47,8 @@ projectroot, quickhash and signatures, which need no more).
   folder and outputs: a blob whose output is its hard link, recorded with the output's
   signature, is checked by the output's alone, as unlinking or replacing either name changes
   the inode's ctime), by their place in one table after the whole answer's (steps share
-  files: the fast path stats each once; ``optbuild.common.sigtable``, where a cache folder
-  vouches for the entries and blobs in it with one stat). Beside the stamp, in ``noop-steps.json`` (named by
+  files: the fast path stats each once; ``optbuild.common.sigtable``, where a folder of cache
+  entries vouches for the entries in it with one stat). Beside the stamp, in ``noop-steps.json`` (named by
   the stamp's ``part``, read only when a step's own file changed or could not vouch): each
   step's places in that table, its recipe, the steps it reads, what it said as the no-op that
   follows says it (a step built or restored is cached; its key, reasons, error and warnings)

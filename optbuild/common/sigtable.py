@@ -165,7 +165,7 @@ def grouped(sigs: dict[str, Sig], steps: dict[str, dict], *, first: int, under: 
     paths = list(sigs)
     by_folder: dict[str, list[int]] = {}
     for i in range(first, len(paths)):
-        if paths[i].startswith(under) and not str(sigs[paths[i]]).startswith(NAMES):
+        if paths[i].startswith(under) and (isinstance(sig := sigs[paths[i]], list) or sig == "absent"):
             by_folder.setdefault(os.path.dirname(paths[i]), []).append(i)
     groups: list[tuple[str, list[int], list[int]]] = []
     for folder, places in sorted(by_folder.items()):

@@ -265,6 +265,12 @@ def test_products_written_just_before_the_recording_vouch_by_their_signatures(bu
     products = (str(built.root / "build"), str(built.root / "cache"), str(built.root / "optbuild.lock"))
     assert [p for p in json.loads(stamp(built).read_text())["digests"] if p.startswith(products)] == []
     assert optbuild(built, "build").fast
+    shutil.rmtree(built.root / "build" / "chain" / "out")  # restored just now, a hard link of its blob
+    assert "cached" in optbuild(built, "build", racy_ns=2_000_000_000).stderr
+    out = built.root / "build" / "chain" / "out" / "data.txt"
+    assert _output_blob(built).stat().st_ino == out.stat().st_ino
+    assert str(_output_blob(built)) not in json.loads(stamp(built).read_text())["table"]["paths"]  # the output vouches
+    assert optbuild(built, "build").fast
 
 
 @pytest.mark.parametrize(("args", "env", "why"), [
