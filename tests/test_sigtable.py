@@ -99,7 +99,10 @@ def test_the_whole_answers_rows_stay_first_and_the_steps_places_follow_the_move(
 def test_a_file_systems_clock_is_read_from_a_file_made_there_that_leaves_no_trace(tmp_path):
     (tmp_path / "written-before").write_text("")
     folder_before = os.stat(tmp_path)
-    device, now = file_system_clock(str(tmp_path))
+    clock = file_system_clock(str(tmp_path))
+    if clock is None:
+        pytest.skip("this file system makes no unnamed file (O_TMPFILE): products keep the 2 s margin")
+    device, now = clock
     assert device == folder_before.st_dev and now >= (tmp_path / "written-before").stat().st_mtime_ns
     assert os.listdir(tmp_path) == ["written-before"] and signature(str(tmp_path)) == of_stat(folder_before)
     assert file_system_clock(str(tmp_path / "missing")) is None
